@@ -1,0 +1,231 @@
+"""Config schema: one dataclass per config group, registered in Hydra's ConfigStore.
+
+OmegaConf enforces the types when the YAML options in conf/ are merged onto these
+schemas; `validate()` checks the values that types cannot express. Both happen before any
+work, so a bad value costs one line and no half-written run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+ATTENTIONS = ("eager", "sdpa")
+COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
+FREEZINGS = ("none", "layerwise")
+OPTIMIZERS = ("adamw", "adamw_fused")
+LR_SCHEDULES = ("constant", "linear")
+MODEL_SOURCES = ("package", "hub", "random_init")
+DATASET_SOURCES = ("bundled", "hub", "csv")
+DEVICES = ("auto", "cpu", "cuda")
+# The config groups a user selects on the command line, in the order the run name uses.
+GROUPS = ("precision", "attention", "compile", "accumulation", "freezing", "optimizer",
+          "hardware", "num_gpus", "model", "dataset")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message is the one line the user sees."""
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+
+
+@dataclass
+class AttentionConfig:
+    name: str = "eager"
+
+
+@dataclass
+class CompileConfig:
+    mode: str = "off"
+
+
+@dataclass
+class AccumulationConfig:
+    steps: int = 1
+
+
+@dataclass
+class FreezingConfig:
+    name: str = "none"
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    schedule: str = "linear"
+    warmup_ratio: float = 0.1
+    max_grad_norm: Optional[float] = 1.0  # null disables clipping
+
+
+@dataclass
+class HardwareConfig:
+    name: str = "auto"
+    # Substrings of torch.cuda.get_device_name() that select this profile under hardware=auto.
+    match: List[str] = field(default_factory=list)
+    price_per_gpu_hour_usd: Optional[float] = None
+    price_source: str = ""
+    tdp_w: Optional[float] = None
+    peak_tflops_bf16: Optional[float] = None
+    peak_tflops_fp16: Optional[float] = None
+    peak_tflops_fp32: Optional[float] = None
+
+
+@dataclass
+class NumGpusConfig:
+    count: int = 1
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    source: str = MISSING
+    # package: an importable package holding the weights in <package>/model; hub: a hub id.
+    pretrained: Optional[str] = None
+    # random_init only: a BERT shape, with the tokenizer taken from `tokenizer_package`.
+    tokenizer_package: Optional[str] = None
+    hidden_size: int = 32
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    intermediate_size: int = 64
+
+
+@dataclass
+class DatasetConfig:
+    name: str = MISSING
+    source: str = MISSING
+    hub_id: Optional[str] = None
+    train_path: Optional[str] = None
+    test_path: Optional[str] = None
+    text_columns: List[str] = field(default_factory=lambda: ["text"])
+    label_column: str = "label"
+    max_length: int = 128
+    train_subset: Optional[int] = None  # first N rows after a seeded shuffle; null = all
+    test_subset: Optional[int] = None
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    seed: int = 42
+    device: str = "auto"
+    num_workers: int = 0
+    pin_memory: bool = False
+    # Stop an epoch after this many optimizer steps (null = whole epoch); for smoke runs.
+    max_steps_per_epoch: Optional[int] = None
+    # The loss is read back (a host sync) every this many optimizer steps: NaN check + progress bar.
+    log_every_steps: int = 10
+
+
+@dataclass
+class TrackingConfig:
+    uri: str = "sqlite:///mlflow.db"
+    experiment: str = "bertaccel"
+
+
+@dataclass
+class RunConfig:
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    accumulation: AccumulationConfig = field(default_factory=AccumulationConfig)
+    freezing: FreezingConfig = field(default_factory=FreezingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    num_gpus: NumGpusConfig = field(default_factory=NumGpusConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    cache_dir: str = "~/.cache/bertaccel"
+
+
+def register_configs() -> None:
+    """Make the schemas known to Hydra; conf/config.yaml lists `run_schema` first."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    for group, schema in (("precision", PrecisionConfig), ("attention", AttentionConfig),
+                          ("compile", CompileConfig), ("accumulation", AccumulationConfig),
+                          ("freezing", FreezingConfig), ("optimizer", OptimizerConfig),
+                          ("hardware", HardwareConfig), ("num_gpus", NumGpusConfig),
+                          ("model", ModelConfig), ("dataset", DatasetConfig)):
+        cs.store(group=group, name=f"{group}_schema", node=schema)
+
+
+def _one_of(where: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{where}={value!r} is not one of {', '.join(allowed)}")
+
+
+def _positive(where: str, value: Optional[float], allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or value <= 0:
+        raise ConfigError(f"{where}={value!r} must be > 0")
+
+
+def validate(cfg: Any) -> None:
+    """Raise ConfigError with one line naming the first bad value and how to fix it."""
+    _one_of("precision.name", cfg.precision.name, PRECISIONS)
+    _one_of("attention.name", cfg.attention.name, ATTENTIONS)
+    _one_of("compile.mode", cfg.compile.mode, COMPILE_MODES)
+    _positive("accumulation.steps", cfg.accumulation.steps)
+    _one_of("freezing.name", cfg.freezing.name, FREEZINGS)
+    opt = cfg.optimizer
+    _one_of("optimizer.name", opt.name, OPTIMIZERS)
+    _positive("optimizer.lr", opt.lr)
+    _one_of("optimizer.schedule", opt.schedule, LR_SCHEDULES)
+    if not 0.0 <= opt.warmup_ratio < 1.0:
+        raise ConfigError(f"optimizer.warmup_ratio={opt.warmup_ratio} must be in [0, 1)")
+    if opt.weight_decay < 0:
+        raise ConfigError(f"optimizer.weight_decay={opt.weight_decay} must be >= 0")
+    _positive("optimizer.max_grad_norm", opt.max_grad_norm, allow_none=True)
+    _positive("hardware.price_per_gpu_hour_usd", cfg.hardware.price_per_gpu_hour_usd, allow_none=True)
+    _positive("num_gpus.count", cfg.num_gpus.count)
+    if cfg.num_gpus.count > 1:
+        raise ConfigError(f"num_gpus.count={cfg.num_gpus.count}: data-parallel training is not "
+                          "implemented yet; use num_gpus=1")
+    _one_of("model.source", cfg.model.source, MODEL_SOURCES)
+    if cfg.model.source in ("package", "hub") and not cfg.model.pretrained:
+        raise ConfigError(f"model={cfg.model.name} (source={cfg.model.source}) needs model.pretrained")
+    if cfg.model.source == "random_init" and not cfg.model.tokenizer_package:
+        raise ConfigError(f"model={cfg.model.name} (random_init) needs model.tokenizer_package")
+    if cfg.model.source == "random_init" and cfg.model.hidden_size % cfg.model.num_attention_heads:
+        raise ConfigError(f"model.hidden_size={cfg.model.hidden_size} must be divisible by "
+                          f"model.num_attention_heads={cfg.model.num_attention_heads}")
+    ds = cfg.dataset
+    _one_of("dataset.source", ds.source, DATASET_SOURCES)
+    if ds.source == "hub" and not ds.hub_id:
+        raise ConfigError(f"dataset={ds.name} (source=hub) needs dataset.hub_id")
+    if ds.source == "csv" and not (ds.train_path and ds.test_path):
+        raise ConfigError("dataset=csv needs dataset.train_path=... and dataset.test_path=... "
+                          "(CSV files with a header row)")
+    if not ds.text_columns:
+        raise ConfigError("dataset.text_columns is empty: name at least one text column")
+    if not 8 <= ds.max_length <= 512:
+        raise ConfigError(f"dataset.max_length={ds.max_length} must be in [8, 512] (BERT positions)")
+    _positive("dataset.train_subset", ds.train_subset, allow_none=True)
+    _positive("dataset.test_subset", ds.test_subset, allow_none=True)
+    tr = cfg.train
+    _positive("train.epochs", tr.epochs)
+    _positive("train.batch_size", tr.batch_size)
+    _positive("train.eval_batch_size", tr.eval_batch_size)
+    _one_of("train.device", tr.device, DEVICES)
+    if tr.num_workers < 0:
+        raise ConfigError(f"train.num_workers={tr.num_workers} must be >= 0")
+    _positive("train.max_steps_per_epoch", tr.max_steps_per_epoch, allow_none=True)
+    _positive("train.log_every_steps", tr.log_every_steps)
+    if not cfg.tracking.uri:
+        raise ConfigError("tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db")

@@ -1,0 +1,260 @@
+"""Text classification data: read the splits, tokenize once (cached on disk), batch with
+dynamic padding.
+
+Sources: the bundled AG News sample (offline default), a local CSV pair, or a hub dataset via
+`datasets` (needs network). Whatever the source, a split becomes a `RawSplit` of texts and
+contiguous integer labels; only then is it tokenized, so the cache key can be built from the
+content itself rather than from a path that might point at changed files.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import json
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader, Dataset
+
+SAMPLES_DIR = Path(__file__).parent / "samples"
+
+
+class DataError(ValueError):
+    """Malformed input data; the message names the file and the problem in one line."""
+
+
+class DatasetUnavailable(RuntimeError):
+    """The dataset exists but cannot be reached from here (e.g. a hub dataset offline)."""
+
+
+@dataclass
+class RawSplit:
+    texts: List[str]
+    labels: List[int]
+
+
+@dataclass
+class RawData:
+    train: RawSplit
+    test: RawSplit
+    label_names: List[str]  # label id -> the value found in the source
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+
+def _open_text(path: Path):
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def read_csv_split(path: Path, text_columns: Sequence[str], label_column: str) -> Tuple[List[str], List[str]]:
+    """Read one CSV file with a header row; returns texts (columns joined by a space) and raw labels."""
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        with _open_text(path) as f:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames
+            if not header:
+                raise DataError(f"{path}: empty file (expected a header row with "
+                                f"{', '.join([*text_columns, label_column])})")
+            missing = [c for c in [*text_columns, label_column] if c not in header]
+            if missing:
+                raise DataError(f"{path}: missing column(s) {', '.join(missing)}; the header has "
+                                f"{', '.join(header)} (set dataset.text_columns / dataset.label_column)")
+            texts, labels = [], []
+            for line_no, row in enumerate(reader, start=2):
+                if None in row or any(row[c] is None for c in header):
+                    raise DataError(f"{path}: line {line_no} has {len(row) - (None in row)} fields "
+                                    f"but the header has {len(header)}")
+                label = row[label_column].strip()
+                if not label:
+                    raise DataError(f"{path}: line {line_no} has an empty '{label_column}'")
+                texts.append(" ".join(row[c] for c in text_columns))
+                labels.append(label)
+    except (UnicodeDecodeError, csv.Error, OSError, EOFError) as e:
+        raise DataError(f"{path}: not a readable UTF-8 CSV ({type(e).__name__}: {e})") from None
+    if not texts:
+        raise DataError(f"{path}: no data rows after the header (empty split)")
+    return texts, labels
+
+
+def _label_order(values: Sequence[str]) -> List[str]:
+    """Integer-looking labels sort numerically (so 0..K-1 keep their ids), others alphabetically."""
+    unique = set(values)
+    try:
+        return sorted(unique, key=int)
+    except ValueError:
+        return sorted(unique)
+
+
+def encode_labels(train_labels: Sequence[str], test_labels: Sequence[str], test_name: str) -> Tuple[List[int], List[int], List[str]]:
+    names = _label_order(train_labels)
+    if len(names) < 2:
+        raise DataError(f"the train split has {len(names)} distinct label(s); classification needs at least 2")
+    index = {n: i for i, n in enumerate(names)}
+    unseen = sorted(set(test_labels) - set(index))
+    if unseen:
+        raise DataError(f"{test_name}: label(s) {', '.join(unseen[:5])} do not occur in the train split")
+    return [index[v] for v in train_labels], [index[v] for v in test_labels], names
+
+
+def _subset(texts: List[str], labels: List[int], n: Optional[int], seed: int) -> RawSplit:
+    if n is None or n >= len(texts):
+        return RawSplit(texts, labels)
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)  # the sources may be sorted by label (IMDb is)
+    keep = sorted(order[:n])
+    return RawSplit([texts[i] for i in keep], [labels[i] for i in keep])
+
+
+def _read_hub(hub_id: str, text_columns: Sequence[str], label_column: str):
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(hub_id)
+    except Exception as e:  # offline: ConnectionError, OfflineModeIsEnabled, FileNotFoundError...
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise DatasetUnavailable(f"hub dataset {hub_id!r} cannot be loaded here "
+                                 f"({type(e).__name__}: {first[:200]}); use dataset=csv with local files") from None
+    out = []
+    for split in ("train", "test"):
+        if split not in ds:
+            raise DataError(f"hub dataset {hub_id}: no '{split}' split (has {', '.join(ds)})")
+        cols = ds[split].column_names
+        missing = [c for c in [*text_columns, label_column] if c not in cols]
+        if missing:
+            raise DataError(f"hub dataset {hub_id}/{split}: missing column(s) {', '.join(missing)}; has {', '.join(cols)}")
+        texts = [" ".join(parts) for parts in zip(*(ds[split][c] for c in text_columns))]
+        out.append((texts, [str(v) for v in ds[split][label_column]]))
+    return out
+
+
+def load_raw(ds_cfg: Any, seed: int) -> RawData:
+    """Read train and test splits as the dataset config says; raises DataError / DatasetUnavailable."""
+    if ds_cfg.source == "hub":
+        (tr_texts, tr_raw), (te_texts, te_raw) = _read_hub(ds_cfg.hub_id, ds_cfg.text_columns, ds_cfg.label_column)
+        test_name = f"{ds_cfg.hub_id}/test"
+    else:
+        base = SAMPLES_DIR if ds_cfg.source == "bundled" else Path.cwd()
+        train_path = base / os.path.expanduser(ds_cfg.train_path)
+        test_path = base / os.path.expanduser(ds_cfg.test_path)
+        tr_texts, tr_raw = read_csv_split(train_path, ds_cfg.text_columns, ds_cfg.label_column)
+        te_texts, te_raw = read_csv_split(test_path, ds_cfg.text_columns, ds_cfg.label_column)
+        test_name = str(test_path)
+    tr_labels, te_labels, names = encode_labels(tr_raw, te_raw, test_name)
+    return RawData(train=_subset(tr_texts, tr_labels, ds_cfg.train_subset, seed),
+                   test=_subset(te_texts, te_labels, ds_cfg.test_subset, seed),
+                   label_names=names)
+
+
+class TokenizedSplit(Dataset):
+    """Ragged token ids stored flat (ids + offsets) so a cached split is two tensors, not a list."""
+
+    def __init__(self, ids: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor):
+        self.ids, self.offsets, self.labels = ids, offsets, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.ids[self.offsets[i]:self.offsets[i + 1]], self.labels[i]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.ids.numel())
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Identify a tokenizer by what it does (its serialized vocab and rules), not by its path."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    blob = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _split_fingerprint(split: RawSplit) -> str:
+    h = hashlib.sha256()
+    for text, label in zip(split.texts, split.labels):
+        h.update(text.encode())
+        h.update(b"\x00%d\x01" % label)
+    return h.hexdigest()
+
+
+def _tokenize(split: RawSplit, tokenizer: Any, max_length: int) -> TokenizedSplit:
+    # No padding here: each batch is padded to its own longest sequence by `collate`.
+    enc = tokenizer(split.texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
+    lengths = torch.tensor([len(x) for x in enc], dtype=torch.int64)
+    offsets = torch.zeros(len(enc) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    ids = torch.tensor([t for x in enc for t in x], dtype=torch.int32)
+    return TokenizedSplit(ids, offsets, torch.tensor(split.labels, dtype=torch.int64))
+
+
+@dataclass
+class TokenizedData:
+    train: TokenizedSplit
+    test: TokenizedSplit
+    cache_hit: bool
+    cache_key: str
+    tokenize_time_s: float
+
+
+def tokenize_cached(raw: RawData, tokenizer: Any, max_length: int, cache_dir: str) -> TokenizedData:
+    """Tokenize both splits once per (content, tokenizer, max_length); later runs load the file."""
+    t0 = time.perf_counter()
+    key = hashlib.sha256(json.dumps([_split_fingerprint(raw.train), _split_fingerprint(raw.test),
+                                     tokenizer_fingerprint(tokenizer), max_length]).encode()).hexdigest()[:24]
+    path = Path(os.path.expanduser(cache_dir)) / "tokens" / f"{key}.pt"
+    if path.is_file():
+        blob = torch.load(path)
+        hit = True
+    else:
+        blob = {}
+        for name in ("train", "test"):
+            s = _tokenize(getattr(raw, name), tokenizer, max_length)
+            blob[name] = {"ids": s.ids, "offsets": s.offsets, "labels": s.labels}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write then rename: a killed run never leaves a truncated cache file behind.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        os.close(fd)
+        torch.save(blob, tmp)
+        os.replace(tmp, path)
+        hit = False
+    splits = {n: TokenizedSplit(b["ids"], b["offsets"], b["labels"]) for n, b in blob.items()}
+    return TokenizedData(splits["train"], splits["test"], hit, key, time.perf_counter() - t0)
+
+
+class PadCollator:
+    """Pads a batch to its own longest sequence (dynamic padding), with the attention mask."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, batch: List[Tuple[torch.Tensor, torch.Tensor]]) -> Dict[str, torch.Tensor]:
+        seqs = [ids.long() for ids, _ in batch]
+        input_ids = pad_sequence(seqs, batch_first=True, padding_value=self.pad_token_id)
+        lengths = torch.tensor([len(s) for s in seqs])
+        attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()
+        return {"input_ids": input_ids, "attention_mask": attention_mask,
+                "labels": torch.stack([label for _, label in batch])}
+
+
+def make_loader(split: TokenizedSplit, batch_size: int, pad_token_id: int, shuffle: bool, seed: int,
+                num_workers: int, pin_memory: bool) -> DataLoader:
+    # A generator of the run's own: the data order depends on the seed only, not on what ran before.
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    return DataLoader(split, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                      collate_fn=PadCollator(pad_token_id), num_workers=num_workers,
+                      pin_memory=pin_memory, drop_last=False)

@@ -1,0 +1,146 @@
+"""The machine a run lands on: its device, its hardware profile, and what it can run.
+
+Two kinds of "cannot": a request the machine can never satisfy (a GPU that is not there, more
+GPUs than visible) is a ConfigError before any work; a combination this machine cannot run
+(fp16 on a CPU, compile without a compiler) makes the run "skipped" with the reason, so a sweep
+records it and goes on.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import yaml
+
+from .config import ConfigError
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "conf" / "hardware"
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    if requested == "cuda":
+        raise ConfigError("train.device=cuda but no CUDA GPU is visible (torch.cuda.is_available() "
+                          "is False); use train.device=cpu or train.device=auto")
+    return torch.device("cpu")
+
+
+def check_gpu_count(num_gpus: int, device: torch.device) -> None:
+    """num_gpus counts accelerators; a CPU run is one device and num_gpus must say 1."""
+    visible = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and num_gpus > visible:
+        raise ConfigError(f"num_gpus={num_gpus} but only {visible} GPU(s) are visible; "
+                          f"use num_gpus={visible} or fewer")
+    if device.type == "cpu" and num_gpus > 1:
+        raise ConfigError(f"num_gpus={num_gpus} but this run is on the CPU (0 GPUs visible); use num_gpus=1")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu: {model or 'unknown'} ({torch.get_num_threads()} threads)"
+
+
+def _name_tokens(name: str) -> List[str]:
+    return [t.lower() for t in re.split(r"[\s\-_/]+", name) if t]
+
+
+def match_profile(name: str, profiles: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The profile one of whose `match` entries equals a whole token of the device name
+    (token match, so that "A10" does not catch an "A100")."""
+    tokens = set(_name_tokens(name))
+    for prof in profiles:
+        if any(m.lower() in tokens for m in prof.get("match", [])):
+            return prof
+    return None
+
+
+def load_profiles() -> List[Dict[str, Any]]:
+    profiles = []
+    for path in sorted(PROFILES_DIR.glob("*.yaml")):
+        prof = yaml.safe_load(path.read_text())
+        if prof.get("name") != "auto":
+            profiles.append(prof)
+    return profiles
+
+
+def resolve_profile(hw_cfg: Any, device: torch.device) -> tuple[Dict[str, Any], str]:
+    """Returns the profile as a dict and a line saying how it was chosen."""
+    if hw_cfg.name != "auto":
+        prof = {k: hw_cfg[k] for k in hw_cfg}
+        return prof, f"hardware={hw_cfg.name} (as configured)"
+    name = device_name(device)
+    if device.type == "cpu":
+        prof = next(p for p in load_profiles() if p["name"] == "cpu")
+        return prof, f"hardware=auto: no GPU, using profile 'cpu' for {name}"
+    prof = match_profile(name, load_profiles())
+    if prof is None:
+        raise ConfigError(f"hardware=auto: no profile in conf/hardware matches GPU {name!r}; "
+                          "pick one with hardware=<name> or add a profile there")
+    return prof, f"hardware=auto: detected {name!r}, using profile '{prof['name']}'"
+
+
+@dataclass
+class Capabilities:
+    cpu_native_bf16: bool
+    cxx_compiler: Optional[str]
+    triton: bool
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
+
+def probe() -> Capabilities:
+    try:
+        import triton  # noqa: F401
+        has_triton = True
+    except ImportError:
+        has_triton = False
+    return Capabilities(cpu_native_bf16=cpu_has_native_bf16(),
+                        cxx_compiler=shutil.which("g++") or shutil.which("c++") or shutil.which("clang++"),
+                        triton=has_triton)
+
+
+def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[str]:
+    """Why this machine cannot run this combination, or None if it can."""
+    precision, mode = cfg.precision.name, cfg.compile.mode
+    if device.type == "cpu":
+        if precision == "fp16":
+            return ("precision=fp16 needs a CUDA GPU: fp16 autocast with GradScaler targets GPU "
+                    "tensor cores, and this run is on the CPU")
+        if precision == "bf16" and not caps.cpu_native_bf16:
+            return ("precision=bf16 on a CPU without native bf16 (no avx512_bf16/amx_bf16 flag): "
+                    "autocast would emulate it, about 20x slower than fp32 (measured here)")
+        if mode == "reduce-overhead":
+            return ("compile=reduce-overhead means CUDA graphs, which need a CUDA GPU; on the CPU it "
+                    "would silently be compile=default")
+        if mode != "off" and caps.cxx_compiler is None:
+            return f"compile={mode} on the CPU needs a C++ compiler (g++/clang++) and none is on PATH"
+    else:
+        if precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            return f"precision=bf16 needs an Ampere or newer GPU; {torch.cuda.get_device_name(device)} has no bf16"
+        if mode != "off" and not caps.triton:
+            return f"compile={mode} on a GPU needs triton, which is not importable"
+    if mode != "off" and not torch._dynamo.is_dynamo_supported():
+        return f"compile={mode}: torch.compile does not support this Python/platform"
+    return None

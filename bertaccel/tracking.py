@@ -1,0 +1,116 @@
+"""MLflow: one tracked run per configuration, through an explicit client.
+
+An explicit MlflowClient (rather than mlflow's global "active run") keeps runs of one sweep
+process from leaking into each other, and lets a skipped or failed run be written the same way
+as a finished one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, Iterable, Mapping, Optional
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.time import get_current_time_millis
+
+# Values that say where results go, not what was run: left out of the config hash.
+HASH_EXCLUDED_KEYS = ("tracking", "cache_dir")
+MLFLOW_BATCH = 100  # log_batch accepts at most 100 params per call
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            out[name] = json.dumps(list(value))
+        else:
+            out[name] = "null" if value is None else str(value)
+    return out
+
+
+def config_hash(resolved: Mapping[str, Any]) -> str:
+    """Stable across processes and key order; same hash = same experiment configuration."""
+    kept = {k: v for k, v in resolved.items() if k not in HASH_EXCLUDED_KEYS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def git_sha() -> str:
+    repo = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return f"{sha}-dirty" if dirty else sha
+
+
+def _artifact_location(uri: str, experiment: str) -> Optional[str]:
+    """Keep artifacts beside a SQLite store instead of in whatever directory the run started from."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri[len("sqlite:///"):]).expanduser().resolve()
+    return (db.parent / "mlartifacts" / experiment).as_uri()
+
+
+def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=_artifact_location(uri, name))
+    except MlflowException:  # created meanwhile by a parallel run
+        return client.get_experiment_by_name(name).experiment_id
+
+
+class RunTracker:
+    def __init__(self, uri: str, experiment: str, run_name: str, params: Mapping[str, str],
+                 tags: Mapping[str, str], config_yaml: str):
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # store creation chatter
+        self.client = MlflowClient(tracking_uri=uri)
+        self.uri = uri
+        self.experiment = experiment
+        exp_id = experiment_id(self.client, uri, experiment)
+        self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), MLFLOW_BATCH):
+            self.client.log_batch(self.run_id, params=items[i:i + MLFLOW_BATCH])
+        self.client.log_text(self.run_id, config_yaml, "config.yaml")
+
+    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: int = 0) -> None:
+        """None means "not measured" and is not logged as a number (its tag says why)."""
+        now = get_current_time_millis()
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
+        for i in range(0, len(batch), MLFLOW_BATCH):
+            self.client.log_batch(self.run_id, metrics=batch[i:i + MLFLOW_BATCH])
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def finish(self, status: str, reason: Optional[str] = None) -> None:
+        tags = {"status": status}
+        if reason:
+            tags["reason"] = reason[:5000]
+        self.set_tags(tags)
+        self.client.set_terminated(self.run_id, "FAILED" if status == "failed" else "FINISHED")
+
+
+def runs_by_status(uri: str, experiment: str) -> Dict[str, Iterable[Any]]:
+    """All runs of an experiment grouped by our status tag (used by tests and summaries)."""
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    grouped: Dict[str, list] = {}
+    if exp is None:
+        return grouped
+    for run in client.search_runs([exp.experiment_id], max_results=10000):
+        grouped.setdefault(run.data.tags.get("status", "unknown"), []).append(run)
+    return grouped
