@@ -123,6 +123,8 @@ class TrainConfig:
     device: str = "auto"
     num_workers: int = 0
     pin_memory: bool = False
+    # Batches of similar length (shuffled), so dynamic padding pads little; false = plain shuffle.
+    group_by_length: bool = True
     # Stop an epoch after this many optimizer steps (null = whole epoch); for smoke runs.
     max_steps_per_epoch: Optional[int] = None
     # The loss is read back (a host sync) every this many optimizer steps: NaN check + progress bar.

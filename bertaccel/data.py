@@ -13,17 +13,18 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 SAMPLES_DIR = Path(__file__).parent / "samples"
 
@@ -176,6 +177,10 @@ class TokenizedSplit(Dataset):
     def num_tokens(self) -> int:
         return int(self.ids.numel())
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """Identify a tokenizer by what it does (its serialized vocab and rules), not by its path."""
@@ -251,10 +256,46 @@ class PadCollator:
                 "labels": torch.stack([label for _, label in batch])}
 
 
+class LengthGroupedBatches(Sampler[List[int]]):
+    """Shuffled batches of similar length, so dynamic padding pads little.
+
+    Each epoch: a random permutation, cut into mega-batches of `MEGA` batches; each mega-batch
+    sorted by length and cut into batches; then the batch order shuffled. On the AG News sample
+    this brings the mean padded length per batch from ~102 to ~55 tokens (mean length 53).
+    """
+
+    MEGA = 50
+
+    def __init__(self, lengths: torch.Tensor, batch_size: int, generator: torch.Generator):
+        self.lengths, self.batch_size, self.generator = lengths, batch_size, generator
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+    def __iter__(self) -> Iterator[List[int]]:
+        perm = torch.randperm(len(self.lengths), generator=self.generator)
+        mega = self.MEGA * self.batch_size
+        batches = []
+        for start in range(0, len(perm), mega):
+            chunk = perm[start:start + mega]
+            chunk = chunk[torch.argsort(self.lengths[chunk], descending=True, stable=True)]
+            batches += [chunk[i:i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
+        # A partial batch can only be the last of its mega-batch; the shuffle may place it anywhere,
+        # which is harmless since accumulation weights every sample exactly.
+        for i in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[i]
+
+
 def make_loader(split: TokenizedSplit, batch_size: int, pad_token_id: int, shuffle: bool, seed: int,
-                num_workers: int, pin_memory: bool) -> DataLoader:
+                num_workers: int, pin_memory: bool, group_by_length: bool = False) -> DataLoader:
     # A generator of the run's own: the data order depends on the seed only, not on what ran before.
     generator = torch.Generator().manual_seed(seed) if shuffle else None
-    return DataLoader(split, batch_size=batch_size, shuffle=shuffle, generator=generator,
-                      collate_fn=PadCollator(pad_token_id), num_workers=num_workers,
-                      pin_memory=pin_memory, drop_last=False)
+    common = dict(collate_fn=PadCollator(pad_token_id), num_workers=num_workers, pin_memory=pin_memory)
+    if shuffle and group_by_length:
+        return DataLoader(split, batch_sampler=LengthGroupedBatches(split.lengths, batch_size, generator), **common)
+    if group_by_length:
+        # Evaluation: order does not matter, so batch rows sorted by length (least padding).
+        order = torch.argsort(split.lengths, stable=True).tolist()
+        return DataLoader(split, batch_sampler=[order[i:i + batch_size] for i in range(0, len(order), batch_size)],
+                          **common)
+    return DataLoader(split, batch_size=batch_size, shuffle=shuffle, generator=generator, drop_last=False, **common)

@@ -59,7 +59,9 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
-def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str) -> Outcome:
+def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
+            started_at: float, started_source: str) -> Outcome:
+    """started_at: wall time the run's overhead counts from (see run.py)."""
     # Bad input first, before anything is written (raises ConfigError / DataError).
     validate(cfg)
     device = resolve_device(cfg.train.device)
@@ -87,7 +89,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str) -> Outco
                                               len(tokenizer))
             log.info(f"model {cfg.model.name}: {weights_note}")
             loaders = [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,
-                                   cfg.train.num_workers, cfg.train.pin_memory)
+                                   cfg.train.num_workers, cfg.train.pin_memory, cfg.train.group_by_length)
                        for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
                                                   (data.test, cfg.train.eval_batch_size, False))]
             memory = PeakMemory(device)
@@ -108,6 +110,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str) -> Outco
             "optimizer_steps": result.optimizer_steps,
             "tokenize_time_s": data.tokenize_time_s,
             "compile_graphs": result.compile_graphs,
+            "startup_overhead_s": result.first_step_started_at - started_at,
         }
         tracker.log_metrics({k: v for k, v in metrics.items() if k != "test_accuracy"},
                             step=result.epochs[-1].epoch)
@@ -120,6 +123,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str) -> Outco
                                f"null: hardware profile '{profile['name']}' has no price_per_gpu_hour_usd",
             "compile_graphs_source": ("torch._dynamo counters['stats']['unique_graphs'] since the run's reset"
                                       if result.compile_graphs is not None else "null: compile=off"),
+            "startup_overhead_s_source": f"time.time() at the first training step minus {started_source}",
             "tokenize_cache": "hit" if data.cache_hit else "miss",
             "model_weights": weights_note,
         })

@@ -7,8 +7,10 @@ goes on; the exit status is non-zero only when no run finished.
 from __future__ import annotations
 
 import sys
+import time
 
 import hydra
+import psutil
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -20,6 +22,8 @@ from .sweep_progress import STATE
 
 register_configs()
 
+_jobs_started = 0
+
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig):
@@ -27,8 +31,15 @@ def main(cfg: DictConfig):
     multirun = hc.mode == RunMode.MULTIRUN
     name = run_label(hc.overrides.task)
     choices = group_choices(hc.runtime.choices, GROUPS)
+    global _jobs_started
+    # The first job pays the interpreter and import start-up, later jobs of a sweep do not.
+    if _jobs_started == 0:
+        started_at, started_source = psutil.Process().create_time(), "process start"
+    else:
+        started_at, started_source = time.time(), "job start (later job of a multirun)"
+    _jobs_started += 1
     try:
-        outcome = execute(cfg, choices, name)
+        outcome = execute(cfg, choices, name, started_at, started_source)
     except (ConfigError, DataError) as e:
         if not multirun:
             print(f"error: {e}", file=sys.stderr)

@@ -43,6 +43,7 @@ class EpochStats:
 class TrainResult:
     epochs: List[EpochStats] = field(default_factory=list)
     compile_graphs: Optional[int] = None
+    first_step_started_at: Optional[float] = None  # time.time() as the first window began
 
     @property
     def train_time_s(self) -> float:
@@ -163,6 +164,8 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         for window in windows(train_loader, k):
             if steps == steps_per_epoch:
                 break
+            if result.first_step_started_at is None:
+                result.first_step_started_at = time.time()
             set_lr(optimizer, cfg.optimizer.lr * lr_factor(cfg.optimizer.schedule, global_step,
                                                            total_steps, cfg.optimizer.warmup_ratio))
             window_loss = accumulate_window(step_model, window, precision, device)

@@ -1,0 +1,47 @@
+"""Shared test helpers: compose configs from conf/ and run the real CLI in a temp directory."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from bertaccel.config import register_configs
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# Small but real: the tiny BERT on a slice of the bundled AG News sample.
+TINY = ["model=tiny", "dataset.train_subset=128", "dataset.test_subset=64", "train.batch_size=16"]
+
+
+@pytest.fixture
+def compose_cfg():
+    register_configs()
+    GlobalHydra.instance().clear()
+
+    def _compose(overrides: List[str] = ()):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name="config", overrides=list(overrides))
+
+    yield _compose
+    GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """Run `python -m bertaccel.run ARGS` in tmp_path with its own MLflow store and cache."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def _run(args: List[str], timeout: int = 600) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "bertaccel.run", *args, f"tracking.uri={store}",
+               f"cache_dir={tmp_path / 'cache'}"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)
+
+    _run.store = store
+    _run.dir = tmp_path
+    return _run

@@ -1,0 +1,59 @@
+"""Gradient accumulation: k micro-batches of b give the gradients of one batch of k*b."""
+from __future__ import annotations
+
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from bertaccel.data import PadCollator
+from bertaccel.train import Precision, accumulate_window, windows
+
+
+def _model():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, num_labels=3)
+    model = BertForSequenceClassification(cfg)
+    return model.eval()  # dropout off, so both paths compute the same function
+
+
+def _samples(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(3, 20, (1,), generator=g))  # ragged: dynamic padding differs per batch
+        out.append((torch.randint(1, 120, (length,), generator=g), torch.randint(0, 3, (1,), generator=g)[0]))
+    return out
+
+
+def _grads(model, window):
+    model.zero_grad(set_to_none=True)
+    accumulate_window(model, window, Precision("fp32", torch.device("cpu")), torch.device("cpu"))
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_k_micro_batches_equal_one_large_batch():
+    model, collate = _model(), PadCollator(0)
+    samples = _samples(16)
+    big = _grads(model, [collate(samples)])
+    small = _grads(model, [collate(samples[i:i + 4]) for i in range(0, 16, 4)])  # k=4, b=4
+    _assert_same(big, small)
+
+
+def test_partial_last_micro_batch_is_weighted_exactly():
+    model, collate = _model(), PadCollator(0)
+    samples = _samples(10)
+    big = _grads(model, [collate(samples)])
+    uneven = _grads(model, [collate(samples[:4]), collate(samples[4:8]), collate(samples[8:])])  # 4+4+2
+    _assert_same(big, uneven)
+
+
+def test_windows_group_k_and_keep_the_partial_tail():
+    sizes = [len(w) for w in windows(range(10), 4)]
+    assert sizes == [4, 4, 2]
+    assert [len(w) for w in windows(range(8), 1)] == [1] * 8

@@ -1,0 +1,96 @@
+"""Config composition for every group option, and the schema's errors."""
+from __future__ import annotations
+
+import pytest
+from omegaconf.errors import ValidationError
+from hydra.errors import ConfigCompositionException
+
+from bertaccel.config import GROUPS, ConfigError, validate
+from conftest import CONF_DIR
+
+
+def _options(group):
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_option_of_every_group_composes_and_validates(compose_cfg, group):
+    options = _options(group)
+    assert options, f"conf/{group} has no options"
+    for option in options:
+        cfg = compose_cfg([f"{group}={option}"])
+        if group == "dataset" and option == "csv":
+            with pytest.raises(ConfigError, match="dataset=csv needs dataset.train_path"):
+                validate(cfg)
+            continue
+        validate(cfg)
+
+
+def test_group_options_land_in_the_config(compose_cfg):
+    cfg = compose_cfg(["precision=bf16", "attention=sdpa", "compile=max-autotune", "accumulation=4",
+                       "freezing=layerwise", "optimizer=adamw_fused", "hardware=h200", "model=tiny"])
+    assert cfg.precision.name == "bf16"
+    assert cfg.attention.name == "sdpa"
+    assert cfg.compile.mode == "max-autotune"
+    assert cfg.accumulation.steps == 4
+    assert cfg.freezing.name == "layerwise"
+    assert cfg.optimizer.name == "adamw_fused"
+    assert cfg.hardware.peak_tflops_bf16 == pytest.approx(989.4)
+    assert cfg.model.source == "random_init"
+    # `off` must stay the string "off", not YAML 1.1's boolean.
+    assert compose_cfg(["compile=off"]).compile.mode == "off"
+
+
+def test_hardware_profiles_have_prices_and_datasheet_peaks(compose_cfg):
+    for name in ("t4", "a10", "v100", "a100", "h100", "h200"):
+        hw = compose_cfg([f"hardware={name}"]).hardware
+        assert hw.price_per_gpu_hour_usd > 0 and hw.price_source
+        assert hw.tdp_w > 0 and hw.peak_tflops_fp16 > hw.peak_tflops_fp32 > 0
+    # Volta and Turing have no bf16: null, not 0
+    assert compose_cfg(["hardware=v100"]).hardware.peak_tflops_bf16 is None
+
+
+@pytest.mark.parametrize("override, message", [
+    ("accumulation.steps=0", "accumulation.steps=0 must be > 0"),
+    ("precision.name=fp8", "precision.name='fp8' is not one of fp32, fp16, bf16"),
+    ("optimizer.lr=-1", "optimizer.lr=-1.0 must be > 0"),
+    ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio=1.5 must be in [0, 1)"),
+    ("dataset.max_length=1024", "dataset.max_length=1024 must be in [8, 512]"),
+    ("num_gpus.count=2", "data-parallel training is not implemented yet"),
+    ("train.device=tpu", "train.device='tpu' is not one of auto, cpu, cuda"),
+])
+def test_bad_values_raise_one_clear_line(compose_cfg, override, message):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg([override]))
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_types_are_enforced_on_composition(compose_cfg):
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        compose_cfg(["accumulation.steps=four"])
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg(["precision=fp8"])  # not an option of the group
+
+
+def test_cli_bad_value_is_one_line_and_nonzero(cli):
+    proc = cli(["accumulation.steps=0"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: accumulation.steps=0 must be > 0"
+    assert not (cli.dir / "mlflow.db").exists(), "a bad value must not write anything to the store"
+
+
+def test_cli_missing_gpu_is_one_line_and_nonzero(cli):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = cli(["train.device=cuda"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: train.device=cuda but no CUDA GPU is visible")
+
+
+def test_cli_unknown_option_is_a_hydra_error(cli):
+    proc = cli(["attention=flashy"])
+    assert proc.returncode != 0
+    assert "Could not find 'attention/flashy'" in proc.stderr

@@ -1,0 +1,63 @@
+"""Hardware profiles, device checks and the skip rules for combinations a machine cannot run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertaccel.config import ConfigError
+from bertaccel.hardware import (Capabilities, check_gpu_count, load_profiles, match_profile,
+                                resolve_profile, skip_reason)
+
+
+@pytest.mark.parametrize("device_name, profile", [
+    ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA A10", "a10"), ("Tesla V100-SXM2-32GB", "v100"), ("Tesla T4", "t4"),
+])
+def test_auto_matches_whole_name_tokens(device_name, profile):
+    assert match_profile(device_name, load_profiles())["name"] == profile
+
+
+def test_unknown_gpu_matches_nothing():
+    assert match_profile("NVIDIA A10G", load_profiles()) is None
+    assert match_profile("NVIDIA GeForce RTX 4090", load_profiles()) is None
+
+
+def test_auto_on_cpu_says_which_profile(compose_cfg):
+    prof, note = resolve_profile(compose_cfg([]).hardware, torch.device("cpu"))
+    assert prof["name"] == "cpu" and "using profile 'cpu'" in note
+    prof, note = resolve_profile(compose_cfg(["hardware=a100"]).hardware, torch.device("cpu"))
+    assert prof["name"] == "a100" and prof["peak_tflops_bf16"] == 312
+
+
+def test_gpu_count_checks():
+    with pytest.raises(ConfigError, match="this run is on the CPU"):
+        check_gpu_count(2, torch.device("cpu"))
+    check_gpu_count(1, torch.device("cpu"))
+
+
+CPU_NO_BF16 = Capabilities(cpu_native_bf16=False, cxx_compiler="/usr/bin/g++", triton=False)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["precision=fp16"], "precision=fp16 needs a CUDA GPU"),
+    (["precision=bf16"], "precision=bf16 on a CPU without native bf16"),
+    (["compile=reduce-overhead"], "compile=reduce-overhead means CUDA graphs"),
+    (["compile=default"], None),
+    (["precision=fp32", "attention=sdpa"], None),
+])
+def test_cpu_skip_rules(compose_cfg, overrides, expected):
+    reason = skip_reason(compose_cfg(overrides), torch.device("cpu"), CPU_NO_BF16)
+    if expected is None:
+        assert reason is None
+    else:
+        assert reason.startswith(expected)
+
+
+def test_bf16_runs_on_a_cpu_with_native_bf16(compose_cfg):
+    caps = Capabilities(cpu_native_bf16=True, cxx_compiler="/usr/bin/g++", triton=False)
+    assert skip_reason(compose_cfg(["precision=bf16"]), torch.device("cpu"), caps) is None
+
+
+def test_compile_without_compiler_is_skipped(compose_cfg):
+    caps = Capabilities(cpu_native_bf16=False, cxx_compiler=None, triton=False)
+    assert "needs a C++ compiler" in skip_reason(compose_cfg(["compile=default"]), torch.device("cpu"), caps)
