@@ -21,9 +21,9 @@ LR_SCHEDULES = ("constant", "linear")
 MODEL_SOURCES = ("package", "hub", "random_init")
 DATASET_SOURCES = ("bundled", "hub", "csv")
 DEVICES = ("auto", "cpu", "cuda")
-# The config groups a user selects on the command line, in the order the run name uses.
-GROUPS = ("precision", "attention", "compile", "accumulation", "freezing", "optimizer",
-          "hardware", "num_gpus", "model", "dataset")
+# The config groups, one folder of options each in conf/ (accumulation and num_gpus, also
+# chosen on the command line, are integers: see RunConfig).
+GROUPS = ("precision", "attention", "compile", "freezing", "optimizer", "hardware", "model", "dataset")
 
 
 class ConfigError(ValueError):
@@ -43,11 +43,6 @@ class AttentionConfig:
 @dataclass
 class CompileConfig:
     mode: str = "off"
-
-
-@dataclass
-class AccumulationConfig:
-    steps: int = 1
 
 
 @dataclass
@@ -79,11 +74,6 @@ class HardwareConfig:
     peak_tflops_bf16: Optional[float] = None
     peak_tflops_fp16: Optional[float] = None
     peak_tflops_fp32: Optional[float] = None
-
-
-@dataclass
-class NumGpusConfig:
-    count: int = 1
 
 
 @dataclass
@@ -142,11 +132,14 @@ class RunConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
-    accumulation: AccumulationConfig = field(default_factory=AccumulationConfig)
+    # accumulation and num_gpus are plain integers rather than folders of options: Hydra rejects
+    # a group option whose name parses as an int (`accumulation=4` -> "Config group override
+    # must be a string"), and as integers any value works: accumulation=1,4 or accumulation=12.
+    accumulation: int = 1  # micro-batches per optimizer step
     freezing: FreezingConfig = field(default_factory=FreezingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    num_gpus: NumGpusConfig = field(default_factory=NumGpusConfig)
+    num_gpus: int = 1  # accelerators used (a CPU run counts as one device)
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -159,9 +152,8 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     for group, schema in (("precision", PrecisionConfig), ("attention", AttentionConfig),
-                          ("compile", CompileConfig), ("accumulation", AccumulationConfig),
-                          ("freezing", FreezingConfig), ("optimizer", OptimizerConfig),
-                          ("hardware", HardwareConfig), ("num_gpus", NumGpusConfig),
+                          ("compile", CompileConfig), ("freezing", FreezingConfig),
+                          ("optimizer", OptimizerConfig), ("hardware", HardwareConfig),
                           ("model", ModelConfig), ("dataset", DatasetConfig)):
         cs.store(group=group, name=f"{group}_schema", node=schema)
 
@@ -183,7 +175,7 @@ def validate(cfg: Any) -> None:
     _one_of("precision.name", cfg.precision.name, PRECISIONS)
     _one_of("attention.name", cfg.attention.name, ATTENTIONS)
     _one_of("compile.mode", cfg.compile.mode, COMPILE_MODES)
-    _positive("accumulation.steps", cfg.accumulation.steps)
+    _positive("accumulation", cfg.accumulation)
     _one_of("freezing.name", cfg.freezing.name, FREEZINGS)
     opt = cfg.optimizer
     _one_of("optimizer.name", opt.name, OPTIMIZERS)
@@ -195,9 +187,9 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"optimizer.weight_decay={opt.weight_decay} must be >= 0")
     _positive("optimizer.max_grad_norm", opt.max_grad_norm, allow_none=True)
     _positive("hardware.price_per_gpu_hour_usd", cfg.hardware.price_per_gpu_hour_usd, allow_none=True)
-    _positive("num_gpus.count", cfg.num_gpus.count)
-    if cfg.num_gpus.count > 1:
-        raise ConfigError(f"num_gpus.count={cfg.num_gpus.count}: data-parallel training is not "
+    _positive("num_gpus", cfg.num_gpus)
+    if cfg.num_gpus > 1:
+        raise ConfigError(f"num_gpus={cfg.num_gpus}: data-parallel training is not "
                           "implemented yet; use num_gpus=1")
     _one_of("model.source", cfg.model.source, MODEL_SOURCES)
     if cfg.model.source in ("package", "hub") and not cfg.model.pretrained:

@@ -78,8 +78,10 @@ def read_csv_split(path: Path, text_columns: Sequence[str], label_column: str) -
             texts, labels = [], []
             for line_no, row in enumerate(reader, start=2):
                 if None in row or any(row[c] is None for c in header):
-                    raise DataError(f"{path}: line {line_no} has {len(row) - (None in row)} fields "
-                                    f"but the header has {len(header)}")
+                    # DictReader files surplus fields under the key None and fills missing ones with None
+                    fields = len(header) + len(row[None]) if None in row else sum(
+                        row[c] is not None for c in header)
+                    raise DataError(f"{path}: line {line_no} has {fields} fields but the header has {len(header)}")
                 label = row[label_column].strip()
                 if not label:
                     raise DataError(f"{path}: line {line_no} has an empty '{label_column}'")
@@ -185,8 +187,14 @@ class TokenizedSplit(Dataset):
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """Identify a tokenizer by what it does (its serialized vocab and rules), not by its path."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    blob = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    if backend is None:
+        return hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
+    state = json.loads(backend.to_str())
+    # Each call with truncation=True rewrites these settings on the backend; they are call
+    # arguments (max_length is part of the cache key already), not what the tokenizer is.
+    state.pop("truncation", None)
+    state.pop("padding", None)
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
 
 def _split_fingerprint(split: RawSplit) -> str:

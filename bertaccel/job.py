@@ -65,7 +65,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     # Bad input first, before anything is written (raises ConfigError / DataError).
     validate(cfg)
     device = resolve_device(cfg.train.device)
-    check_gpu_count(cfg.num_gpus.count, device)
+    check_gpu_count(cfg.num_gpus, device)
     profile, profile_note = resolve_profile(cfg.hardware, device)
     log.info(profile_note)
     try:
@@ -106,7 +106,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
             "test_accuracy": result.test_accuracy,
             "throughput_samples_s": result.samples / result.train_time_s,
             "peak_memory_gib": peak_gib,
-            "cost_usd": None if price is None else result.train_time_s / 3600 * price * cfg.num_gpus.count,
+            "cost_usd": None if price is None else result.train_time_s / 3600 * price * cfg.num_gpus,
             "optimizer_steps": result.optimizer_steps,
             "tokenize_time_s": data.tokenize_time_s,
             "compile_graphs": result.compile_graphs,
@@ -119,7 +119,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
             "throughput_samples_s_source": "samples trained / train_time_s",
             "peak_memory_gib_source": peak_source,
             "cost_usd_source": (f"train_time_s / 3600 x {price} USD/h ({profile.get('price_source') or 'profile'})"
-                                f" x num_gpus={cfg.num_gpus.count}") if price is not None else
+                                f" x num_gpus={cfg.num_gpus}") if price is not None else
                                f"null: hardware profile '{profile['name']}' has no price_per_gpu_hour_usd",
             "compile_graphs_source": ("torch._dynamo counters['stats']['unique_graphs'] since the run's reset"
                                       if result.compile_graphs is not None else "null: compile=off"),
@@ -144,9 +144,18 @@ def _end(tracker: RunTracker, outcome: Outcome, status: str, reason: Optional[st
     return outcome
 
 
-def run_label(overrides: Any) -> str:
-    """A run name that reads like the command line: `precision=bf16,attention=sdpa`."""
-    return ",".join(str(o) for o in overrides) or "defaults"
+# Overrides that say where results go, not what runs: left out of run names.
+_NOT_IN_NAME = ("tracking.", "cache_dir", "hydra.")
+
+
+def run_label(overrides: Any, swept: Any = ()) -> str:
+    """A run name that reads like the command line: `precision=bf16,attention=sdpa`.
+
+    In a sweep, only the swept keys (what tells its runs apart); otherwise every override."""
+    items = [str(o) for o in overrides if not str(o).startswith(_NOT_IN_NAME)]
+    if swept:
+        items = [o for o in items if o.split("=", 1)[0] in swept]
+    return ",".join(items) or "defaults"
 
 
 def group_choices(runtime_choices: Mapping[str, Any], groups: Any) -> Dict[str, str]:

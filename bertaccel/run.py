@@ -29,7 +29,7 @@ _jobs_started = 0
 def main(cfg: DictConfig):
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
-    name = run_label(hc.overrides.task)
+    name = run_label(hc.overrides.task, STATE.swept if multirun else ())
     choices = group_choices(hc.runtime.choices, GROUPS)
     global _jobs_started
     # The first job pays the interpreter and import start-up, later jobs of a sweep do not.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Set
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
@@ -19,9 +19,15 @@ def count_jobs(overrides: List[str]) -> int:
     return math.prod(len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1 for o in parsed)
 
 
+def swept_keys(overrides: List[str]) -> Set[str]:
+    return {o.get_key_element() for o in OverridesParser.create().parse_overrides(overrides)
+            if o.is_sweep_override()}
+
+
 @dataclass
 class SweepState:
     total: Optional[int] = None
+    swept: Set[str] = field(default_factory=set)  # keys the sweep varies: they name its runs
     outcomes: List[Any] = field(default_factory=list)
 
     def count(self, status: str) -> int:
@@ -61,9 +67,9 @@ class SweepProgress(Callback):
         params = config.hydra.sweeper.get("params") or {}
         overrides += [f"{k}={v}" for k, v in params.items()]
         try:
-            STATE.total = count_jobs(overrides)
-        except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us the "of N"
-            STATE.total = None
+            STATE.total, STATE.swept = count_jobs(overrides), swept_keys(overrides)
+        except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us "of N" and short names
+            STATE.total, STATE.swept = None, set()
         print(f"[sweep] {STATE.total or '?'} runs", flush=True)
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:

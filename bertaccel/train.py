@@ -136,7 +136,7 @@ def _sync(device: torch.device) -> None:
 def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
           device: torch.device, log: Callable[[str], None] = print) -> TrainResult:
     precision = Precision(cfg.precision.name, device)
-    k = cfg.accumulation.steps
+    k = cfg.accumulation
     model.to(device)
     step_model = model if cfg.compile.mode == "off" else torch.compile(
         model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)

@@ -53,6 +53,7 @@ def test_gzip_csv_is_read(tmp_path):
     ("text,label\n", "no data rows after the header (empty split)"),
     ("", "empty file"),
     ("text,label\nx,1,extra\n", "line 2 has 3 fields but the header has 2"),
+    ("text,label,extra\nx,1\n", "line 2 has 2 fields but the header has 3"),
     ("text,label\nx,\n", "line 2 has an empty 'label'"),
 ])
 def test_bad_csv_names_file_and_problem(tmp_path, content, message):

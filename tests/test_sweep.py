@@ -9,7 +9,7 @@ from conftest import TINY
 
 PARAMS = ["precision", "attention", "compile", "accumulation", "freezing", "optimizer", "hardware",
           "num_gpus", "model", "dataset", "precision.name", "attention.name", "optimizer.name",
-          "optimizer.lr", "accumulation.steps", "dataset.max_length", "train.seed", "train.batch_size"]
+          "optimizer.lr", "dataset.max_length", "train.seed", "train.batch_size"]
 METRICS = ["train_time_s", "eval_time_s", "test_accuracy", "train_loss", "throughput_samples_s",
            "peak_memory_gib", "cost_usd", "optimizer_steps", "trainable_params"]
 TAGS = ["status", "config_hash", "git_sha", "device_name", "hardware_profile", "peak_memory_gib_source",
@@ -69,11 +69,11 @@ def test_sweep_with_no_finished_run_exits_nonzero(cli):
 
 
 def test_bad_value_in_a_sweep_is_recorded_and_the_rest_run(cli):
-    proc = cli(["-m", "accumulation.steps=0,1", *TINY])
+    proc = cli(["-m", "accumulation=0,1", *TINY])
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = runs_by_status(cli.store, "bertaccel")
     assert {k: len(v) for k, v in runs.items()} == {"finished": 1, "failed": 1}
-    assert runs["failed"][0].data.tags["reason"] == "bad input: accumulation.steps=0 must be > 0"
+    assert runs["failed"][0].data.tags["reason"] == "bad input: accumulation=0 must be > 0"
 
 
 def test_single_run_prints_accuracy_time_and_run_id(cli):
