@@ -115,6 +115,8 @@ class TrainConfig:
     pin_memory: bool = False
     # Batches of similar length (shuffled), so dynamic padding pads little; false = plain shuffle.
     group_by_length: bool = True
+    # Round each batch's padded length up to this multiple (1 = exact longest sequence).
+    pad_to_multiple_of: int = 8
     # Stop an epoch after this many optimizer steps (null = whole epoch); for smoke runs.
     max_steps_per_epoch: Optional[int] = None
     # The loss is read back (a host sync) every this many optimizer steps: NaN check + progress bar.
@@ -221,5 +223,6 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"train.num_workers={tr.num_workers} must be >= 0")
     _positive("train.max_steps_per_epoch", tr.max_steps_per_epoch, allow_none=True)
     _positive("train.log_every_steps", tr.log_every_steps)
+    _positive("train.pad_to_multiple_of", tr.pad_to_multiple_of)
     if not cfg.tracking.uri:
         raise ConfigError("tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db")

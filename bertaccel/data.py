@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -250,14 +251,22 @@ def tokenize_cached(raw: RawData, tokenizer: Any, max_length: int, cache_dir: st
 
 
 class PadCollator:
-    """Pads a batch to its own longest sequence (dynamic padding), with the attention mask."""
+    """Pads a batch to its own longest sequence (dynamic padding), rounded up to a multiple of
+    `multiple`, with the attention mask.
 
-    def __init__(self, pad_token_id: int):
-        self.pad_token_id = pad_token_id
+    The rounding bounds the number of distinct shapes: kernels that plan or compile per shape
+    (cuDNN attention, torch.compile) otherwise meet a new sequence length in nearly every batch.
+    """
+
+    def __init__(self, pad_token_id: int, multiple: int = 1):
+        self.pad_token_id, self.multiple = pad_token_id, multiple
 
     def __call__(self, batch: List[Tuple[torch.Tensor, torch.Tensor]]) -> Dict[str, torch.Tensor]:
         seqs = [ids.long() for ids, _ in batch]
         input_ids = pad_sequence(seqs, batch_first=True, padding_value=self.pad_token_id)
+        extra = -input_ids.shape[1] % self.multiple
+        if extra:
+            input_ids = F.pad(input_ids, (0, extra), value=self.pad_token_id)
         lengths = torch.tensor([len(s) for s in seqs])
         attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()
         return {"input_ids": input_ids, "attention_mask": attention_mask,
@@ -295,10 +304,12 @@ class LengthGroupedBatches(Sampler[List[int]]):
 
 
 def make_loader(split: TokenizedSplit, batch_size: int, pad_token_id: int, shuffle: bool, seed: int,
-                num_workers: int, pin_memory: bool, group_by_length: bool = False) -> DataLoader:
+                num_workers: int, pin_memory: bool, group_by_length: bool = False,
+                pad_to_multiple_of: int = 1) -> DataLoader:
     # A generator of the run's own: the data order depends on the seed only, not on what ran before.
     generator = torch.Generator().manual_seed(seed) if shuffle else None
-    common = dict(collate_fn=PadCollator(pad_token_id), num_workers=num_workers, pin_memory=pin_memory)
+    common = dict(collate_fn=PadCollator(pad_token_id, pad_to_multiple_of), num_workers=num_workers,
+                  pin_memory=pin_memory)
     if shuffle and group_by_length:
         return DataLoader(split, batch_sampler=LengthGroupedBatches(split.lengths, batch_size, generator), **common)
     if group_by_length:

@@ -89,7 +89,8 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
                                               len(tokenizer))
             log.info(f"model {cfg.model.name}: {weights_note}")
             loaders = [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,
-                                   cfg.train.num_workers, cfg.train.pin_memory, cfg.train.group_by_length)
+                                   cfg.train.num_workers, cfg.train.pin_memory, cfg.train.group_by_length,
+                                   cfg.train.pad_to_multiple_of)
                        for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
                                                   (data.test, cfg.train.eval_batch_size, False))]
             memory = PeakMemory(device)

@@ -118,3 +118,10 @@ def test_length_grouped_batches_cover_every_row_once_and_pad_less():
     grouped = sum(int(lengths[b].max()) for b in epoch1)
     plain = sum(int(lengths[torch.randperm(1000, generator=g)[i:i + 32]].max()) for i in range(0, 1000, 32))
     assert grouped < 0.8 * plain
+
+
+def test_padding_rounds_up_to_a_multiple():
+    batch = PadCollator(0, multiple=8)([(torch.arange(1, 10), torch.tensor(0)), (torch.tensor([3]), torch.tensor(1))])
+    assert batch["input_ids"].shape == (2, 16)
+    assert batch["attention_mask"].sum(1).tolist() == [9, 1]
+    assert batch["input_ids"][0, 9:].eq(0).all()
