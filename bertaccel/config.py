@@ -14,6 +14,7 @@ from omegaconf import MISSING
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 ATTENTIONS = ("eager", "sdpa")
+SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 FREEZINGS = ("none", "layerwise")
 OPTIMIZERS = ("adamw", "adamw_fused")
@@ -38,6 +39,8 @@ class PrecisionConfig:
 @dataclass
 class AttentionConfig:
     name: str = "eager"
+    # sdpa only: the torch SDPA backends allowed, in torch's names (empty = torch's own choice).
+    sdpa_backends: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -176,6 +179,8 @@ def validate(cfg: Any) -> None:
     """Raise ConfigError with one line naming the first bad value and how to fix it."""
     _one_of("precision.name", cfg.precision.name, PRECISIONS)
     _one_of("attention.name", cfg.attention.name, ATTENTIONS)
+    for backend in cfg.attention.sdpa_backends:
+        _one_of("attention.sdpa_backends[]", backend, SDPA_BACKENDS)
     _one_of("compile.mode", cfg.compile.mode, COMPILE_MODES)
     _positive("accumulation", cfg.accumulation)
     _one_of("freezing.name", cfg.freezing.name, FREEZINGS)

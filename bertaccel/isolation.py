@@ -57,3 +57,24 @@ def compiled_graph_count() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+_warmed_up = set()
+
+
+def warm_up_device(device: torch.device) -> None:
+    """Pay the once-per-process library start-up (CUDA context, cuBLAS handles and workspaces)
+    outside any training window, so the first run of a sweep is not charged for it.
+
+    Measured on an H200: without this, the same configuration took 9.4 s as the first job of a
+    multirun and 6.6 s as the second.
+    """
+    if device.type != "cuda" or device in _warmed_up:
+        return
+    x = torch.randn(256, 256, device=device, requires_grad=True)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+            (x @ x).float().sum().backward()
+    torch.nn.functional.cross_entropy(torch.randn(8, 4, device=device), torch.zeros(8, dtype=torch.long, device=device))
+    torch.cuda.synchronize(device)
+    _warmed_up.add(device)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .freezing import apply_freezing, count_trainable
-from .isolation import compiled_graph_count
+from .isolation import compiled_graph_count, warm_up_device
 from .optim import build_optimizer, lr_factor, set_lr
 
 AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -66,6 +66,17 @@ class TrainResult:
         return sum(e.samples for e in self.epochs)
 
 
+def sdpa_backends(cfg: Any):
+    """Context restricting torch SDPA to the configured backends (no-op when none are set)."""
+    names = list(cfg.attention.sdpa_backends) if cfg.attention.name == "sdpa" else []
+    if not names:
+        return nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [getattr(SDPBackend, n) for n in names]
+    return lambda: sdpa_kernel(backends)
+
+
 class Precision:
     """Autocast context and loss scaler for one precision name."""
 
@@ -95,7 +106,7 @@ def windows(batches: Iterable[Dict[str, torch.Tensor]], k: int) -> Iterator[List
 
 
 def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], precision: Precision,
-                      device: torch.device) -> torch.Tensor:
+                      device: torch.device, attention_ctx: Callable = nullcontext) -> torch.Tensor:
     """Forward+backward over one window; returns the window's mean loss (detached).
 
     Each micro-batch's summed loss is divided by the window's sample count n, so the gradient
@@ -106,7 +117,7 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
     total = torch.zeros((), device=device)
     for batch in window:
         batch = {key: t.to(device, non_blocking=True) for key, t in batch.items()}
-        with precision.autocast():
+        with precision.autocast(), attention_ctx():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum") / n
         precision.scaler.scale(loss).backward()
@@ -115,12 +126,13 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: Iterable, precision: Precision, device: torch.device) -> float:
+def evaluate(model: torch.nn.Module, loader: Iterable, precision: Precision, device: torch.device,
+             attention_ctx: Callable = nullcontext) -> float:
     model.eval()
     correct = seen = 0
     for batch in loader:
         batch = {key: t.to(device, non_blocking=True) for key, t in batch.items()}
-        with precision.autocast():
+        with precision.autocast(), attention_ctx():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         correct += int((logits.argmax(-1) == batch["labels"]).sum())
         seen += len(batch["labels"])
@@ -136,8 +148,10 @@ def _sync(device: torch.device) -> None:
 def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
           device: torch.device, log: Callable[[str], None] = print) -> TrainResult:
     precision = Precision(cfg.precision.name, device)
+    attention_ctx = sdpa_backends(cfg)
     k = cfg.accumulation
     model.to(device)
+    warm_up_device(device)
     step_model = model if cfg.compile.mode == "off" else torch.compile(
         model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
     steps_per_epoch = math.ceil(len(train_loader) / k)
@@ -168,7 +182,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                 result.first_step_started_at = time.time()
             set_lr(optimizer, cfg.optimizer.lr * lr_factor(cfg.optimizer.schedule, global_step,
                                                            total_steps, cfg.optimizer.warmup_ratio))
-            window_loss = accumulate_window(step_model, window, precision, device)
+            window_loss = accumulate_window(step_model, window, precision, device, attention_ctx)
             if cfg.optimizer.max_grad_norm:
                 precision.scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(trainable_params, cfg.optimizer.max_grad_norm)
@@ -196,7 +210,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         if not math.isfinite(epoch_loss):
             raise NonFiniteLoss(f"non-finite training loss ({epoch_loss}) in epoch {epoch + 1}")
         t1 = time.perf_counter()
-        accuracy = evaluate(model, test_loader, precision, device)
+        accuracy = evaluate(model, test_loader, precision, device, attention_ctx)
         _sync(device)
         eval_time_s = time.perf_counter() - t1
         result.epochs.append(EpochStats(epoch, epoch_loss, accuracy, trainable, train_time_s,

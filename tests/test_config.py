@@ -94,3 +94,11 @@ def test_cli_unknown_option_is_a_hydra_error(cli):
     proc = cli(["attention=flashy"])
     assert proc.returncode != 0
     assert "Could not find 'attention/flashy'" in proc.stderr
+
+
+def test_sdpa_backends_are_validated(compose_cfg):
+    cfg = compose_cfg(["attention=sdpa"])
+    assert list(cfg.attention.sdpa_backends) == ["EFFICIENT_ATTENTION", "MATH"]
+    validate(cfg)
+    with pytest.raises(ConfigError, match="attention.sdpa_backends\\[\\]='FAST'"):
+        validate(compose_cfg(["attention=sdpa", "attention.sdpa_backends=[FAST]"]))
