@@ -93,3 +93,14 @@ def test_single_bad_csv_is_one_line_and_nothing_written(cli):
     assert proc.stderr.strip() == f"error: {bad}: missing column(s) text; the header has body, label " \
                                   "(set dataset.text_columns / dataset.label_column)"
     assert not (cli.dir / "mlflow.db").exists()
+
+
+def test_hub_model_and_dataset_offline_are_skipped_with_reason(cli):
+    proc = cli(["-m", "model=tiny,bert_base_uncased", "dataset=ag_news_sample,ag_news", "train.device=cpu",
+                "dataset.train_subset=64", "dataset.test_subset=32", "train.batch_size=16"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = runs_by_status(cli.store, "bertaccel")
+    assert {k: len(v) for k, v in runs.items()} == {"finished": 1, "skipped": 3}
+    reasons = sorted(r.data.tags["reason"] for r in runs["skipped"])
+    assert sum("hub dataset 'fancyzhx/ag_news' cannot be loaded here" in r for r in reasons) == 2
+    assert any(r.startswith("tokenizer bert-base-uncased cannot be loaded here") for r in reasons)
