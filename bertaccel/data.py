@@ -177,10 +177,6 @@ class TokenizedSplit(Dataset):
         return self.ids[self.offsets[i]:self.offsets[i + 1]], self.labels[i]
 
     @property
-    def num_tokens(self) -> int:
-        return int(self.ids.numel())
-
-    @property
     def lengths(self) -> torch.Tensor:
         return self.offsets[1:] - self.offsets[:-1]
 

@@ -111,14 +111,11 @@ def cpu_has_native_bf16() -> bool:
 
 
 def probe() -> Capabilities:
-    try:
-        import triton  # noqa: F401
-        has_triton = True
-    except ImportError:
-        has_triton = False
+    import importlib.util
+
     return Capabilities(cpu_native_bf16=cpu_has_native_bf16(),
                         cxx_compiler=shutil.which("g++") or shutil.which("c++") or shutil.which("clang++"),
-                        triton=has_triton)
+                        triton=importlib.util.find_spec("triton") is not None)
 
 
 def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[str]:
