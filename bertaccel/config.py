@@ -127,6 +127,21 @@ class TrainConfig:
 
 
 @dataclass
+class TelemetryConfig:
+    # Background sampling period of NVML power, GPM and utilization (RAPL polls at >= 1 s).
+    interval_s: float = 0.2
+    # Where Linux exposes RAPL energy counters.
+    rapl_root: str = "/sys/class/powercap"
+
+
+@dataclass
+class ProfileWindowConfig:
+    warmup_steps: int = 3   # run but not recorded (allocator, autotuning, caches settle)
+    active_steps: int = 5   # recorded
+    top_k: int = 10         # kernels listed in the artifact
+
+
+@dataclass
 class TrackingConfig:
     uri: str = "sqlite:///mlflow.db"
     experiment: str = "bertaccel"
@@ -150,6 +165,10 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cache_dir: str = "~/.cache/bertaccel"
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    # true: a torch.profiler window after training -> kernel table, category shares, trace.
+    profile: bool = False
+    profile_window: ProfileWindowConfig = field(default_factory=ProfileWindowConfig)
 
 
 def register_configs() -> None:
@@ -229,5 +248,10 @@ def validate(cfg: Any) -> None:
     _positive("train.max_steps_per_epoch", tr.max_steps_per_epoch, allow_none=True)
     _positive("train.log_every_steps", tr.log_every_steps)
     _positive("train.pad_to_multiple_of", tr.pad_to_multiple_of)
+    _positive("telemetry.interval_s", cfg.telemetry.interval_s)
+    if cfg.profile_window.warmup_steps < 0:
+        raise ConfigError(f"profile_window.warmup_steps={cfg.profile_window.warmup_steps} must be >= 0")
+    _positive("profile_window.active_steps", cfg.profile_window.active_steps)
+    _positive("profile_window.top_k", cfg.profile_window.top_k)
     if not cfg.tracking.uri:
         raise ConfigError("tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db")

@@ -7,19 +7,25 @@ anything is written, so the caller can decide between "one line and exit" and "r
 """
 from __future__ import annotations
 
+import json
 import logging
+import tempfile
 import traceback
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from .collectors import build_collectors
 from .config import validate
 from .data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
 from .hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from .isolation import isolated_run
+from .measures import derived
 from .memory import PeakMemory
 from .model import ModelUnavailable, build_model, load_tokenizer
+from .profiling import write_report
 from .tracking import RunTracker, config_hash, flatten, git_sha
 from .train import train
 
@@ -80,7 +86,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
         reason = unavailable or skip_reason(cfg, device, probe())
         if reason:
             return _end(tracker, outcome, "skipped", reason)
-        with isolated_run(cfg.train.seed):
+        with isolated_run(cfg.train.seed), tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir:
             tokenizer = load_tokenizer(cfg.model)
             data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
             log.info(f"tokenized {len(data.train)} train / {len(data.test)} test rows "
@@ -93,10 +99,18 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
                                    cfg.train.pad_to_multiple_of)
                        for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
                                                   (data.test, cfg.train.eval_batch_size, False))]
+            collectors = build_collectors([device], cfg.telemetry.interval_s, cfg.telemetry.rapl_root)
             memory = PeakMemory(device)
             memory.reset()
-            result = train(model, loaders[0], loaders[1], cfg, device, log=log.info)
-            peak_gib, peak_source = memory.read()
+            peak = []  # read before the profiler window, whose event buffers would count on a CPU
+            result = train(model, loaders[0], loaders[1], cfg, device, log=log.info,
+                           collectors=collectors, profile_dir=Path(prof_dir),
+                           after_training=lambda: peak.append(memory.read()))
+            peak_gib, peak_source = peak[0]
+            measured = derived(collectors.results(), result, profile, cfg.precision.name, cfg.num_gpus)
+            if result.profile is not None:
+                write_report(result.profile, Path(prof_dir))
+                tracker.log_artifacts(prof_dir, "profile")
         for e in result.epochs:
             tracker.log_metrics({"train_loss": e.train_loss, "test_accuracy": e.test_accuracy,
                                  "trainable_params": e.trainable_params}, step=e.epoch)
@@ -128,6 +142,10 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
             "tokenize_cache": "hit" if data.cache_hit else "miss",
             "model_weights": weights_note,
         })
+        tracker.log_metrics({k: r.value for k, r in measured.items()}, step=result.epochs[-1].epoch)
+        tracker.set_tags({f"{k}_source": r.source for k, r in measured.items()})
+        tracker.set_tags({"train_windows_unix": json.dumps([list(e.window_unix) for e in result.epochs])})
+        metrics.update({k: r.value for k, r in measured.items()})
         outcome.metrics = {k: v for k, v in metrics.items() if v is not None}
         return _end(tracker, outcome, "finished")
     except ModelUnavailable as e:

@@ -93,6 +93,9 @@ class RunTracker:
         for i in range(0, len(batch), MLFLOW_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i:i + MLFLOW_BATCH])
 
+    def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
+        self.client.log_artifacts(self.run_id, local_dir, artifact_path)
+
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 

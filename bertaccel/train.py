@@ -1,8 +1,10 @@
 """The training core: one loop that every option changes by argument, never by shape.
 
 Per epoch: apply the freezing schedule, (re)build the optimizer, run accumulation windows of
-`accumulation.steps` micro-batches, then evaluate on the test split. Only the training window
-is timed into train_time_s; evaluation has its own clock (the thesis excludes it too).
+`accumulation` micro-batches, then evaluate on the test split. Only the training window is
+timed into train_time_s, and only it is measured by the collectors (energy, GPU activity);
+evaluation has its own clock (the thesis excludes it too). An optional profiler window runs
+after the last evaluation (profiling.py).
 """
 from __future__ import annotations
 
@@ -10,15 +12,19 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .collectors import CollectorSet
+from .flops import TokenCounts, bert_train_flops
 from .freezing import apply_freezing, count_trainable
 from .isolation import compiled_graph_count, warm_up_device
 from .optim import build_optimizer, lr_factor, set_lr
+from .profiling import KernelProfile, profile_steps
 
 AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -37,6 +43,9 @@ class EpochStats:
     eval_time_s: float
     optimizer_steps: int
     samples: int
+    tokens: TokenCounts = field(default_factory=TokenCounts)
+    model_flops: float = 0.0                  # analytic, flops.py
+    window_unix: Tuple[float, float] = (0.0, 0.0)  # time.time() at the training window's edges
 
 
 @dataclass
@@ -44,6 +53,19 @@ class TrainResult:
     epochs: List[EpochStats] = field(default_factory=list)
     compile_graphs: Optional[int] = None
     first_step_started_at: Optional[float] = None  # time.time() as the first window began
+    profile: Optional[KernelProfile] = None
+    profile_error: Optional[str] = None
+
+    @property
+    def model_flops(self) -> float:
+        return sum(e.model_flops for e in self.epochs)
+
+    @property
+    def tokens(self) -> TokenCounts:
+        total = TokenCounts()
+        for e in self.epochs:
+            total += e.tokens
+        return total
 
     @property
     def train_time_s(self) -> float:
@@ -146,7 +168,13 @@ def _sync(device: torch.device) -> None:
 
 
 def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
-          device: torch.device, log: Callable[[str], None] = print) -> TrainResult:
+          device: torch.device, log: Callable[[str], None] = print,
+          collectors: Optional[CollectorSet] = None, profile_dir: Optional[Path] = None,
+          after_training: Optional[Callable[[], None]] = None) -> TrainResult:
+    """collectors: started/stopped around each training window. after_training: called after
+    the last evaluation, before the optional profiler window (cfg.profile), which writes its
+    trace to profile_dir."""
+    collectors = collectors or CollectorSet()
     precision = Precision(cfg.precision.name, device)
     attention_ctx = sdpa_backends(cfg)
     k = cfg.accumulation
@@ -161,6 +189,19 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     result = TrainResult()
     global_step = 0
     optimizer = None
+    trainable_params: List[torch.Tensor] = []
+
+    def optimizer_step(window: List[Dict[str, torch.Tensor]]) -> torch.Tensor:
+        """Forward+backward over one window, then the update; returns the window's mean loss."""
+        window_loss = accumulate_window(step_model, window, precision, device, attention_ctx)
+        if cfg.optimizer.max_grad_norm:
+            precision.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(trainable_params, cfg.optimizer.max_grad_norm)
+        precision.scaler.step(optimizer)
+        precision.scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return window_loss
+
     for epoch in range(cfg.train.epochs):
         apply_freezing(model, cfg.freezing.name, epoch)
         if optimizer is None or cfg.freezing.name != "none":
@@ -171,41 +212,44 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         model.train()
         loss_sum = torch.zeros((), device=device)
         samples = steps = 0
+        tokens = TokenCounts()
         bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="step",
                    dynamic_ncols=True, mininterval=1.0)
         _sync(device)
+        collectors.start()
+        window_start_unix = time.time()
         t0 = time.perf_counter()
-        for window in windows(train_loader, k):
-            if steps == steps_per_epoch:
-                break
-            if result.first_step_started_at is None:
-                result.first_step_started_at = time.time()
-            set_lr(optimizer, cfg.optimizer.lr * lr_factor(cfg.optimizer.schedule, global_step,
-                                                           total_steps, cfg.optimizer.warmup_ratio))
-            window_loss = accumulate_window(step_model, window, precision, device, attention_ctx)
-            if cfg.optimizer.max_grad_norm:
-                precision.scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(trainable_params, cfg.optimizer.max_grad_norm)
-            precision.scaler.step(optimizer)
-            precision.scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            n = sum(len(b["labels"]) for b in window)
-            loss_sum += window_loss * n
-            samples += n
-            steps += 1
-            global_step += 1
-            if steps % cfg.train.log_every_steps == 0 or steps == steps_per_epoch:
-                # One host sync every few steps: the NaN check and the bar, not every step.
-                mean_loss = float(loss_sum) / samples
-                if not math.isfinite(mean_loss):
-                    raise NonFiniteLoss(f"non-finite training loss ({mean_loss}) by optimizer step "
-                                        f"{global_step} (epoch {epoch + 1})")
-                bar.set_postfix(loss=f"{mean_loss:.4f}",
-                                samples_s=f"{samples / (time.perf_counter() - t0):.1f}")
-            bar.update(1)
-        _sync(device)
-        train_time_s = time.perf_counter() - t0
-        bar.close()
+        try:
+            for window in windows(train_loader, k):
+                if steps == steps_per_epoch:
+                    break
+                if result.first_step_started_at is None:
+                    result.first_step_started_at = time.time()
+                set_lr(optimizer, cfg.optimizer.lr * lr_factor(cfg.optimizer.schedule, global_step,
+                                                               total_steps, cfg.optimizer.warmup_ratio))
+                window_loss = optimizer_step(window)
+                for batch in window:  # shapes and masks are on the host: no device sync
+                    tokens.add(batch)
+                n = sum(len(b["labels"]) for b in window)
+                loss_sum += window_loss * n
+                samples += n
+                steps += 1
+                global_step += 1
+                if steps % cfg.train.log_every_steps == 0 or steps == steps_per_epoch:
+                    # One host sync every few steps: the NaN check and the bar, not every step.
+                    mean_loss = float(loss_sum) / samples
+                    if not math.isfinite(mean_loss):
+                        raise NonFiniteLoss(f"non-finite training loss ({mean_loss}) by optimizer step "
+                                            f"{global_step} (epoch {epoch + 1})")
+                    bar.set_postfix(loss=f"{mean_loss:.4f}",
+                                    samples_s=f"{samples / (time.perf_counter() - t0):.1f}")
+                bar.update(1)
+            _sync(device)
+            train_time_s = time.perf_counter() - t0
+            window_end_unix = time.time()
+        finally:
+            collectors.stop()  # also when the window ends in an exception: no sampler left running
+            bar.close()
         epoch_loss = float(loss_sum) / max(samples, 1)
         if not math.isfinite(epoch_loss):
             raise NonFiniteLoss(f"non-finite training loss ({epoch_loss}) in epoch {epoch + 1}")
@@ -214,9 +258,23 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         _sync(device)
         eval_time_s = time.perf_counter() - t1
         result.epochs.append(EpochStats(epoch, epoch_loss, accuracy, trainable, train_time_s,
-                                        eval_time_s, steps, samples))
+                                        eval_time_s, steps, samples, tokens,
+                                        bert_train_flops(model, tokens),
+                                        (window_start_unix, window_end_unix)))
         log(f"epoch {epoch + 1}/{cfg.train.epochs}: train_loss={epoch_loss:.4f} test_accuracy={accuracy:.4f} "
             f"train_time_s={train_time_s:.1f} eval_time_s={eval_time_s:.1f} trainable_params={trainable:,}")
     if cfg.compile.mode != "off":
         result.compile_graphs = compiled_graph_count()
+    if after_training is not None:
+        after_training()
+    if cfg.profile:
+        # After the last evaluation: its extra steps change weights nobody reads any more.
+        pw = cfg.profile_window
+        try:
+            result.profile = profile_steps(optimizer_step, windows(train_loader, k), device,
+                                           pw.warmup_steps, pw.active_steps, profile_dir or Path("profile"),
+                                           pw.top_k)
+        except Exception as e:  # noqa: BLE001 - a failed profile costs the profile, not the run
+            result.profile_error = f"{type(e).__name__}: {e}"
+            log(f"profile failed: {result.profile_error}")
     return result
