@@ -10,7 +10,8 @@ tensor activity are logged beside it rather than instead of it.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+import math
+from typing import Any, Dict, List, Optional
 
 from .base import Reading, Sampler, TimeWeightedMean
 
@@ -51,6 +52,7 @@ class GpmActivity(Sampler):
         self.handles = handles
         self.ids = [getattr(pynvml, c) for c in GPM_METRICS.values()]
         self.means = {m: TimeWeightedMean() for m in GPM_METRICS}
+        self.invalid = {m: 0 for m in GPM_METRICS}  # intervals with an error or a NaN value
         self.samples = [[pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()] for _ in handles]
         self.intervals = 0
 
@@ -67,8 +69,9 @@ class GpmActivity(Sampler):
         for i, mid in enumerate(self.ids):
             get.metrics[i].metricId = mid
         pynvml.nvmlGpmMetricsGet(get)
-        return [get.metrics[i].value if get.metrics[i].nvmlReturn == 0 else None
-                for i in range(len(self.ids))]
+        # NaN has been seen on an H200 (DRAM bandwidth, one interval of 45): treated like an error.
+        return [get.metrics[i].value if get.metrics[i].nvmlReturn == 0 and math.isfinite(get.metrics[i].value)
+                else None for i in range(len(self.ids))]
 
     def _sample(self, now: float, dt: float) -> None:
         for h, pair in zip(self.handles, self.samples):
@@ -76,6 +79,8 @@ class GpmActivity(Sampler):
             for name, value in zip(GPM_METRICS, self._metrics(pair[0], pair[1])):
                 if value is not None:
                     self.means[name].add(value, dt)  # GPUs averaged by adding each with weight dt
+                else:
+                    self.invalid[name] += 1
             pair.reverse()  # the newer sample is the next interval's start
         self.intervals += 1
 
@@ -85,9 +90,10 @@ class GpmActivity(Sampler):
         out = {}
         for name, const in GPM_METRICS.items():
             mean = self.means[name].mean
+            skipped = f" ({self.invalid[name]} invalid/NaN skipped)" if self.invalid[name] else ""
             out[name] = (Reading(mean, f"NVML GPM {const}, time-weighted mean of {self.intervals} "
-                                       f"intervals of ~{self.interval_s} s over the training windows, "
-                                       f"{len(self.handles)} GPU(s)")
+                                       f"intervals of ~{self.interval_s} s over the training windows"
+                                       f"{skipped}, {len(self.handles)} GPU(s)")
                          if mean is not None else Reading.null(f"GPM returned no valid {const} sample"))
         return out
 
