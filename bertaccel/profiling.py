@@ -34,7 +34,7 @@ _RULES = [
              r"sm\d\d_|s16816|s1688|splitk"),
     ("elementwise", r"elementwise|vectorized|norm|gelu|dropout|bernoulli|add|mul|div|sub|copy|fill|"
                     r"reduce|triton_|cat|where|masked|tanh|exp|sqrt|pow|sum|mean|clone|zero|cast|"
-                    r"unrolled|relu|erf|threshold|neg|rsub|to_copy|contiguous"),
+                    r"unrolled|relu|erf|threshold|neg|rsub|to_copy|contiguous|softmax|nll_loss"),
 ]
 _COMPILED = [(c, re.compile(p, re.IGNORECASE)) for c, p in _RULES]
 # Profiler bookkeeping, not work: its self time is Python between operators.

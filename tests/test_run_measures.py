@@ -1,0 +1,55 @@
+"""A real CLI run records every measurement the metrics issue names, measured or null with a reason."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow import MlflowClient
+
+from bertaccel.profiling import CATEGORIES
+from bertaccel.tracking import runs_by_status
+
+from conftest import TINY
+
+MEASURES = ("energy_kwh", "avg_power_w", "energy_per_sample_j", "samples_per_kwh", "occupancy_pct",
+            "sm_active_pct", "tensor_active_pct", "dram_bw_util_pct", "gpu_util_pct", "mfu",
+            "model_flops", "achieved_tflops", "padded_tokens", "real_tokens") + tuple(
+    f"profile_{c}_share" for c in CATEGORIES)
+
+
+def test_profiled_cpu_run_records_measures_sources_and_profile_artifacts(cli):
+    steps = 6
+    r = cli([*TINY, "profile=true", f"train.max_steps_per_epoch={steps}", "profile_window.warmup_steps=1",
+             "profile_window.active_steps=2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
+    m, tags = run.data.metrics, run.data.tags
+    for name in MEASURES:
+        source = tags[f"{name}_source"]
+        assert source, name
+        if name in m:
+            assert not source.startswith("null:"), (name, source)
+        else:
+            assert source.startswith("null: "), (name, source)  # not measured: a reason, never 0
+    # This CPU run has no GPU: activity is null with that reason, and so is MFU (no peak FLOP/s).
+    assert tags["occupancy_pct_source"] == "null: no GPU: this run is on the CPU"
+    assert "mfu" not in m and "peak_tflops_fp32" in tags["mfu_source"]
+    assert ("energy_kwh" in m) == ("samples_per_kwh" in m)
+    # FLOPs and tokens are measured here; the profile shares add up to one.
+    assert m["model_flops"] > 0 and m["padded_tokens"] >= m["real_tokens"] > 0
+    assert sum(m[f"profile_{c}_share"] for c in CATEGORIES) == pytest.approx(1.0)
+    # The profiled steps are outside the training window: the window holds exactly the steps asked.
+    assert m["optimizer_steps"] == steps
+    windows = json.loads(tags["train_windows_unix"])
+    assert len(windows) == 1 and windows[0][1] > windows[0][0]
+    client = MlflowClient(tracking_uri=cli.store)
+    files = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
+    assert files == {"profile/kernels.md", "profile/kernels.json", "profile/trace.json.gz"}
+
+
+def test_unprofiled_run_says_why_profile_is_null(cli):
+    r = cli([*TINY, "train.max_steps_per_epoch=2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
+    assert "profile_gemm_share" not in run.data.metrics
+    assert run.data.tags["profile_gemm_share_source"].startswith("null: profile=false")
