@@ -26,6 +26,7 @@ from bertaccel.profiling import CATEGORIES, categorize, profile_steps, write_rep
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>", "optimizer"),
     ("aten::_foreach_norm", "optimizer"),
     ("aten::native_layer_norm", "elementwise"),
+    ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<float, float, 32u>", "elementwise"),
     ("void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>", "elementwise"),
     ("triton_poi_fused_add_native_layer_norm_0", "elementwise"),
     ("aten::embedding_dense_backward", "other"),
