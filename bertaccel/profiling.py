@@ -28,7 +28,7 @@ CATEGORIES = ("gemm", "attention", "elementwise", "optimizer", "other")
 # First match wins; case-insensitive. Kernel names are long C++ signatures, so the rules look
 # for the tell-tale part (cuBLAS/CUTLASS families, functor names, aten operator names).
 _RULES = [
-    ("optimizer", r"adam|adan|lamb|sgd|multi_tensor|foreach|optimizer|clip_grad|unscale|non_finite"),
+    ("optimizer", r"adam|adan|lamb(?!da)|sgd|multi_tensor|foreach|optimizer|clip_grad|unscale|non_finite"),
     ("attention", r"flash|fmha|attention|attn|sdpa|(?<!log)(?<!log_)softmax|cutlassf|cutlassb"),
     ("gemm", r"gemm|gemv|addmm|bmm|\bmm\b|mmbackward|matmul|linear|cublas|cutlass|xmma|nvjet|"
              r"sm\d\d_|s16816|s1688|splitk"),
@@ -82,12 +82,9 @@ def _in_optimizer(evt) -> bool:
 def summarize(prof: torch.profiler.profile, on_gpu: bool, steps: int, top_k: int = 10) -> KernelProfile:
     """Self time per kernel (GPU) or operator (CPU), rolled up into CATEGORIES.
 
-    CPU: operators run under the `Optimizer.step#...` record_function are "optimizer" whatever
-    their names (the CPU AdamW is a stream of plain sqrt/mul/lerp ops); the rest go by name.
-    GPU: kernels go by name only (torch's CUDA optimizers are foreach/fused multi_tensor_apply
-    kernels). The launching operator's ancestry is not used there: on an H200 it put ~5 ms per
-    step of backward kernels (bias-gradient sums, bf16 casts) under Optimizer.step, whose own
-    fused AdamW kernel took 0.9 ms.
+    Work run under torch's `Optimizer.step#...` record_function is "optimizer" whatever its
+    name (the CPU AdamW is a stream of plain sqrt/mul/lerp ops); the rest goes by name. GPU
+    kernels are attributed through the CPU operator that launched them.
     """
     per_name: Dict[tuple, list] = {}  # (name, category) -> [self_us, calls]
 
@@ -99,7 +96,7 @@ def summarize(prof: torch.profiler.profile, on_gpu: bool, steps: int, top_k: int
     for evt in prof.events():
         if evt.device_type != torch.autograd.DeviceType.CPU or _SKIP.match(evt.name):
             continue
-        optimizer = not on_gpu and _in_optimizer(evt)
+        optimizer = _in_optimizer(evt)
         if on_gpu:
             for k in evt.kernels:
                 add(k.name, float(k.duration), "optimizer" if optimizer else categorize(k.name))

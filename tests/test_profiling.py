@@ -30,6 +30,13 @@ from bertaccel.profiling import CATEGORIES, categorize, profile_steps, write_rep
     ("void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>", "elementwise"),
     ("triton_poi_fused_add_native_layer_norm_0", "elementwise"),
     ("aten::embedding_dense_backward", "other"),
+    # Every TensorIterator kernel has a "lambda" in its signature: not the LAMB optimizer.
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+     "::{lambda()#3}::operator()() const>", "elementwise"),
+    ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16, at::native::func_wrapper_t"
+     "<c10::BFloat16, at::native::sum_functor<c10::BFloat16, float, c10::BFloat16>::operator()"
+     "(at::TensorIterator&)::{lambda(float, float)#1}>>>", "elementwise"),
+    ("lamb_stage1_kernel", "optimizer"),
 ])
 def test_categorize(name, category):
     assert categorize(name) == category
