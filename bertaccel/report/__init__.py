@@ -1,0 +1,25 @@
+"""The weighted scoring report (thesis section 5.1): `python -m bertaccel.report`.
+
+Also a library for notebooks: `load_rows`, `score_rows`, `STRATEGIES`, `pareto_front`.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+from .data import ReportInputError, rows_from_csv, rows_from_mlflow
+from .scoring import STRATEGIES, Row, parse_weights, score_rows
+
+__all__ = ["ReportInputError", "Row", "STRATEGIES", "load_rows", "parse_weights", "pareto_front", "score_rows"]
+
+
+def load_rows(uri: str = "sqlite:///mlflow.db", experiment: str = "bertaccel", sweep_id: Optional[str] = None,
+              csv_path: Optional[str] = None) -> List[Row]:
+    return rows_from_csv(csv_path) if csv_path else rows_from_mlflow(uri, experiment, sweep_id)
+
+
+def pareto_front(rows: Sequence[Row]) -> List[Row]:
+    """Runs no other run beats on both time (lower) and accuracy (higher), by time."""
+    pts = [r for r in rows if r.time_s is not None and r.accuracy is not None]
+    front = [r for r in pts if not any((o.time_s <= r.time_s and o.accuracy >= r.accuracy)
+                                       and (o.time_s < r.time_s or o.accuracy > r.accuracy) for o in pts)]
+    return sorted(front, key=lambda r: r.time_s)

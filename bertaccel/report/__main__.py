@@ -1,0 +1,83 @@
+"""python -m bertaccel.report: Markdown + self-contained HTML report of a sweep or a CSV.
+
+    python -m bertaccel.report --experiment bertaccel [--sweep SWEEP_ID] [--uri sqlite:///mlflow.db]
+    python -m bertaccel.report --csv results.csv
+    options: --weights mine=0.4,0.4,0.1,0.1 (repeatable)  --accuracy-floor 0.85  --baseline RUN_NAME
+             --out report/
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from . import load_rows
+from .data import ReportInputError
+from .plots import all_plots
+from .render import build, to_html, to_markdown
+from .scoring import STRATEGIES, parse_weights, score_rows
+
+
+def _args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bertaccel.report",
+                                 description="Weighted scoring report (thesis section 5.1) of MLflow runs or a CSV.")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--experiment", default="bertaccel", help="MLflow experiment (default bertaccel)")
+    src.add_argument("--csv", help="CSV with columns name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy "
+                                   "[,hardware,precision]; empty cell = not measured")
+    ap.add_argument("--uri", default="sqlite:///mlflow.db", help="MLflow tracking URI")
+    ap.add_argument("--sweep", help="only the runs of this sweep id (tag sweep_id)")
+    ap.add_argument("--weights", action="append", default=[], metavar="[NAME=]W1,W2,W3,W4",
+                    help="extra strategy: weights of time, cost, energy, occupancy")
+    ap.add_argument("--accuracy-floor", type=float, help="runs below it are marked and never 'best'")
+    ap.add_argument("--baseline", help="run name (or MLflow run id) for speedup / accuracy change")
+    ap.add_argument("--out", default="report", help="output folder (report.md, report.html, plots/)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = _args(argv)
+    try:
+        strategies = dict(STRATEGIES)
+        for k, spec in enumerate(a.weights, 1):
+            name, _, w = spec.rpartition("=")
+            strategies[name or f"custom{k}"] = parse_weights(w)
+        rows = load_rows(a.uri, a.experiment, a.sweep, a.csv)
+        baseline = None
+        if a.baseline:
+            hits = [i for i, r in enumerate(rows) if a.baseline in (r.name, r.run_id)]
+            if not hits:
+                raise ReportInputError(f"--baseline {a.baseline!r}: no run of that name or id among "
+                                       f"{len(rows)} rows (e.g. {rows[0].name!r})")
+            baseline = hits[0]
+    except ReportInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    scored = score_rows(rows, strategies, a.accuracy_floor)
+    source = f"CSV {a.csv}" if a.csv else (f"MLflow {a.uri}, experiment {a.experiment}"
+                                          + (f", sweep {a.sweep}" if a.sweep else ""))
+    report = build(rows, scored, source, baseline, a.accuracy_floor, all_plots(rows))
+    out = Path(a.out)
+    # Written to a temp folder first, then moved: an interrupted report leaves nothing half-written.
+    tmp = Path(tempfile.mkdtemp(prefix=".report-", dir=out.parent if out.parent.exists() else None))
+    (tmp / "plots").mkdir()
+    for p in report.plots:
+        (tmp / "plots" / f"{p['stem']}.png").write_bytes(p["png"])
+    (tmp / "report.md").write_text(to_markdown(report))
+    (tmp / "report.html").write_text(to_html(report))
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.move(str(tmp), str(out))
+    for s, b in scored.best.items():
+        print(f"{s:18s} best: {rows[b].name if b is not None else 'none eligible'}")
+    print(f"report: {out / 'report.md'}, {out / 'report.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

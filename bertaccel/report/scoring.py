@@ -1,0 +1,124 @@
+"""The thesis' weighted score (seed 004, section 5.1): max-normalize, weight, rank.
+
+Score = w1*T + w2*C + w3*E - w4*O, each metric divided by its column maximum first (Table 5.2);
+lower is better. A row missing a metric is scored over the metrics it has, with the weights
+of those metrics scaled up so their absolute sum equals the strategy's (never as if the
+missing value were 0), and the row is listed as affected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+METRICS = ("time_s", "cost_usd", "energy_kwh", "occupancy_pct")  # T, C, E, O
+SIGNS = (1.0, 1.0, 1.0, -1.0)  # occupancy is a benefit
+
+# Thesis Table 5.3: (w1 time, w2 cost, w3 energy, w4 occupancy).
+STRATEGIES: Dict[str, Tuple[float, float, float, float]] = {
+    "balance": (0.3, 0.3, 0.3, 0.1),
+    "time_cost_energy": (0.5, 0.3, 0.1, 0.1),
+    "time_energy_cost": (0.5, 0.1, 0.3, 0.1),
+    "cost_time_energy": (0.3, 0.5, 0.1, 0.1),
+    "cost_energy_time": (0.1, 0.5, 0.3, 0.1),
+    "energy_time_cost": (0.3, 0.1, 0.5, 0.1),
+    "energy_cost_time": (0.1, 0.3, 0.5, 0.1),
+}
+
+
+@dataclass
+class Row:
+    name: str
+    time_s: Optional[float] = None
+    cost_usd: Optional[float] = None
+    energy_kwh: Optional[float] = None
+    occupancy_pct: Optional[float] = None
+    accuracy: Optional[float] = None
+    hardware: str = ""
+    precision: str = ""
+    run_id: str = ""
+    extra: Dict[str, str] = field(default_factory=dict)
+
+    def get(self, metric: str) -> Optional[float]:
+        return getattr(self, metric)
+
+
+def parse_weights(text: str) -> Tuple[float, float, float, float]:
+    """'0.4,0.4,0.1,0.1' -> weights; raises ValueError with the reason."""
+    parts = [p for p in text.replace(" ", "").split(",") if p]
+    if len(parts) != 4:
+        raise ValueError(f"--weights {text!r}: give four numbers w1,w2,w3,w4 (time, cost, energy, occupancy)")
+    try:
+        w = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"--weights {text!r}: not numbers") from None
+    if any(x < 0 for x in w) or sum(w) == 0:
+        raise ValueError(f"--weights {text!r}: weights must be >= 0 and not all 0")
+    return w  # type: ignore[return-value]
+
+
+def column_max(rows: Sequence[Row]) -> Dict[str, Optional[float]]:
+    out = {}
+    for m in METRICS:
+        values = [r.get(m) for r in rows if r.get(m) is not None]
+        out[m] = max(values) if values else None
+    return out
+
+
+def normalized(rows: Sequence[Row]) -> List[Dict[str, Optional[float]]]:
+    """Table 5.2: each metric over its column maximum (None stays None; a 0 max stays 0)."""
+    mx = column_max(rows)
+    table = []
+    for r in rows:
+        table.append({m: (None if r.get(m) is None or not mx[m] else r.get(m) / mx[m]) for m in METRICS})
+    return table
+
+
+def score(norm: Mapping[str, Optional[float]], weights: Sequence[float]) -> Tuple[Optional[float], List[str]]:
+    """(score, metrics left out). None when no weighted metric is present."""
+    present = [i for i, m in enumerate(METRICS) if norm[m] is not None]
+    missing = [METRICS[i] for i in range(len(METRICS)) if i not in present and weights[i] > 0]
+    total = sum(abs(w) for w in weights)
+    have = sum(abs(weights[i]) for i in present)
+    if have == 0:
+        return None, missing
+    scale = total / have if missing else 1.0
+    return scale * sum(SIGNS[i] * weights[i] * norm[METRICS[i]] for i in present), missing
+
+
+@dataclass
+class Scored:
+    strategies: Dict[str, Tuple[float, float, float, float]]
+    normalized: List[Dict[str, Optional[float]]]
+    scores: Dict[str, List[Optional[float]]]          # strategy -> score per row
+    affected: Dict[int, List[str]]                      # row index -> metrics renormalized away
+    eligible: List[bool]                                # passes the accuracy floor
+    ineligible_reason: Dict[int, str]
+    best: Dict[str, Optional[int]]                      # strategy -> row index
+
+
+def score_rows(rows: Sequence[Row], strategies: Mapping[str, Sequence[float]],
+               accuracy_floor: Optional[float] = None) -> Scored:
+    norm = normalized(rows)
+    scores: Dict[str, List[Optional[float]]] = {}
+    affected: Dict[int, List[str]] = {}
+    for name, w in strategies.items():
+        scores[name] = []
+        for i, n in enumerate(norm):
+            s, missing = score(n, w)
+            scores[name].append(s)
+            if missing:
+                affected[i] = sorted(set(affected.get(i, [])) | set(missing), key=METRICS.index)
+    eligible, why = [], {}
+    for i, r in enumerate(rows):
+        ok = True
+        if accuracy_floor is not None:
+            if r.accuracy is None:
+                ok, why[i] = False, "accuracy unknown"
+            elif r.accuracy < accuracy_floor:
+                ok, why[i] = False, f"accuracy {r.accuracy:.4f} < floor {accuracy_floor}"
+        eligible.append(ok)
+    best = {}
+    for name, values in scores.items():
+        candidates = [(v, i) for i, v in enumerate(values) if v is not None and eligible[i]]
+        best[name] = min(candidates)[1] if candidates else None
+    return Scored(dict(strategies), norm, scores, affected, eligible, why, best)
