@@ -18,13 +18,14 @@ SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "M
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 FREEZINGS = ("none", "layerwise")
 OPTIMIZERS = ("adamw", "adamw_fused")
-LR_SCHEDULES = ("constant", "linear")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 MODEL_SOURCES = ("package", "hub", "random_init")
 DATASET_SOURCES = ("bundled", "hub", "csv")
 DEVICES = ("auto", "cpu", "cuda")
 # The config groups, one folder of options each in conf/ (accumulation and num_gpus, also
 # chosen on the command line, are integers: see RunConfig).
-GROUPS = ("precision", "attention", "compile", "freezing", "optimizer", "hardware", "model", "dataset")
+GROUPS = ("precision", "attention", "compile", "freezing", "optimizer", "hardware", "model", "dataset",
+          "preset")  # preset: a bundle of the others' choices for a study (conf/preset/)
 
 
 class ConfigError(ValueError):
@@ -124,6 +125,8 @@ class TrainConfig:
     max_steps_per_epoch: Optional[int] = None
     # The loss is read back (a host sync) every this many optimizer steps: NaN check + progress bar.
     log_every_steps: int = 10
+    # Activation checkpointing (seed 001): recompute encoder activations in backward to save memory.
+    gradient_checkpointing: bool = False
 
 
 @dataclass
@@ -139,6 +142,14 @@ class ProfileWindowConfig:
     warmup_steps: int = 3   # run but not recorded (allocator, autotuning, caches settle)
     active_steps: int = 5   # recorded
     top_k: int = 10         # kernels listed in the artifact
+
+
+@dataclass
+class SweepConfig:
+    # Multirun only: skip a configuration whose config_hash already has a finished run.
+    resume: bool = True
+    # Also re-run configurations whose earlier run was failed or skipped.
+    retry_failed: bool = False
 
 
 @dataclass
@@ -166,6 +177,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cache_dir: str = "~/.cache/bertaccel"
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     # true: a torch.profiler window after training -> kernel table, category shares, trace.
     profile: bool = False
     profile_window: ProfileWindowConfig = field(default_factory=ProfileWindowConfig)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import tempfile
 import traceback
 from pathlib import Path
@@ -26,6 +28,7 @@ from .measures import derived
 from .memory import PeakMemory
 from .model import ModelUnavailable, build_model, load_tokenizer
 from .profiling import write_report
+from .sweep_runs import context_from_env, previous_outcome
 from .tracking import RunTracker, config_hash, flatten, git_sha
 from .train import train
 
@@ -36,11 +39,16 @@ TIMER_SOURCE = "time.perf_counter (device synchronized at window edges)"
 
 @dataclass
 class Outcome:
-    status: str  # finished | skipped | failed
+    # finished | skipped | failed; in a resumed sweep also already_finished | not_retried
+    status: str
     run_name: str
     reason: Optional[str] = None
     run_id: Optional[str] = None
     metrics: Dict[str, float] = field(default_factory=dict)
+
+
+def cfg_hash(cfg: DictConfig) -> str:
+    return config_hash(OmegaConf.to_container(cfg, resolve=True))
 
 
 def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
@@ -48,13 +56,30 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     resolved = OmegaConf.to_container(cfg, resolve=True)
     params = flatten(resolved)
     params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
-    tags = {"config_hash": config_hash(resolved), "git_sha": git_sha(), "status": "running", **extra_tags}
+    # host + pid let a later sweep tell a run whose process died (SIGKILL) from a live one.
+    tags = {"config_hash": config_hash(resolved), "git_sha": git_sha(), "status": "running",
+            "host": socket.gethostname(), "pid": str(os.getpid()), **extra_tags}
+    sweep = context_from_env()
+    if sweep is not None:
+        tags.update({"sweep_id": sweep.sweep_id, "mlflow.parentRunId": sweep.parent_run_id})
     return RunTracker(cfg.tracking.uri, cfg.tracking.experiment, run_name, params, tags,
                       OmegaConf.to_yaml(cfg, resolve=True))
 
 
+def resumed(cfg: DictConfig, run_name: str) -> Optional[Outcome]:
+    """In a sweep with sweep.resume: the outcome of an earlier run of this configuration, if
+    that means it is not run again (see sweep_runs.previous_outcome)."""
+    if context_from_env() is None or not cfg.sweep.resume:
+        return None
+    prev = previous_outcome(cfg.tracking.uri, cfg.tracking.experiment, cfg_hash(cfg), cfg.sweep.retry_failed)
+    return None if prev is None else Outcome(prev.status, run_name, prev.reason, prev.run_id)
+
+
 def record_bad_input(cfg: DictConfig, choices: Mapping[str, str], run_name: str, reason: str) -> Outcome:
     """In a sweep, a configuration with a bad value is kept as a failed run with its reason."""
+    earlier = resumed(cfg, run_name)
+    if earlier is not None:
+        return earlier
     tracker = open_tracker(cfg, choices, run_name, {})
     tracker.finish("failed", reason)
     return Outcome("failed", run_name, reason, tracker.run_id)
@@ -74,6 +99,9 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     check_gpu_count(cfg.num_gpus, device)
     profile, profile_note = resolve_profile(cfg.hardware, device)
     log.info(profile_note)
+    earlier = resumed(cfg, run_name)
+    if earlier is not None:
+        return earlier
     try:
         raw, unavailable = load_raw(cfg.dataset, cfg.train.seed), None
     except DatasetUnavailable as e:

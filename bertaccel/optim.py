@@ -43,6 +43,9 @@ def lr_factor(schedule: str, step: int, total_steps: int, warmup_ratio: float) -
     warmup = math.ceil(warmup_ratio * total_steps)
     if step < warmup:
         return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    if schedule == "cosine":  # seed 001: warm-up, then half a cosine from 1 to 0
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
     # linear: decay from 1 after warm-up to 0 after the last step
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
 

@@ -1,7 +1,8 @@
-"""A line per finished run of a multirun ("run k of N") and the summary table at its end.
+"""A multirun's frame: its MLflow parent run, a line per run ("run k of N"), the summary.
 
 Hydra calls this callback in the launching process; with the basic launcher every job runs
-there too, so the outcomes collected here are all the sweep's runs.
+there too, so the outcomes collected here are all the sweep's runs. The parent run's id
+reaches the jobs through an environment variable (sweep_runs.SWEEP_ENV).
 """
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from typing import Any, List, Optional, Set
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+
+from .sweep_runs import SweepContext, close_parent, open_parent, set_env, sweep_identity
+
+STATUSES = ("finished", "skipped", "failed", "already_finished", "not_retried")
 
 
 def count_jobs(overrides: List[str]) -> int:
@@ -29,15 +34,24 @@ class SweepState:
     total: Optional[int] = None
     swept: Set[str] = field(default_factory=set)  # keys the sweep varies: they name its runs
     outcomes: List[Any] = field(default_factory=list)
+    context: Optional[SweepContext] = None
+    uri: str = ""
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
 
+    def counts(self) -> str:
+        text = (f"finished={self.count('finished')} skipped={self.count('skipped')} "
+                f"failed={self.count('failed')}")
+        if self.count("already_finished") or self.count("not_retried"):
+            text += (f" | resumed: already finished={self.count('already_finished')}, "
+                     f"failed/skipped before and not retried={self.count('not_retried')}")
+        return text
+
     def progress_line(self) -> str:
         last = self.outcomes[-1]
         return (f"[sweep] run {len(self.outcomes)} of {self.total or '?'} {last.status} ({last.run_name}); "
-                f"so far finished={self.count('finished')} skipped={self.count('skipped')} "
-                f"failed={self.count('failed')}")
+                f"so far {self.counts()}")
 
     def table(self) -> str:
         rows = [("#", "run", "status", "test_accuracy", "train_time_s", "reason / mlflow run id")]
@@ -48,13 +62,14 @@ class SweepState:
                          "-" if t is None else f"{t:.1f}", o.reason or o.run_id or ""))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 1)]
         lines = ["  ".join(r[c].ljust(widths[c]) for c in range(len(widths))) + "  " + r[-1] for r in rows]
-        totals = (f"{len(self.outcomes)} runs: finished={self.count('finished')} "
-                  f"skipped={self.count('skipped')} failed={self.count('failed')}")
+        totals = f"{len(self.outcomes)} runs: {self.counts()}"
+        if self.context is not None:
+            totals += f"\nsweep id {self.context.sweep_id} (MLflow parent run {self.context.parent_run_id})"
         return "\n".join(["", "== sweep summary ==", *lines, totals])
 
     def exit_code(self) -> int:
-        """Non-zero only when no run finished."""
-        return 0 if self.count("finished") > 0 else 1
+        """Non-zero only when no configuration has a finished run (now or from before)."""
+        return 0 if self.count("finished") + self.count("already_finished") > 0 else 1
 
 
 STATE = SweepState()
@@ -70,7 +85,12 @@ class SweepProgress(Callback):
             STATE.total, STATE.swept = count_jobs(overrides), swept_keys(overrides)
         except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us "of N" and short names
             STATE.total, STATE.swept = None, set()
-        print(f"[sweep] {STATE.total or '?'} runs", flush=True)
+        STATE.uri = config.tracking.uri
+        sweep_id = sweep_identity(config.hydra.job.config_name, overrides)
+        parent = open_parent(STATE.uri, config.tracking.experiment, sweep_id, overrides, STATE.total)
+        STATE.context = SweepContext(sweep_id, parent)
+        set_env(STATE.context)
+        print(f"[sweep] {STATE.total or '?'} runs; sweep id {sweep_id}", flush=True)
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         outcome = job_return.return_value if job_return.status.name == "COMPLETED" else None
@@ -81,4 +101,7 @@ class SweepProgress(Callback):
             print(STATE.progress_line(), flush=True)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if STATE.context is not None:
+            close_parent(STATE.uri, STATE.context.parent_run_id, {s: STATE.count(s) for s in STATUSES})
         print(STATE.table(), flush=True)
+        set_env(None)

@@ -6,12 +6,16 @@ as a finished one.
 """
 from __future__ import annotations
 
+import fcntl
+import functools
 import hashlib
 import json
 import logging
 import subprocess
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
@@ -19,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
 # Values that say where results go, not what was run: left out of the config hash.
-HASH_EXCLUDED_KEYS = ("tracking", "cache_dir")
+HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep")
 MLFLOW_BATCH = 100  # log_batch accepts at most 100 params per call
 
 
@@ -72,20 +76,61 @@ def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
+_held = threading.local()
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Serialize access to one SQLite store across processes.
+
+    SQLite allows one writer at a time and MLflow's retries give up under contention, so
+    parallel sweeps on one `sqlite:///` store take an exclusive flock on `<db>.lock` around
+    every store call. Re-entrant within a thread. Other stores (a tracking server) serialize
+    themselves: no lock.
+    """
+    if not uri.startswith("sqlite:///") or getattr(_held, "depth", 0):
+        _held.depth = getattr(_held, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            _held.depth -= 1
+        return
+    db = Path(uri[len("sqlite:///"):]).expanduser().resolve()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _held.depth = 1
+        try:
+            yield
+        finally:
+            _held.depth = 0
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _locked(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with store_lock(self.uri):
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 class RunTracker:
     def __init__(self, uri: str, experiment: str, run_name: str, params: Mapping[str, str],
                  tags: Mapping[str, str], config_yaml: str):
         logging.getLogger("alembic").setLevel(logging.WARNING)  # store creation chatter
-        self.client = MlflowClient(tracking_uri=uri)
         self.uri = uri
         self.experiment = experiment
-        exp_id = experiment_id(self.client, uri, experiment)
-        self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id
-        items = [Param(k, v) for k, v in params.items()]
-        for i in range(0, len(items), MLFLOW_BATCH):
-            self.client.log_batch(self.run_id, params=items[i:i + MLFLOW_BATCH])
-        self.client.log_text(self.run_id, config_yaml, "config.yaml")
+        with store_lock(uri):
+            self.client = MlflowClient(tracking_uri=uri)
+            exp_id = experiment_id(self.client, uri, experiment)
+            self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id
+            items = [Param(k, v) for k, v in params.items()]
+            for i in range(0, len(items), MLFLOW_BATCH):
+                self.client.log_batch(self.run_id, params=items[i:i + MLFLOW_BATCH])
+            self.client.log_text(self.run_id, config_yaml, "config.yaml")
 
+    @_locked
     def log_metrics(self, metrics: Mapping[str, Optional[float]], step: int = 0) -> None:
         """None means "not measured" and is not logged as a number (its tag says why)."""
         now = get_current_time_millis()
@@ -93,12 +138,15 @@ class RunTracker:
         for i in range(0, len(batch), MLFLOW_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i:i + MLFLOW_BATCH])
 
+    @_locked
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
         self.client.log_artifacts(self.run_id, local_dir, artifact_path)
 
+    @_locked
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
+    @_locked
     def finish(self, status: str, reason: Optional[str] = None) -> None:
         tags = {"status": status}
         if reason:
@@ -107,13 +155,20 @@ class RunTracker:
         self.client.set_terminated(self.run_id, "FAILED" if status == "failed" else "FINISHED")
 
 
+def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]:
+    """Runs of an experiment matching an MLflow filter ([] when the experiment does not exist)."""
+    with store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            return []
+        return client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=50000,
+                                  order_by=["attributes.start_time ASC"])
+
+
 def runs_by_status(uri: str, experiment: str) -> Dict[str, Iterable[Any]]:
     """All runs of an experiment grouped by our status tag (used by tests and summaries)."""
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
     grouped: Dict[str, list] = {}
-    if exp is None:
-        return grouped
-    for run in client.search_runs([exp.experiment_id], max_results=10000):
+    for run in search_runs(uri, experiment):
         grouped.setdefault(run.data.tags.get("status", "unknown"), []).append(run)
     return grouped

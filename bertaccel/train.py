@@ -179,6 +179,9 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     attention_ctx = sdpa_backends(cfg)
     k = cfg.accumulation
     model.to(device)
+    if cfg.train.gradient_checkpointing:
+        # Non-reentrant: works with frozen inputs (layer-wise freezing) and torch.compile.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     warm_up_device(device)
     step_model = model if cfg.compile.mode == "off" else torch.compile(
         model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
