@@ -72,6 +72,7 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
         flt += f" and tags.sweep_id = '{sweep_id}'"
     runs = client.search_runs([exp.experiment_id], filter_string=flt, max_results=50000,
                               order_by=["attributes.start_time ASC"])
+    runs = [r for r in runs if r.data.tags.get("bertaccel.role") != "sweep"]  # parent runs hold no metrics
     if not runs:
         where = f"sweep {sweep_id} of " if sweep_id else ""
         raise ReportInputError(f"no finished runs in {where}experiment {experiment} ({uri})")

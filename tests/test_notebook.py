@@ -1,0 +1,40 @@
+"""The quick sweep end to end, then the report and the notebook executed on its store."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+from bertaccel.tracking import search_runs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_sweep_report_and_notebook(cli, monkeypatch, tmp_path):
+    sweep = cli(["-m", "--config-dir", str(ROOT / "sweeps"), "--config-name", "quick"], timeout=900)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert "8 runs: finished=8" in sweep.stdout
+    (parent,) = [r for r in search_runs(cli.store, "bertaccel") if r.data.tags.get("bertaccel.role") == "sweep"]
+    sweep_id = parent.data.tags["sweep_id"]
+
+    report = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", cli.store, "--sweep", sweep_id,
+                             "--baseline", "accumulation=1,freezing=none,optimizer=adamw", "--out", "rep"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    md = (tmp_path / "rep" / "report.md").read_text()
+    # CPU runs: no energy (no RAPL here) and no occupancy (no GPU); the report says so and scores
+    # over time and cost only.
+    assert "occupancy (occupancy_pct) is null for 8 of 8 rows: null: no GPU: this run is on the CPU" in md
+    assert "time (time_s) is null" not in md  # the sweep's parent run is not a row
+    assert "Rows scored over fewer metrics" in md and md.count("| accumulation=") >= 8
+
+    monkeypatch.setenv("BERTACCEL_TRACKING_URI", cli.store)
+    monkeypatch.setenv("BERTACCEL_SWEEP_ID", sweep_id)
+    nb = nbformat.read(ROOT / "notebooks" / "compare_runs.ipynb", as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert any("8 finished runs" in o.get("text", "") for o in outputs)
