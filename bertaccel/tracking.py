@@ -167,8 +167,10 @@ def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]
 
 
 def runs_by_status(uri: str, experiment: str) -> Dict[str, Iterable[Any]]:
-    """All runs of an experiment grouped by our status tag (used by tests and summaries)."""
+    """The configuration runs of an experiment (not sweep parent runs) grouped by status tag."""
     grouped: Dict[str, list] = {}
     for run in search_runs(uri, experiment):
+        if run.data.tags.get("bertaccel.role") == "sweep":
+            continue
         grouped.setdefault(run.data.tags.get("status", "unknown"), []).append(run)
     return grouped

@@ -29,7 +29,7 @@ def scatter_png(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, t
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=110)
     drawn = 0
     seen = set()
-    for r in rows:
+    for i, r in enumerate(rows):
         xv, yv = r.get(x), r.get(y)
         if xv is None or yv is None:
             continue
@@ -38,7 +38,8 @@ def scatter_png(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, t
         seen.add((h, p))
         ax.scatter([xv], [yv], color=colours[h], marker=markers[p], s=60, label=label, edgecolors="black",
                    linewidths=0.5)
-        ax.annotate(r.name, (xv, yv), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        # The row number of the report's tables: run names are too long to print beside points.
+        ax.annotate(str(i), (xv, yv), fontsize=7, xytext=(3, 3), textcoords="offset points")
         drawn += 1
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

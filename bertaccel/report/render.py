@@ -34,10 +34,12 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
             reasons = sorted({r.extra.get(col, "empty in the input") for r in nulls})
             rep.notes.append(f"{label} ({col}) is null for {len(nulls)} of {n} rows: " + "; ".join(reasons[:3]))
 
-    rep.tables.append(("Raw metrics (thesis Table 5.1 form)", "",
-                       ["run", "hardware", "precision", "time_s", "cost_usd", "energy_kwh", "occupancy_pct", "accuracy"],
-                       [[r.name, r.hardware, r.precision, _f(r.time_s, ".2f"), _f(r.cost_usd, ".4g"),
-                         _f(r.energy_kwh, ".5f"), _f(r.occupancy_pct, ".2f"), _f(r.accuracy, ".4f")] for r in rows]))
+    rep.tables.append(("Raw metrics (thesis Table 5.1 form)", "# = the point labels in the plots",
+                       ["#", "run", "hardware", "precision", "time_s", "cost_usd", "energy_kwh", "occupancy_pct",
+                        "accuracy"],
+                       [[str(i), r.name, r.hardware, r.precision, _f(r.time_s, ".2f"), _f(r.cost_usd, ".4g"),
+                         _f(r.energy_kwh, ".5f"), _f(r.occupancy_pct, ".2f"), _f(r.accuracy, ".4f")]
+                        for i, r in enumerate(rows)]))
     rep.tables.append(("Max-normalized (thesis Table 5.2 form)", "each column divided by its maximum",
                        ["run", "time", "cost", "energy", "occupancy"],
                        [[r.name] + [_f(scored.normalized[i][m]) for m in METRICS] for i, r in enumerate(rows)]))
