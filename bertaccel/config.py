@@ -13,7 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-ATTENTIONS = ("eager", "sdpa")
+ATTENTIONS = ("eager", "sdpa", "xformers", "triton")
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 FREEZINGS = ("none", "layerwise")

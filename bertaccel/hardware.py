@@ -138,6 +138,12 @@ def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[
             return f"precision=bf16 needs an Ampere or newer GPU; {torch.cuda.get_device_name(device)} has no bf16"
         if mode != "off" and not caps.triton:
             return f"compile={mode} on a GPU needs triton, which is not importable"
+    if cfg.attention.name in ("xformers", "triton"):
+        from .attention.swap import triton_unusable, xformers_unusable
+
+        reason = (xformers_unusable if cfg.attention.name == "xformers" else triton_unusable)(device)
+        if reason:
+            return reason
     if mode != "off" and not torch._dynamo.is_dynamo_supported():
         return f"compile={mode}: torch.compile does not support this Python/platform"
     return None

@@ -44,7 +44,20 @@ def load_tokenizer(model_cfg: Any) -> Any:
 
 
 def build_model(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) -> Tuple[Any, str]:
-    """Returns the model and a short note on where its weights came from."""
+    """Returns the model and a short note on where its weights came from.
+
+    attention=xformers/triton: built with eager attention, then every self-attention is swapped
+    for ours (attention/swap.py) with the same weights."""
+    from .attention.swap import BACKENDS, swap_attention
+
+    if attention not in BACKENDS:
+        return _build_hf(model_cfg, num_labels, attention, vocab_size)
+    model, note = _build_hf(model_cfg, num_labels, "eager", vocab_size)
+    n = swap_attention(model, attention)
+    return model, f"{note}; {n} self-attention layers swapped for attention={attention}"
+
+
+def _build_hf(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) -> Tuple[Any, str]:
     if model_cfg.source == "random_init":
         config = BertConfig(vocab_size=vocab_size, hidden_size=model_cfg.hidden_size,
                             num_hidden_layers=model_cfg.num_hidden_layers,

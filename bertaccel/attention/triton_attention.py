@@ -1,0 +1,137 @@
+"""`fused_attention(q, k, v, key_mask, dropout_p)`: the Triton kernels as torch custom ops.
+
+Custom ops (torch.library) with a registered autograd formula and fake (meta) kernels, so
+torch.compile treats the attention as one opaque op: no graph break in the attention, and
+the dropout seed is a tensor drawn from torch's generator inside the graph (no .item()).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Tuple
+
+import torch
+import triton
+
+from . import triton_kernels as K
+
+HEAD_DIMS = (16, 32, 64, 128)
+MAX_SEQ = 512
+
+
+def _blocks(head_dim: int, seq: int) -> Tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): 64x64 tiles for BERT sizes, 32 for d=128 (registers), 16 for tiny S."""
+    b = 32 if head_dim == 128 else 64
+    small = max(16, triton.next_power_of_2(seq))
+    return min(b, small), min(b, small)
+
+
+_block_override: Optional[Tuple[int, int]] = None  # tests: force several column blocks at small S
+
+
+def _launch_args(q: torch.Tensor):
+    bsz, heads, seq, dim = q.shape
+    bm, bn = _block_override or _blocks(dim, seq)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32: exact products, not TF32
+    upcast = os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16  # see _dot
+    return bsz, heads, seq, dim, bm, bn, precision, upcast
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> None:
+    if not (q.shape == k.shape == v.shape) or q.dim() != 4:
+        raise ValueError(f"q, k, v must share a [B, H, S, D] shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    bsz, heads, seq, dim = q.shape
+    if dim not in HEAD_DIMS:
+        raise ValueError(f"head dim {dim} unsupported; use one of {HEAD_DIMS}")
+    if seq > MAX_SEQ:
+        raise ValueError(f"sequence length {seq} > {MAX_SEQ} (BERT positions)")
+    if key_mask.shape != (bsz, seq):
+        raise ValueError(f"key_mask must be [B, S] = {(bsz, seq)}; got {tuple(key_mask.shape)}")
+    if bsz * heads * seq * seq >= 2 ** 31:
+        raise ValueError("B*H*S*S >= 2^31: the dropout counter would overflow int32; split the batch")
+
+
+@torch.library.custom_op("bertaccel::fused_attention_fwd", mutates_args=())
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+                  seed: torch.Tensor, dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
+    o = torch.empty_like(q)
+    lse = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
+    grid = (triton.cdiv(seq, bm), bsz * heads)
+    K._fwd_kernel[grid](q, k, v, key_mask, seed, o, lse, sm_scale, dropout_p, seq, heads,
+                        q.stride(0), q.stride(1), q.stride(2), key_mask.stride(0),
+                        HEAD_DIM=dim, BLOCK_M=bm, BLOCK_N=bn, DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
+    return o, lse
+
+
+@attention_fwd.register_fake
+def _(q, k, v, key_mask, seed, dropout_p, sm_scale):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("bertaccel::fused_attention_bwd", mutates_args=())
+def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  lse: torch.Tensor, key_mask: torch.Tensor, seed: torch.Tensor, dropout_p: float,
+                  sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    do, q, k, v, o = (t.contiguous() for t in (do, q, k, v, o))
+    bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
+    delta = torch.empty_like(lse)
+    K._bwd_preprocess[(triton.cdiv(seq, bm), bsz * heads)](
+        o, do, delta, seq, heads, o.stride(0), o.stride(1), o.stride(2), HEAD_DIM=dim, BLOCK_M=bm)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    common = dict(HEAD_DIM=dim, BLOCK_M=bm, BLOCK_N=bn, DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
+    strides = (q.stride(0), q.stride(1), q.stride(2), key_mask.stride(0))
+    K._bwd_dkdv_kernel[(triton.cdiv(seq, bn), bsz * heads)](
+        q, k, v, key_mask, seed, do, lse, delta, dk, dv, sm_scale, dropout_p, seq, heads, *strides, **common)
+    K._bwd_dq_kernel[(triton.cdiv(seq, bm), bsz * heads)](
+        q, k, v, key_mask, seed, do, lse, delta, dq, sm_scale, dropout_p, seq, heads, *strides, **common)
+    return dq, dk, dv
+
+
+@attention_bwd.register_fake
+def _(do, q, k, v, o, lse, key_mask, seed, dropout_p, sm_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, key_mask, seed, dropout_p, sm_scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, key_mask, seed)
+    ctx.dropout_p, ctx.sm_scale = dropout_p, sm_scale
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse, key_mask, seed = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(do, q, k, v, o, lse, key_mask, seed, ctx.dropout_p, ctx.sm_scale)
+    return dq, dk, dv, None, None, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
+                    dropout_p: float = 0.0, sm_scale: Optional[float] = None,
+                    seed: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """softmax(q k^T * scale, keys masked by key_mask) with dropout, times v. q/k/v: [B, H, S, D].
+
+    key_mask: [B, S], nonzero = attend (None = all keys). seed: int64 scalar tensor (drawn from
+    torch's generator when None), the same seed gives the same dropout mask.
+    """
+    bsz, heads, seq, dim = q.shape
+    if key_mask is None:
+        key_mask = torch.ones(bsz, seq, dtype=torch.int32, device=q.device)
+    key_mask = key_mask.to(torch.int32).contiguous()
+    _check(q, k, v, key_mask)
+    if seed is None:
+        seed = torch.randint(0, 2 ** 31 - 1, (1,), device=q.device, dtype=torch.int64)
+    o, _ = attention_fwd(q, k, v, key_mask, seed, float(dropout_p), float(sm_scale or 1.0 / math.sqrt(dim)))
+    return o
+
+
+def dropout_keep_mask(seed: torch.Tensor, bsz: int, heads: int, seq: int, dropout_p: float) -> torch.Tensor:
+    """[B, H, S, S] bool: which attention probabilities the kernels keep for this seed."""
+    out = torch.empty((bsz, heads, seq, seq), dtype=torch.int8, device=seed.device)
+    block = 16 if seq <= 16 else 32
+    K._keep_mask_kernel[(triton.cdiv(seq, block), bsz * heads)](seed, out, float(dropout_p), seq, BLOCK=block)
+    return out.bool()

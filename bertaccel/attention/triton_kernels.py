@@ -1,0 +1,194 @@
+"""Fused BERT self-attention in Triton: forward and backward, FlashAttention-2 style.
+
+Forward (one program per BLOCK_M query rows of one (batch, head)): stream over key blocks with
+an online softmax (running max m and normalizer l), so the S x S score matrix never exists in
+memory; the key-padding mask and the sequence tail are -inf before the softmax; dropout is
+applied to the probabilities that multiply V, from a Philox stream keyed by (seed, position),
+and 1/(1-p) rescales the kept ones. The softmax normalizer always uses the undropped
+probabilities, so it is correct across column blocks (seed 000's block-local softmax was not).
+The log-sum-exp per row is saved for the backward.
+
+Backward: delta = rowsum(dO * O) (holds with dropout too: O = (P o Z/(1-p)) V), then one kernel
+for dK/dV (per key block, over query blocks) and one for dQ (per query block, over key blocks).
+Both recompute P = exp(QK^T*scale - lse) and regenerate the dropout mask from the same seed and
+positions, so no S x S tensor is stored.
+
+fp16/bf16 inputs use tensor-core dots with fp32 accumulation; fp32 inputs use exact ("ieee")
+dots, not TF32. Head dims: 16..128, powers of two.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # UPCAST only under TRITON_INTERPRET with bf16: the interpreter's tl.dot mis-reads bf16
+    # operands (a 16x16 product came out 2e10 off), so there the operands go in as fp32.
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _keep(seed, off_hz, offs_m, offs_n, S, p_drop):
+    # One Philox draw per (batch*head, query, key) position; int32 offsets (the wrapper checks range).
+    offsets = off_hz * S * S + offs_m[:, None] * S + offs_n[None, :]
+    return tl.rand(seed, offsets) >= p_drop
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, M, Seed, O, LSE, sm_scale, p_drop, S, H,
+                stride_b, stride_h, stride_s, mask_stride_b,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    b = off_hz // H
+    h = off_hz % H
+    base = b * stride_b + h * stride_h
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < S
+    q = tl.load(Q + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    seed = tl.load(Seed)
+    for start_n in range(0, S, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < S
+        key_ok = tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0
+        k = tl.load(K + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * sm_scale
+        qk = tl.where(key_ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no valid key yet
+        p = tl.exp(qk - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            p = tl.where(_keep(seed, off_hz, offs_m, offs_n, S, p_drop), p / (1.0 - p_drop), 0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+        m_i = m_new
+    has_key = l_i > 0
+    out = acc / tl.where(has_key, l_i, 1.0)[:, None]  # no valid key at all: output 0
+    lse = tl.where(has_key, tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(l_i), float("inf"))
+    tl.store(O + base + offs_m[:, None] * stride_s + offs_d[None, :], out.to(O.dtype.element_ty),
+             mask=row_ok[:, None])
+    tl.store(LSE + off_hz * S + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, Delta, S, H, stride_b, stride_h, stride_s,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    base = (off_hz // H) * stride_b + (off_hz % H) * stride_h
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = offs_m < S
+    o = tl.load(O + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(Delta + off_hz * S + offs_m, tl.sum(o * do, 1), mask=ok)
+
+
+@triton.jit
+def _probs(q, k, key_ok, lse, sm_scale, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """P recomputed from the saved log-sum-exp (masked keys and padded rows give 0)."""
+    qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * sm_scale
+    qk = tl.where(key_ok[None, :], qk, float("-inf"))
+    return tl.exp(qk - lse[:, None])
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, M, Seed, DO, LSE, Delta, DK, DV, sm_scale, p_drop, S, H,
+                     stride_b, stride_h, stride_s, mask_stride_b,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    start_n = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    b = off_hz // H
+    base = b * stride_b + (off_hz % H) * stride_h
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n < S
+    key_ok = tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0
+    k = tl.load(K + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    seed = tl.load(Seed)
+    for start_m in range(0, S, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < S
+        q = tl.load(Q + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        do = tl.load(DO + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        lse = tl.load(LSE + off_hz * S + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(Delta + off_hz * S + offs_m, mask=row_ok, other=0.0)
+        p = _probs(q, k, key_ok, lse, sm_scale, PRECISION, UPCAST)
+        dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
+        if DROPOUT:
+            keep = _keep(seed, off_hz, offs_m, offs_n, S, p_drop)
+            p_dropped = tl.where(keep, p / (1.0 - p_drop), 0.0)
+            dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
+        else:
+            p_dropped = p
+        dv += _dot(tl.trans(p_dropped.to(do.dtype)), do, PRECISION, UPCAST)
+        ds = p * (dp - delta[:, None])
+        dk += _dot(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
+    tl.store(DK + base + offs_n[:, None] * stride_s + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
+             mask=col_ok[:, None])
+    tl.store(DV + base + offs_n[:, None] * stride_s + offs_d[None, :], dv.to(DV.dtype.element_ty),
+             mask=col_ok[:, None])
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, M, Seed, DO, LSE, Delta, DQ, sm_scale, p_drop, S, H,
+                   stride_b, stride_h, stride_s, mask_stride_b,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    b = off_hz // H
+    base = b * stride_b + (off_hz % H) * stride_h
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < S
+    q = tl.load(Q + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + off_hz * S + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(Delta + off_hz * S + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    seed = tl.load(Seed)
+    for start_n in range(0, S, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < S
+        key_ok = tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0
+        k = tl.load(K + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        p = _probs(q, k, key_ok, lse, sm_scale, PRECISION, UPCAST)
+        dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
+        if DROPOUT:
+            dp = tl.where(_keep(seed, off_hz, offs_m, offs_n, S, p_drop), dp / (1.0 - p_drop), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(k.dtype), k, PRECISION, UPCAST)
+    tl.store(DQ + base + offs_m[:, None] * stride_s + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
+def _keep_mask_kernel(Seed, Out, p_drop, S, BLOCK: tl.constexpr):
+    """The keep mask the attention kernels use, written out: for tests and for inspection."""
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    offs_m = start_m * BLOCK + tl.arange(0, BLOCK)
+    offs_n = tl.arange(0, BLOCK)
+    seed = tl.load(Seed)
+    for start_n in range(0, S, BLOCK):
+        cols = start_n + offs_n
+        keep = _keep(seed, off_hz, offs_m, cols, S, p_drop)
+        ok = (offs_m[:, None] < S) & (cols[None, :] < S)
+        tl.store(Out + off_hz * S * S + offs_m[:, None] * S + cols[None, :], keep.to(tl.int8), mask=ok)

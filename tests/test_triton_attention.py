@@ -1,0 +1,109 @@
+"""The Triton fused attention against eager attention (CPU: Triton's interpreter, small sizes).
+
+conftest.py sets TRITON_INTERPRET=1 on machines without CUDA before anything imports Triton.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from bertaccel.attention import triton_attention as TA  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def reference(q, k, v, keep, scale, drop_keep=None, p=0.0):
+    """Eager attention in float64; drop_keep: the kernel's own dropout mask, to reproduce it."""
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    s = s.masked_fill(~keep.bool()[:, None, None, :], float("-inf"))
+    probs = torch.softmax(s, -1)
+    if drop_keep is not None:
+        probs = probs * drop_keep / (1 - p)
+    return probs @ v.double()
+
+
+def _inputs(b, h, s, d, dtype, lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, s, d, generator=g).to(DEVICE, dtype).requires_grad_() for _ in range(3))
+    keep = torch.zeros(b, s, dtype=torch.int32, device=DEVICE)
+    for i, n in enumerate(lengths):
+        keep[i, :n] = 1
+    return q, k, v, keep
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    assert not torch.isnan(a).any(), "NaN never passes"
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 5e-3}
+
+
+@pytest.fixture(autouse=True)
+def small_blocks():
+    # Several 16-wide column blocks even at small S, and a ragged tail: what the online softmax
+    # across blocks and the tail masking must get right.
+    TA._block_override = (16, 16)
+    yield
+    TA._block_override = None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [32, 64])
+def test_forward_and_gradients_match_eager(dtype, d):
+    q, k, v, keep = _inputs(2, 2, 37, d, dtype, lengths=[37, 21])
+    scale = 1 / math.sqrt(d)
+    out = TA.fused_attention(q, k, v, keep, 0.0, scale)
+    ref = reference(q, k, v, keep, scale)
+    assert _rel(out, ref) < TOL[dtype]
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad.double())
+    for name, a, b in zip("qkv", got, want):
+        assert _rel(a, b) < (TOL[dtype] if dtype == torch.float32 else 3 * TOL[dtype]), name
+
+
+def test_head_dim_128_and_a_fully_masked_row():
+    q, k, v, keep = _inputs(2, 1, 20, 128, torch.float32, lengths=[20, 0])  # batch 1: no valid key
+    out = TA.fused_attention(q, k, v, keep, 0.0)
+    assert torch.isfinite(out).all() and out[1].abs().max() == 0
+    assert _rel(out[0:1], reference(q[0:1], k[0:1], v[0:1], keep[0:1], 1 / math.sqrt(128))) < 1e-4
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all() and q.grad[1].abs().max() == 0
+
+
+def test_dropout_mask_is_reproduced_in_backward():
+    p = 0.3
+    q, k, v, keep = _inputs(2, 2, 33, 32, torch.float32, lengths=[33, 19], seed=3)
+    seed = torch.tensor([1234], dtype=torch.int64, device=DEVICE)
+    scale = 1 / math.sqrt(32)
+    out = TA.fused_attention(q, k, v, keep, p, scale, seed=seed)
+    again = TA.fused_attention(q, k, v, keep, p, scale, seed=seed)
+    assert torch.equal(out, again)  # same seed, same mask
+    other = TA.fused_attention(q, k, v, keep, p, scale, seed=seed + 1)
+    assert not torch.allclose(out, other)
+    drop_keep = TA.dropout_keep_mask(seed, 2, 2, 33, p).double()
+    ref = reference(q, k, v, keep, scale, drop_keep, p)
+    assert _rel(out, ref) < 1e-4
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad.double())
+    for name, a, b in zip("qkv", got, want):
+        assert _rel(a, b) < 1e-4, name
+
+
+def test_keep_rate_within_one_percent():
+    p = 0.1
+    mask = TA.dropout_keep_mask(torch.tensor([7], device=DEVICE), 4, 4, 128, p)  # 262,144 draws
+    assert abs(mask.float().mean().item() - (1 - p)) < 0.01
+
+
+def test_bad_shapes_are_refused():
+    q = torch.zeros(1, 1, 8, 48)
+    with pytest.raises(ValueError, match="head dim 48"):
+        TA.fused_attention(q, q, q)
