@@ -1,0 +1,176 @@
+"""Attention backends side by side on one GPU: the op alone, and a whole BERT-base training step.
+
+    python benchmarks/attention_bench.py            # correctness at BERT sizes, then timings
+
+1. Correctness at full BERT sizes (h=12, d=64): our Triton kernel vs eager in float64, forward
+   and q/k/v gradients, with ragged key-padding masks, fp32/fp16/bf16.
+2. Attention op alone, forward+backward, bf16, B in {32, 256} x S in {128, 512}: triton vs
+   SDPA flash (no mask: flash cannot take one) vs eager (matmul-softmax-matmul); and with a
+   ragged padding mask: triton vs SDPA memory-efficient vs eager.
+3. Whole-model training step, BERT-base shape, B=32, S=128, bf16 autocast, fused AdamW:
+   attention=sdpa vs attention=triton (module swap), and torch.compile of the triton model
+   (graph breaks counted by torch._dynamo.explain).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    sys.exit("error: this benchmark needs a CUDA GPU (the CPU tests cover correctness in Triton's interpreter)")
+
+from bertaccel.attention.swap import swap_attention  # noqa: E402
+from bertaccel.attention.triton_attention import fused_attention  # noqa: E402
+
+DEV = torch.device("cuda")
+H, D = 12, 64
+
+
+def timed(fn, warmup=10, iters=40):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def ragged_mask(b, s, g):
+    lengths = torch.randint(s // 2, s + 1, (b,), generator=g)
+    return (torch.arange(s)[None, :] < lengths[:, None]).to(DEV)
+
+
+def eager_attn(q, k, v, keep=None, p=0.0):
+    s = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(q.shape[-1]))
+    if keep is not None:
+        s = s.masked_fill(~keep[:, None, None, :], float("-inf"))
+    return F.dropout(torch.softmax(s, -1), p) @ v
+
+
+def check(sizes):
+    print("## 1. Correctness at BERT sizes (relative max error vs float64 eager; ragged masks)\n")
+    print("| B | S | dtype | out | dq | dk | dv |\n|---|---|---|---|---|---|---|")
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for b, s in sizes:
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            q, k, v = (torch.randn(b, H, s, D, generator=g).to(DEV, dt).requires_grad_() for _ in range(3))
+            keep = ragged_mask(b, s, g)
+            out = fused_attention(q, k, v, keep)
+            ref = eager_attn(q.double(), k.double(), v.double(), keep)
+            go = torch.randn_like(out)
+            got = torch.autograd.grad(out, (q, k, v), go)
+            want = torch.autograd.grad(ref, (q, k, v), go.double())
+            errs = [((a.double() - r).abs().max() / r.abs().max()).item()
+                    for a, r in [(out, ref), *zip(got, want)]]
+            if any(math.isnan(e) for e in errs):
+                errs = [float("inf")] * 4
+            worst = max(worst, max(errs) if dt == torch.float32 else 0.0)
+            print(f"| {b} | {s} | {str(dt)[6:]} | " + " | ".join(f"{e:.1e}" for e in errs) + " |")
+    print()
+    return worst
+
+
+def op_bench(shapes):
+    print("## 2. Attention op alone, forward+backward, bf16, h=12, d=64 (median ms)\n")
+    print("| B | S | mask | triton | sdpa | eager | triton/sdpa speed | triton/eager speed |")
+    print("|---|---|---|---|---|---|---|---|")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator().manual_seed(1)
+    for b, s in shapes:
+        q, k, v = (torch.randn(b, H, s, D, generator=g).to(DEV, torch.bfloat16).requires_grad_() for _ in range(3))
+        go = torch.randn_like(q)
+        for masked in (False, True):
+            keep = ragged_mask(b, s, g) if masked else None
+            backend = SDPBackend.EFFICIENT_ATTENTION if masked else SDPBackend.FLASH_ATTENTION
+            sdpa_mask = None if keep is None else keep[:, None, None, :]
+
+            def run_triton():
+                torch.autograd.grad(fused_attention(q, k, v, keep), (q, k, v), go)
+
+            def run_sdpa():
+                with sdpa_kernel([backend]):
+                    torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask), (q, k, v), go)
+
+            def run_eager():
+                torch.autograd.grad(eager_attn(q, k, v, keep), (q, k, v), go)
+
+            t, sd, e = timed(run_triton), timed(run_sdpa), timed(run_eager)
+            name = "ragged (sdpa=mem-efficient)" if masked else "none (sdpa=flash)"
+            print(f"| {b} | {s} | {name} | {t:.3f} | {sd:.3f} | {e:.3f} | {sd / t:.2f}x | {e / t:.2f}x |")
+        del q, k, v, go
+        torch.cuda.empty_cache()
+    print()
+
+
+def step_bench():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    print("## 3. Whole-model training step, BERT-base shape, B=32, S=128, bf16, fused AdamW (median ms)\n")
+    cfg = BertConfig(num_labels=4)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(1000, 30000, (32, 128), generator=g).to(DEV)
+    mask = ragged_mask(32, 128, g).long()
+    labels = torch.randint(0, 4, (32,), generator=g).to(DEV)
+    rows = []
+    for name in ("sdpa", "triton", "triton+compile"):
+        torch.manual_seed(0)
+        model = BertForSequenceClassification._from_config(
+            cfg, attn_implementation="sdpa" if name == "sdpa" else "eager").to(DEV).train()
+        if name.startswith("triton"):
+            swap_attention(model, "triton")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        fwd = model
+        breaks = ""
+        if name.endswith("compile"):
+            import torch._dynamo as dynamo
+
+            dynamo.reset()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                ex = dynamo.explain(model)(input_ids=ids, attention_mask=mask, labels=labels)
+            breaks = f"{ex.graph_break_count} graph breaks ({'; '.join(str(r.reason)[:80] for r in ex.break_reasons[:2])})"
+            dynamo.reset()
+            fwd = torch.compile(model)
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = fwd(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        rows.append((name, timed(step, warmup=15, iters=40), breaks))
+        del model, opt, fwd
+        torch.cuda.empty_cache()
+    print("| attention | ms/step | note |\n|---|---|---|")
+    for name, ms, note in rows:
+        print(f"| {name} | {ms:.2f} | {note} |")
+    print("\nReference (../shared/device/README.md): plain HF bf16+sdpa+fused AdamW 18.2 ms/step, 12.8 with torch.compile.")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--skip-check", action="store_true")
+    a = ap.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}\n")
+    worst = 0.0 if a.skip_check else check([(32, 128), (8, 512), (3, 77)])
+    op_bench([(32, 128), (32, 512), (256, 128), (256, 512)])
+    step_bench()
+    if worst > 1e-3:
+        sys.exit(f"fp32 error {worst:.1e} > 1e-3")
+
+
+if __name__ == "__main__":
+    main()
