@@ -29,6 +29,24 @@ def _blocks(head_dim: int, seq: int) -> Tuple[int, int]:
 _block_override: Optional[Tuple[int, int]] = None  # tests: force several column blocks at small S
 
 
+def _configs(pairs):
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in pairs]
+
+
+# On a GPU the tile shapes are autotuned per (S, head dim, dropout); the interpreter (CPU tests)
+# and _block_override use one fixed launch instead, since autotuning there only costs time.
+_FWD = triton.autotune(_configs([(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
+                                 (128, 32, 4, 3), (64, 32, 4, 3)]), key=["S", "HEAD_DIM", "DROPOUT"])(K._fwd_kernel)
+_DKDV = triton.autotune(_configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2),
+                                  (64, 64, 8, 3)]), key=["S", "HEAD_DIM", "DROPOUT"])(K._bwd_dkdv_kernel)
+_DQ = triton.autotune(_configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2), (128, 32, 4, 3),
+                                (64, 64, 8, 3)]), key=["S", "HEAD_DIM", "DROPOUT"])(K._bwd_dq_kernel)
+
+
+def _tuned(q: torch.Tensor) -> bool:
+    return q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1" and _block_override is None
+
+
 def _launch_args(q: torch.Tensor):
     bsz, heads, seq, dim = q.shape
     bm, bn = _block_override or _blocks(dim, seq)
@@ -58,16 +76,20 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: t
     bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
     o = torch.empty_like(q)
     lse = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(seq, bm), bsz * heads)
-    K._fwd_kernel[grid](q, k, v, key_mask, seed, o, lse, sm_scale, dropout_p, seq, heads,
-                        q.stride(0), q.stride(1), q.stride(2), key_mask.stride(0),
-                        HEAD_DIM=dim, BLOCK_M=bm, BLOCK_N=bn, DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
+    args = (q, k, v, key_mask, seed, o, lse, sm_scale, dropout_p, seq, heads,
+            q.stride(0), q.stride(1), q.stride(2), key_mask.stride(0))
+    flags = dict(HEAD_DIM=dim, DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
+    if _tuned(q):
+        _FWD[lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), bsz * heads)](*args, **flags)
+    else:
+        K._fwd_kernel[(triton.cdiv(seq, bm), bsz * heads)](*args, BLOCK_M=bm, BLOCK_N=bn, **flags)
     return o, lse
 
 
 @attention_fwd.register_fake
 def _(q, k, v, key_mask, seed, dropout_p, sm_scale):
-    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    # Contiguous, like the real outputs (q may be a transposed view).
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("bertaccel::fused_attention_bwd", mutates_args=())
@@ -80,18 +102,22 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     K._bwd_preprocess[(triton.cdiv(seq, bm), bsz * heads)](
         o, do, delta, seq, heads, o.stride(0), o.stride(1), o.stride(2), HEAD_DIM=dim, BLOCK_M=bm)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM=dim, BLOCK_M=bm, BLOCK_N=bn, DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
+    flags = dict(HEAD_DIM=dim, DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
     strides = (q.stride(0), q.stride(1), q.stride(2), key_mask.stride(0))
-    K._bwd_dkdv_kernel[(triton.cdiv(seq, bn), bsz * heads)](
-        q, k, v, key_mask, seed, do, lse, delta, dk, dv, sm_scale, dropout_p, seq, heads, *strides, **common)
-    K._bwd_dq_kernel[(triton.cdiv(seq, bm), bsz * heads)](
-        q, k, v, key_mask, seed, do, lse, delta, dq, sm_scale, dropout_p, seq, heads, *strides, **common)
+    dkdv_args = (q, k, v, key_mask, seed, do, lse, delta, dk, dv, sm_scale, dropout_p, seq, heads, *strides)
+    dq_args = (q, k, v, key_mask, seed, do, lse, delta, dq, sm_scale, dropout_p, seq, heads, *strides)
+    if _tuned(q):
+        _DKDV[lambda meta: (triton.cdiv(seq, meta["BLOCK_N"]), bsz * heads)](*dkdv_args, **flags)
+        _DQ[lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), bsz * heads)](*dq_args, **flags)
+    else:
+        K._bwd_dkdv_kernel[(triton.cdiv(seq, bn), bsz * heads)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **flags)
+        K._bwd_dq_kernel[(triton.cdiv(seq, bm), bsz * heads)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **flags)
     return dq, dk, dv
 
 
 @attention_bwd.register_fake
 def _(do, q, k, v, o, lse, key_mask, seed, dropout_p, sm_scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
