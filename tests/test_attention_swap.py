@@ -34,7 +34,7 @@ def test_key_padding_mask_from_hf_masks():
     additive = (1 - keep[:, None, None, :].float()) * torch.finfo(torch.float32).min
     assert torch.equal(key_padding_mask(additive.expand(2, 1, 3, 3), 2, 3), keep.bool())
     assert torch.equal(key_padding_mask(keep[:, None, None, :].bool(), 2, 3), keep.bool())
-    assert torch.equal(key_padding_mask(keep, 2, 3), keep.bool())
+    assert torch.equal(key_padding_mask(keep, 2, 3), keep.bool())  # 2-D 0/1
     assert key_padding_mask(None, 2, 3) is None
 
 

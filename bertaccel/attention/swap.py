@@ -16,18 +16,17 @@ BACKENDS = ("xformers", "triton")
 
 
 def key_padding_mask(attention_mask: Optional[torch.Tensor], bsz: int, seq: int) -> Optional[torch.Tensor]:
-    """[B, S] bool (True = attend) from HF's mask: None, [B, S], or 4-D [B, 1, 1|S, S]
-    (additive float: 0 = attend; or bool: True = attend). BERT's masks are key-padding masks,
-    so one query row says it all."""
+    """[B, S] bool (True = attend) from HF's mask: None; a 2-D 0/1 mask; or 4-D [B, 1, 1|S, S],
+    additive float (0 = attend) or bool (True = attend). BERT's masks are key-padding masks, so
+    one query row says it all. No data-dependent branch: torch.compile traces it without breaks."""
     if attention_mask is None:
         return None
     m = attention_mask
-    if m.dim() == 4:
-        m = m[:, 0, 0, :] if m.shape[2] >= 1 else m[:, 0, :, :]
+    if m.dim() == 2:
+        return m != 0
+    m = m[:, 0, 0, :]
     if m.dtype == torch.bool:
         return m
-    if m.dim() == 2 and m.shape == (bsz, seq) and bool(((m == 0) | (m == 1)).all()):
-        return m != 0  # a plain 0/1 mask
     return m > torch.finfo(m.dtype).min / 2
 
 

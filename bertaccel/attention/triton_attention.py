@@ -20,31 +20,15 @@ MAX_SEQ = 512
 
 
 def _blocks(head_dim: int, seq: int) -> Tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): 64x64 tiles for BERT sizes, 32 for d=128 (registers), 16 for tiny S."""
+    """(BLOCK_M, BLOCK_N): 64x64 tiles for BERT sizes, 32 for d=128 (registers), 16 for tiny S.
+    Fixed rather than autotuned: with dynamic padding every new S would re-tune (measured: 300
+    ms/step in a training run on an H200), and tuning did not move the B=32, S=128 op time."""
     b = 32 if head_dim == 128 else 64
     small = max(16, triton.next_power_of_2(seq))
     return min(b, small), min(b, small)
 
 
 _block_override: Optional[Tuple[int, int]] = None  # tests: force several column blocks at small S
-
-
-def _configs(pairs):
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in pairs]
-
-
-# On a GPU the tile shapes are autotuned per (S, head dim, dropout); the interpreter (CPU tests)
-# and _block_override use one fixed launch instead, since autotuning there only costs time.
-_FWD = triton.autotune(_configs([(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
-                                 (128, 32, 4, 3), (64, 32, 4, 3)]), key=["S", "HEAD_DIM", "DROPOUT"])(K._fwd_kernel)
-_DKDV = triton.autotune(_configs([(64, 64, 4, 2), (32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2),
-                                  (64, 64, 8, 3)]), key=["S", "HEAD_DIM", "DROPOUT"])(K._bwd_dkdv_kernel)
-_DQ = triton.autotune(_configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2), (128, 32, 4, 3),
-                                (64, 64, 8, 3)]), key=["S", "HEAD_DIM", "DROPOUT"])(K._bwd_dq_kernel)
-
-
-def _tuned(q: torch.Tensor) -> bool:
-    return q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1" and _block_override is None
 
 
 def _launch_args(q: torch.Tensor):
@@ -79,10 +63,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: t
     args = (q, k, v, key_mask, seed, o, lse, sm_scale, dropout_p, seq, heads,
             q.stride(0), q.stride(1), q.stride(2), key_mask.stride(0))
     flags = dict(HEAD_DIM=dim, DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
-    if _tuned(q):
-        _FWD[lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), bsz * heads)](*args, **flags)
-    else:
-        K._fwd_kernel[(triton.cdiv(seq, bm), bsz * heads)](*args, BLOCK_M=bm, BLOCK_N=bn, **flags)
+    K._fwd_kernel[(triton.cdiv(seq, bm), bsz * heads)](*args, BLOCK_M=bm, BLOCK_N=bn, **flags)
     return o, lse
 
 
@@ -106,12 +87,8 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     strides = (q.stride(0), q.stride(1), q.stride(2), key_mask.stride(0))
     dkdv_args = (q, k, v, key_mask, seed, do, lse, delta, dk, dv, sm_scale, dropout_p, seq, heads, *strides)
     dq_args = (q, k, v, key_mask, seed, do, lse, delta, dq, sm_scale, dropout_p, seq, heads, *strides)
-    if _tuned(q):
-        _DKDV[lambda meta: (triton.cdiv(seq, meta["BLOCK_N"]), bsz * heads)](*dkdv_args, **flags)
-        _DQ[lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), bsz * heads)](*dq_args, **flags)
-    else:
-        K._bwd_dkdv_kernel[(triton.cdiv(seq, bn), bsz * heads)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **flags)
-        K._bwd_dq_kernel[(triton.cdiv(seq, bm), bsz * heads)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **flags)
+    K._bwd_dkdv_kernel[(triton.cdiv(seq, bn), bsz * heads)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **flags)
+    K._bwd_dq_kernel[(triton.cdiv(seq, bm), bsz * heads)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **flags)
     return dq, dk, dv
 
 
