@@ -107,3 +107,18 @@ def test_bad_shapes_are_refused():
     q = torch.zeros(1, 1, 8, 48)
     with pytest.raises(ValueError, match="head dim 48"):
         TA.fused_attention(q, q, q)
+
+
+def test_custom_op_path_matches_the_eager_path():
+    # torch.compile goes through the registered custom ops; eager mode through the autograd
+    # Function: the same kernels, so the same numbers (and the op passes torch's opcheck).
+    q, k, v, keep = _inputs(1, 2, 24, 32, torch.float32, lengths=[19])
+    seed = torch.tensor([5], dtype=torch.int64, device=DEVICE)
+    eager = TA.fused_attention(q, k, v, keep, 0.2, 0.25, seed=seed)
+    op, _ = TA.attention_fwd(q, k, v, keep, seed, 0.2, 0.25)
+    assert torch.equal(eager, op)
+    g = torch.randn_like(op)
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(eager, (q, k, v), g),
+                                                  torch.autograd.grad(op, (q, k, v), g)))
+    torch.library.opcheck(TA.attention_fwd, (q, k, v, keep, seed, 0.2, 0.25),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))

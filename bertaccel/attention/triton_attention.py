@@ -53,9 +53,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Te
         raise ValueError("B*H*S*S >= 2^31: the dropout counter would overflow int32; split the batch")
 
 
-@torch.library.custom_op("bertaccel::fused_attention_fwd", mutates_args=())
-def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
-                  seed: torch.Tensor, dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+              seed: torch.Tensor, dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
     o = torch.empty_like(q)
@@ -67,16 +66,21 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: t
     return o, lse
 
 
+@torch.library.custom_op("bertaccel::fused_attention_fwd", mutates_args=())
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+                  seed: torch.Tensor, dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(q, k, v, key_mask, seed, dropout_p, sm_scale)
+
+
 @attention_fwd.register_fake
 def _(q, k, v, key_mask, seed, dropout_p, sm_scale):
     # Contiguous, like the real outputs (q may be a transposed view).
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("bertaccel::fused_attention_bwd", mutates_args=())
-def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                  lse: torch.Tensor, key_mask: torch.Tensor, seed: torch.Tensor, dropout_p: float,
-                  sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+              lse: torch.Tensor, key_mask: torch.Tensor, seed: torch.Tensor, dropout_p: float,
+              sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     do, q, k, v, o = (t.contiguous() for t in (do, q, k, v, o))
     bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
     delta = torch.empty_like(lse)
@@ -90,6 +94,13 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     K._bwd_dkdv_kernel[(triton.cdiv(seq, bn), bsz * heads)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **flags)
     K._bwd_dq_kernel[(triton.cdiv(seq, bm), bsz * heads)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **flags)
     return dq, dk, dv
+
+
+@torch.library.custom_op("bertaccel::fused_attention_bwd", mutates_args=())
+def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  lse: torch.Tensor, key_mask: torch.Tensor, seed: torch.Tensor, dropout_p: float,
+                  sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd_impl(do, q, k, v, o, lse, key_mask, seed, dropout_p, sm_scale)
 
 
 @attention_bwd.register_fake
@@ -113,6 +124,24 @@ def _backward(ctx, do, dlse):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerFn(torch.autograd.Function):
+    """The same kernels without the custom-op dispatcher, for eager mode: torch.library's
+    Python dispatch costs per call, and BERT calls attention twice per layer per step."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_mask, seed, dropout_p, sm_scale):
+        o, lse = _fwd_impl(q, k, v, key_mask, seed, dropout_p, sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse, key_mask, seed)
+        ctx.dropout_p, ctx.sm_scale = dropout_p, sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, key_mask, seed = ctx.saved_tensors
+        return (*_bwd_impl(do, q, k, v, o, lse, key_mask, seed, ctx.dropout_p, ctx.sm_scale),
+                None, None, None, None)
+
+
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
                     dropout_p: float = 0.0, sm_scale: Optional[float] = None,
                     seed: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -128,8 +157,10 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask:
     _check(q, k, v, key_mask)
     if seed is None:
         seed = torch.randint(0, 2 ** 31 - 1, (1,), device=q.device, dtype=torch.int64)
-    o, _ = attention_fwd(q, k, v, key_mask, seed, float(dropout_p), float(sm_scale or 1.0 / math.sqrt(dim)))
-    return o
+    scale = float(sm_scale or 1.0 / math.sqrt(dim))
+    if torch.compiler.is_compiling():  # the custom op: opaque to dynamo, no graph break
+        return attention_fwd(q, k, v, key_mask, seed, float(dropout_p), scale)[0]
+    return _EagerFn.apply(q, k, v, key_mask, seed, float(dropout_p), scale)
 
 
 def dropout_keep_mask(seed: torch.Tensor, bsz: int, heads: int, seq: int, dropout_p: float) -> torch.Tensor:
