@@ -32,6 +32,18 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _load_rows(ptr, base, rows, offs_d, stride_s, ok):
+    """A [rows, HEAD_DIM] tile of a [B, H, S, D] tensor; rows past S read as 0."""
+    return tl.load(ptr + base + rows[:, None] * stride_s + offs_d[None, :], mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _key_ok(M, b, mask_stride_b, offs_n, col_ok):
+    """Which keys of this block may be attended: inside S and not padding."""
+    return tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0
+
+
+@triton.jit
 def _keep(seed, off_hz, offs_m, offs_n, S, p_drop):
     # One Philox draw per (batch*head, query, key) position; int32 offsets (the wrapper checks range).
     offsets = off_hz * S * S + offs_m[:, None] * S + offs_n[None, :]
@@ -51,7 +63,7 @@ def _fwd_kernel(Q, K, V, M, Seed, O, LSE, sm_scale, p_drop, S, H,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < S
-    q = tl.load(Q + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -59,9 +71,9 @@ def _fwd_kernel(Q, K, V, M, Seed, O, LSE, sm_scale, p_drop, S, H,
     for start_n in range(0, S, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
-        key_ok = tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0
-        k = tl.load(K + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok)
+        k = _load_rows(K, base, offs_n, offs_d, stride_s, col_ok)
+        v = _load_rows(V, base, offs_n, offs_d, stride_s, col_ok)
         qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * sm_scale
         qk = tl.where(key_ok[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -90,8 +102,8 @@ def _bwd_preprocess(O, DO, Delta, S, H, stride_b, stride_h, stride_s,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = offs_m < S
-    o = tl.load(O + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    do = tl.load(DO + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    o = _load_rows(O, base, offs_m, offs_d, stride_s, ok).to(tl.float32)
+    do = _load_rows(DO, base, offs_m, offs_d, stride_s, ok).to(tl.float32)
     tl.store(Delta + off_hz * S + offs_m, tl.sum(o * do, 1), mask=ok)
 
 
@@ -115,17 +127,17 @@ def _bwd_dkdv_kernel(Q, K, V, M, Seed, DO, LSE, Delta, DK, DV, sm_scale, p_drop,
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n < S
-    key_ok = tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0
-    k = tl.load(K + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok)
+    k = _load_rows(K, base, offs_n, offs_d, stride_s, col_ok)
+    v = _load_rows(V, base, offs_n, offs_d, stride_s, col_ok)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     seed = tl.load(Seed)
     for start_m in range(0, S, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < S
-        q = tl.load(Q + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        do = tl.load(DO + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
+        do = _load_rows(DO, base, offs_m, offs_d, stride_s, row_ok)
         lse = tl.load(LSE + off_hz * S + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(Delta + off_hz * S + offs_m, mask=row_ok, other=0.0)
         p = _probs(q, k, key_ok, lse, sm_scale, PRECISION, UPCAST)
@@ -157,8 +169,8 @@ def _bwd_dq_kernel(Q, K, V, M, Seed, DO, LSE, Delta, DQ, sm_scale, p_drop, S, H,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < S
-    q = tl.load(Q + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + base + offs_m[:, None] * stride_s + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
+    do = _load_rows(DO, base, offs_m, offs_d, stride_s, row_ok)
     lse = tl.load(LSE + off_hz * S + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(Delta + off_hz * S + offs_m, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -166,9 +178,9 @@ def _bwd_dq_kernel(Q, K, V, M, Seed, DO, LSE, Delta, DQ, sm_scale, p_drop, S, H,
     for start_n in range(0, S, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
-        key_ok = tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0
-        k = tl.load(K + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + base + offs_n[:, None] * stride_s + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok)
+        k = _load_rows(K, base, offs_n, offs_d, stride_s, col_ok)
+        v = _load_rows(V, base, offs_n, offs_d, stride_s, col_ok)
         p = _probs(q, k, key_ok, lse, sm_scale, PRECISION, UPCAST)
         dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
         if DROPOUT:
