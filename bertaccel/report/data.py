@@ -63,15 +63,14 @@ def rows_from_csv(path: str) -> List[Row]:
 def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) -> List[Row]:
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
+    from ..tracking import search_runs
+
+    if MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment) is None:
         raise ReportInputError(f"--experiment {experiment}: no such experiment in {uri}")
     flt = "tags.status = 'finished'"
     if sweep_id:
         flt += f" and tags.sweep_id = '{sweep_id}'"
-    runs = client.search_runs([exp.experiment_id], filter_string=flt, max_results=50000,
-                              order_by=["attributes.start_time ASC"])
+    runs = search_runs(uri, experiment, flt)  # the shared query, under the store lock
     runs = [r for r in runs if r.data.tags.get("bertaccel.role") != "sweep"]  # parent runs hold no metrics
     if not runs:
         where = f"sweep {sweep_id} of " if sweep_id else ""
