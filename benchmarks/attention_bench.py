@@ -8,8 +8,8 @@
    SDPA flash (no mask: flash cannot take one) vs eager (matmul-softmax-matmul); and with a
    ragged padding mask: triton vs SDPA memory-efficient vs eager.
 3. Whole-model training step, BERT-base shape, B=32, S=128, bf16 autocast, fused AdamW:
-   attention=sdpa vs attention=triton (module swap), and torch.compile of the triton model
-   (graph breaks counted by torch._dynamo.explain).
+   attention=sdpa vs attention=triton (module swap), each eager and under torch.compile
+   (graph breaks in the triton attention block counted by torch._dynamo.explain).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import argparse
 import math
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -31,19 +32,55 @@ DEV = torch.device("cuda")
 H, D = 12, 64
 
 
-def timed(fn, warmup=10, iters=40):
+def timed(fn, warmup=10, calls=30, repeats=5):
+    """Milliseconds per call, calls enqueued back to back as in a training loop (median of
+    `repeats` batches): the GPU time when the GPU is the bottleneck, the host time when Python and
+    launches are. A sync after every single call would add its own latency to small ops."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
+    per_call = []
+    for _ in range(repeats):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(calls):
+            fn()
         b.record()
         torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+        per_call.append(a.elapsed_time(b) / calls)
+    return statistics.median(per_call)
+
+
+def kernel_us(fn, calls=20):
+    """GPU kernel time per call (torch.profiler, sum over the op's kernels): what the kernels
+    cost once launch gaps are taken out."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
+    # Kernel rows only: operator rows repeat the time of the kernels they launched.
+    total = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == DeviceType.CUDA)
+    return total / calls
+
+
+def host_us(fn, iters=200):
+    """Host time per call, enqueueing back to back (no sync inside): where it approaches the
+    GPU time above, the op is bound by Python and kernel launches, not by the GPU."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / iters * 1e6
 
 
 def ragged_mask(b, s, g):
@@ -83,9 +120,10 @@ def check(sizes):
 
 
 def op_bench(shapes):
-    print("## 2. Attention op alone, forward+backward, bf16, h=12, d=64 (median ms)\n")
-    print("| B | S | mask | triton | sdpa | eager | triton/sdpa speed | triton/eager speed |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("## 2. Attention op alone, forward+backward, bf16, h=12, d=64 (ms per call, back to back)\n")
+    print("| B | S | mask | triton | sdpa | eager | triton/sdpa speed | triton/eager speed "
+          "| kernel us triton | sdpa | host us/call triton | sdpa |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     g = torch.Generator().manual_seed(1)
@@ -108,8 +146,11 @@ def op_bench(shapes):
                 torch.autograd.grad(eager_attn(q, k, v, keep), (q, k, v), go)
 
             t, sd, e = timed(run_triton), timed(run_sdpa), timed(run_eager)
+            kt, ks = kernel_us(run_triton), kernel_us(run_sdpa)
+            ht, hs = host_us(run_triton), host_us(run_sdpa)
             name = "ragged (sdpa=mem-efficient)" if masked else "none (sdpa=flash)"
-            print(f"| {b} | {s} | {name} | {t:.3f} | {sd:.3f} | {e:.3f} | {sd / t:.2f}x | {e / t:.2f}x |")
+            print(f"| {b} | {s} | {name} | {t:.3f} | {sd:.3f} | {e:.3f} | {sd / t:.2f}x | {e / t:.2f}x "
+                  f"| {kt:.0f} | {ks:.0f} | {ht:.0f} | {hs:.0f} |")
         del q, k, v, go
         torch.cuda.empty_cache()
     print()
@@ -125,16 +166,16 @@ def step_bench():
     mask = ragged_mask(32, 128, g).long()
     labels = torch.randint(0, 4, (32,), generator=g).to(DEV)
     print("| attention | ms/step | note |\n|---|---|---|")
-    for name in ("sdpa", "triton", "triton+compile"):
+    for name in ("sdpa", "sdpa+compile", "triton", "triton+compile"):
         torch.manual_seed(0)
         model = BertForSequenceClassification._from_config(
-            cfg, attn_implementation="sdpa" if name == "sdpa" else "eager").to(DEV).train()
+            cfg, attn_implementation="sdpa" if name.startswith("sdpa") else "eager").to(DEV).train()
         if name.startswith("triton"):
             swap_attention(model, "triton")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
         fwd = model
         note = ""
-        if name.endswith("compile"):
+        if name == "triton+compile":
             import torch._dynamo as dynamo
 
             # Graph breaks inside one encoder layer's attention block (ours + HF's output block).
@@ -145,7 +186,8 @@ def step_bench():
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 ex = dynamo.explain(attn)(hidden, attention_mask=add_mask)
             note = f"attention block: {ex.graph_break_count} graph breaks, {ex.graph_count} graph(s)"
-            dynamo.reset()
+        if name.endswith("compile"):
+            torch.compiler.reset()
             fwd = torch.compile(model)
 
         def step():
@@ -156,7 +198,7 @@ def step_bench():
             opt.zero_grad(set_to_none=True)
 
         try:
-            ms = f"{timed(step, warmup=15, iters=40):.2f}"
+            ms = f"{timed(step, warmup=15, calls=10, repeats=5):.2f}"
         except Exception as e:  # noqa: BLE001 - report it in the table, keep the other rows
             ms, note = "failed", f"{note}; {type(e).__name__}: {str(e).splitlines()[0][:150]}"
         print(f"| {name} | {ms} | {note} |", flush=True)

@@ -68,6 +68,31 @@ def test_forward_and_gradients_match_eager(dtype, d):
         assert _rel(a, b) < (TOL[dtype] if dtype == torch.float32 else 3 * TOL[dtype]), name
 
 
+def test_bshd_layout_bool_mask_and_unequal_blocks_match_the_contiguous_path():
+    # BERT's q/k/v are [B, S, H, D] projections viewed as [B, H, S, D]: the kernels read them in
+    # place, the output keeps that layout (so merging heads is a view), and a bool mask is read
+    # as it is. 16x32 tiles: the backward grid must cover the larger block count.
+    q, k, v, keep = _inputs(2, 3, 45, 32, torch.float32, lengths=[45, 30], seed=4)
+    ref_out = TA.fused_attention(q, k, v, keep, 0.0)
+    grad = torch.randn_like(ref_out)
+    ref_grads = torch.autograd.grad(ref_out, (q, k, v), grad)
+    bshd = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
+    for blocks in [(16, 16), (16, 32), (32, 16)]:
+        TA._block_override = blocks
+        out = TA.fused_attention(*(t.transpose(1, 2) for t in bshd), keep.bool(), 0.0)
+        assert out.transpose(1, 2).is_contiguous(), "output should come back in the [B, S, H, D] layout"
+        assert _rel(out, ref_out) < 1e-5, blocks
+        got = torch.autograd.grad(out, bshd, grad.transpose(1, 2).contiguous().transpose(1, 2))
+        for name, a, b in zip("qkv", got, ref_grads):
+            assert _rel(a.transpose(1, 2), b) < 1e-5, (blocks, name)
+
+
+def test_no_mask_equals_an_all_ones_mask():
+    q, k, v, _ = _inputs(1, 2, 19, 32, torch.float32, lengths=[19])
+    ones = torch.ones(1, 19, dtype=torch.int64, device=DEVICE)
+    assert torch.equal(TA.fused_attention(q, k, v, None), TA.fused_attention(q, k, v, ones))
+
+
 def test_head_dim_128_and_a_fully_masked_row():
     q, k, v, keep = _inputs(2, 1, 20, 128, torch.float32, lengths=[20, 0])  # batch 1: no valid key
     out = TA.fused_attention(q, k, v, keep, 0.0)
@@ -120,5 +145,8 @@ def test_custom_op_path_matches_the_eager_path():
     g = torch.randn_like(op)
     assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(eager, (q, k, v), g),
                                                   torch.autograd.grad(op, (q, k, v), g)))
-    torch.library.opcheck(TA.attention_fwd, (q, k, v, keep, seed, 0.2, 0.25),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(TA.attention_fwd, (q, k, v, keep, seed, 0.2, 0.25), test_utils=utils)
+    # The fakes must predict the real layouts: transposed views, and no mask / no seed.
+    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(TA.attention_fwd, (qt, kt, vt, None, None, 0.0, 0.25), test_utils=utils)

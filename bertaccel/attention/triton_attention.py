@@ -35,11 +35,11 @@ def _launch_args(q: torch.Tensor):
     bsz, heads, seq, dim = q.shape
     bm, bn = _block_override or _blocks(dim, seq)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32: exact products, not TF32
-    upcast = os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16  # see _dot
+    upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"  # see _dot
     return bsz, heads, seq, dim, bm, bn, precision, upcast
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor]) -> None:
     if not (q.shape == k.shape == v.shape) or q.dim() != 4:
         raise ValueError(f"q, k, v must share a [B, H, S, D] shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     bsz, heads, seq, dim = q.shape
@@ -47,65 +47,95 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Te
         raise ValueError(f"head dim {dim} unsupported; use one of {HEAD_DIMS}")
     if seq > MAX_SEQ:
         raise ValueError(f"sequence length {seq} > {MAX_SEQ} (BERT positions)")
-    if key_mask.shape != (bsz, seq):
+    if key_mask is not None and key_mask.shape != (bsz, seq):
         raise ValueError(f"key_mask must be [B, S] = {(bsz, seq)}; got {tuple(key_mask.shape)}")
     if bsz * heads * seq * seq >= 2 ** 31:
         raise ValueError("B*H*S*S >= 2^31: the dropout counter would overflow int32; split the batch")
 
 
-def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
-              seed: torch.Tensor, dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+def _shared_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q, k, v with one stride set and unit stride along D, as the kernels take one set of strides.
+    BERT's q/k/v are [B, S, H, D] projections viewed as [B, H, S, D]: they already share one, so
+    nothing is copied. Works on fake tensors too, so the custom op's fakes follow the same rule."""
+    s = q.stride()
+    if s[-1] == 1 and k.stride() == s and v.stride() == s:
+        return q, k, v
+    return q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """t in ref's layout (a copy only when the strides differ)."""
+    if t.stride() == ref.stride():
+        return t
+    return torch.empty_like(ref).copy_(t)
+
+
+def _mask_arg(key_mask: Optional[torch.Tensor], q: torch.Tensor):
+    """(pointer, row stride, HAS_MASK): bool and integer masks are read as they are (no conversion
+    kernel); without a mask the kernel never reads the pointer."""
+    if key_mask is None:
+        return q, 0, False
+    if key_mask.dtype.is_floating_point:
+        key_mask = key_mask != 0
+    if key_mask.stride(-1) != 1:
+        key_mask = key_mask.contiguous()
+    return key_mask, key_mask.stride(0), True
+
+
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
+              seed: Optional[torch.Tensor], dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = _shared_layout(q, k, v)
     bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
-    o = torch.empty_like(q)
+    o = _like(torch.empty_like(q), q)  # empty_like keeps q's layout whenever q is dense
     lse = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
-    args = (q, k, v, key_mask, seed, o, lse, sm_scale, dropout_p, seq, heads,
-            q.stride(0), q.stride(1), q.stride(2), key_mask.stride(0))
-    flags = dict(HEAD_DIM=dim, DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
-    K._fwd_kernel[(triton.cdiv(seq, bm), bsz * heads)](*args, BLOCK_M=bm, BLOCK_N=bn, **flags)
+    mask, mask_stride, has_mask = _mask_arg(key_mask, q)
+    K._fwd_kernel[(triton.cdiv(seq, bm), bsz * heads)](
+        q, k, v, mask, q if seed is None else seed, o, lse, sm_scale, dropout_p, seq, heads,
+        q.stride(0), q.stride(1), q.stride(2), mask_stride,
+        HEAD_DIM=dim, BLOCK_M=bm, BLOCK_N=bn, HAS_MASK=has_mask, DROPOUT=dropout_p > 0,
+        PRECISION=precision, UPCAST=upcast)
     return o, lse
 
 
 @torch.library.custom_op("bertaccel::fused_attention_fwd", mutates_args=())
-def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
-                  seed: torch.Tensor, dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
+                  seed: Optional[torch.Tensor], dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
     return _fwd_impl(q, k, v, key_mask, seed, dropout_p, sm_scale)
 
 
 @attention_fwd.register_fake
 def _(q, k, v, key_mask, seed, dropout_p, sm_scale):
-    # Contiguous, like the real outputs (q may be a transposed view).
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+    q, _, _ = _shared_layout(q, k, v)  # the real output's layout, as _fwd_impl chooses it
+    return _like(torch.empty_like(q), q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-              lse: torch.Tensor, key_mask: torch.Tensor, seed: torch.Tensor, dropout_p: float,
+              lse: torch.Tensor, key_mask: Optional[torch.Tensor], seed: Optional[torch.Tensor], dropout_p: float,
               sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    do, q, k, v, o = (t.contiguous() for t in (do, q, k, v, o))
+    q, k, v = _shared_layout(q, k, v)
+    o, do = _like(o, q), _like(do, q)
     bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
-    delta = torch.empty_like(lse)
-    K._bwd_preprocess[(triton.cdiv(seq, bm), bsz * heads)](
-        o, do, delta, seq, heads, o.stride(0), o.stride(1), o.stride(2), HEAD_DIM=dim, BLOCK_M=bm)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    flags = dict(HEAD_DIM=dim, DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
-    strides = (q.stride(0), q.stride(1), q.stride(2), key_mask.stride(0))
-    dkdv_args = (q, k, v, key_mask, seed, do, lse, delta, dk, dv, sm_scale, dropout_p, seq, heads, *strides)
-    dq_args = (q, k, v, key_mask, seed, do, lse, delta, dq, sm_scale, dropout_p, seq, heads, *strides)
-    K._bwd_dkdv_kernel[(triton.cdiv(seq, bn), bsz * heads)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **flags)
-    K._bwd_dq_kernel[(triton.cdiv(seq, bm), bsz * heads)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **flags)
+    dq, dk, dv = (_like(torch.empty_like(q), q) for _ in range(3))
+    mask, mask_stride, has_mask = _mask_arg(key_mask, q)
+    K._bwd_kernel[(triton.cdiv(seq, min(bm, bn)), bsz * heads)](
+        q, k, v, o, do, mask, q if seed is None else seed, lse, dq, dk, dv, sm_scale, dropout_p, seq, heads,
+        q.stride(0), q.stride(1), q.stride(2), mask_stride,
+        HEAD_DIM=dim, BLOCK_M=bm, BLOCK_N=bn, HAS_MASK=has_mask, DROPOUT=dropout_p > 0,
+        PRECISION=precision, UPCAST=upcast)
     return dq, dk, dv
 
 
 @torch.library.custom_op("bertaccel::fused_attention_bwd", mutates_args=())
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                  lse: torch.Tensor, key_mask: torch.Tensor, seed: torch.Tensor, dropout_p: float,
+                  lse: torch.Tensor, key_mask: Optional[torch.Tensor], seed: Optional[torch.Tensor], dropout_p: float,
                   sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _bwd_impl(do, q, k, v, o, lse, key_mask, seed, dropout_p, sm_scale)
 
 
 @attention_bwd.register_fake
 def _(do, q, k, v, o, lse, key_mask, seed, dropout_p, sm_scale):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    q, _, _ = _shared_layout(q, k, v)
+    return tuple(_like(torch.empty_like(q), q) for _ in range(3))
 
 
 def _setup_context(ctx, inputs, output):
@@ -145,22 +175,20 @@ class _EagerFn(torch.autograd.Function):
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
                     dropout_p: float = 0.0, sm_scale: Optional[float] = None,
                     seed: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """softmax(q k^T * scale, keys masked by key_mask) with dropout, times v. q/k/v: [B, H, S, D].
+    """softmax(q k^T * scale, keys masked by key_mask) with dropout, times v. q/k/v: [B, H, S, D]
+    (any strides; a [B, S, H, D] tensor's transpose is taken without a copy).
 
     key_mask: [B, S], nonzero = attend (None = all keys). seed: int64 scalar tensor (drawn from
-    torch's generator when None), the same seed gives the same dropout mask.
+    torch's generator when None and dropout_p > 0); the same seed gives the same dropout mask.
     """
-    bsz, heads, seq, dim = q.shape
-    if key_mask is None:
-        key_mask = torch.ones(bsz, seq, dtype=torch.int32, device=q.device)
-    key_mask = key_mask.to(torch.int32).contiguous()
     _check(q, k, v, key_mask)
-    if seed is None:
+    dropout_p = float(dropout_p)
+    if dropout_p > 0 and seed is None:
         seed = torch.randint(0, 2 ** 31 - 1, (1,), device=q.device, dtype=torch.int64)
-    scale = float(sm_scale or 1.0 / math.sqrt(dim))
+    scale = float(sm_scale or 1.0 / math.sqrt(q.shape[-1]))
     if torch.compiler.is_compiling():  # the custom op: opaque to dynamo, no graph break
-        return attention_fwd(q, k, v, key_mask, seed, float(dropout_p), scale)[0]
-    return _EagerFn.apply(q, k, v, key_mask, seed, float(dropout_p), scale)
+        return attention_fwd(q, k, v, key_mask, seed, dropout_p, scale)[0]
+    return _EagerFn.apply(q, k, v, key_mask, seed, dropout_p, scale)
 
 
 def dropout_keep_mask(seed: torch.Tensor, bsz: int, heads: int, seq: int, dropout_p: float) -> torch.Tensor:

@@ -8,10 +8,15 @@ and 1/(1-p) rescales the kept ones. The softmax normalizer always uses the undro
 probabilities, so it is correct across column blocks (seed 000's block-local softmax was not).
 The log-sum-exp per row is saved for the backward.
 
-Backward: delta = rowsum(dO * O) (holds with dropout too: O = (P o Z/(1-p)) V), then one kernel
-for dK/dV (per key block, over query blocks) and one for dQ (per query block, over key blocks).
-Both recompute P = exp(QK^T*scale - lse) and regenerate the dropout mask from the same seed and
-positions, so no S x S tensor is stored.
+Backward, one kernel: program i computes dK/dV of key block i (over all query blocks) and then
+dQ of query block i (over all key blocks), with delta = rowsum(dO * O) (holds with dropout too:
+O = (P o Z/(1-p)) V) computed per query block where needed. Both recompute
+P = exp(QK^T*scale - lse) and regenerate the dropout mask from the same seed and positions, so no
+S x S tensor is stored. One launch forward and one backward: at BERT sizes (B=32, S=128) the
+host cost of a launch is larger than the kernel's GPU time, so launches are what to save.
+
+The kernels take one stride set for Q, K, V, O, dO and the gradients: the wrapper makes them share
+a layout, which is usually free ([B, S, H, D] projections viewed as [B, H, S, D] need no copy).
 
 fp16/bf16 inputs use tensor-core dots with fp32 accumulation; fp32 inputs use exact ("ieee")
 dots, not TF32. Head dims: 16..128, powers of two.
@@ -38,9 +43,11 @@ def _load_rows(ptr, base, rows, offs_d, stride_s, ok):
 
 
 @triton.jit
-def _key_ok(M, b, mask_stride_b, offs_n, col_ok):
-    """Which keys of this block may be attended: inside S and not padding."""
-    return tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0
+def _key_ok(M, b, mask_stride_b, offs_n, col_ok, HAS_MASK: tl.constexpr):
+    """Which keys of this block may be attended: inside S and, with a mask, not padding."""
+    if HAS_MASK:
+        return (tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0) & col_ok
+    return col_ok
 
 
 @triton.jit
@@ -51,9 +58,20 @@ def _keep(seed, off_hz, offs_m, offs_n, S, p_drop):
 
 
 @triton.jit
+def _seed(Seed, DROPOUT: tl.constexpr):
+    # Without dropout the seed pointer is a placeholder and never read. (One return statement:
+    # the compiler type-checks every return, even under a constexpr branch.)
+    if DROPOUT:
+        seed = tl.load(Seed)
+    else:
+        seed = 0
+    return seed
+
+
+@triton.jit
 def _fwd_kernel(Q, K, V, M, Seed, O, LSE, sm_scale, p_drop, S, H,
                 stride_b, stride_h, stride_s, mask_stride_b,
-                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
                 DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
@@ -67,11 +85,11 @@ def _fwd_kernel(Q, K, V, M, Seed, O, LSE, sm_scale, p_drop, S, H,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    seed = tl.load(Seed)
+    seed = _seed(Seed, DROPOUT)
     for start_n in range(0, S, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
-        key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok)
+        key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok, HAS_MASK)
         k = _load_rows(K, base, offs_n, offs_d, stride_s, col_ok)
         v = _load_rows(V, base, offs_n, offs_d, stride_s, col_ok)
         qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * sm_scale
@@ -94,20 +112,6 @@ def _fwd_kernel(Q, K, V, M, Seed, O, LSE, sm_scale, p_drop, S, H,
 
 
 @triton.jit
-def _bwd_preprocess(O, DO, Delta, S, H, stride_b, stride_h, stride_s,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    start_m = tl.program_id(0)
-    off_hz = tl.program_id(1)
-    base = (off_hz // H) * stride_b + (off_hz % H) * stride_h
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    ok = offs_m < S
-    o = _load_rows(O, base, offs_m, offs_d, stride_s, ok).to(tl.float32)
-    do = _load_rows(DO, base, offs_m, offs_d, stride_s, ok).to(tl.float32)
-    tl.store(Delta + off_hz * S + offs_m, tl.sum(o * do, 1), mask=ok)
-
-
-@triton.jit
 def _probs(q, k, key_ok, lse, sm_scale, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """P recomputed from the saved log-sum-exp (masked keys and padded rows give 0)."""
     qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * sm_scale
@@ -116,30 +120,35 @@ def _probs(q, k, key_ok, lse, sm_scale, PRECISION: tl.constexpr, UPCAST: tl.cons
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, M, Seed, DO, LSE, Delta, DK, DV, sm_scale, p_drop, S, H,
-                     stride_b, stride_h, stride_s, mask_stride_b,
-                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    start_n = tl.program_id(0)
-    off_hz = tl.program_id(1)
-    b = off_hz // H
-    base = b * stride_b + (off_hz % H) * stride_h
-    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _rows_lse_delta(O, DO, LSE, base, off_hz, offs_m, offs_d, S, stride_s, row_ok):
+    """dO, the saved log-sum-exp and delta = rowsum(dO * O) for a block of query rows. Computed
+    where it is needed rather than in a separate pre-pass: one kernel launch less per backward,
+    which is what counts at BERT sizes, where the launches cost more than the math."""
+    do = _load_rows(DO, base, offs_m, offs_d, stride_s, row_ok)
+    o = _load_rows(O, base, offs_m, offs_d, stride_s, row_ok)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    lse = tl.load(LSE + off_hz * S + offs_m, mask=row_ok, other=float("inf"))
+    return do, lse, delta
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, start_n, off_hz, b, base, sm_scale, p_drop, S,
+              stride_s, mask_stride_b, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """dK, dV of one key block, streaming over all query blocks."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n < S
-    key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok)
+    key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok, HAS_MASK)
     k = _load_rows(K, base, offs_n, offs_d, stride_s, col_ok)
     v = _load_rows(V, base, offs_n, offs_d, stride_s, col_ok)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    seed = tl.load(Seed)
     for start_m in range(0, S, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < S
         q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
-        do = _load_rows(DO, base, offs_m, offs_d, stride_s, row_ok)
-        lse = tl.load(LSE + off_hz * S + offs_m, mask=row_ok, other=float("inf"))
-        delta = tl.load(Delta + off_hz * S + offs_m, mask=row_ok, other=0.0)
+        do, lse, delta = _rows_lse_delta(O, DO, LSE, base, off_hz, offs_m, offs_d, S, stride_s, row_ok)
         p = _probs(q, k, key_ok, lse, sm_scale, PRECISION, UPCAST)
         dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
         if DROPOUT:
@@ -158,27 +167,20 @@ def _bwd_dkdv_kernel(Q, K, V, M, Seed, DO, LSE, Delta, DK, DV, sm_scale, p_drop,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, M, Seed, DO, LSE, Delta, DQ, sm_scale, p_drop, S, H,
-                   stride_b, stride_h, stride_s, mask_stride_b,
-                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    start_m = tl.program_id(0)
-    off_hz = tl.program_id(1)
-    b = off_hz // H
-    base = b * stride_b + (off_hz % H) * stride_h
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, start_m, off_hz, b, base, sm_scale, p_drop, S,
+            stride_s, mask_stride_b, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """dQ of one query block, streaming over all key blocks."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < S
     q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
-    do = _load_rows(DO, base, offs_m, offs_d, stride_s, row_ok)
-    lse = tl.load(LSE + off_hz * S + offs_m, mask=row_ok, other=float("inf"))
-    delta = tl.load(Delta + off_hz * S + offs_m, mask=row_ok, other=0.0)
+    do, lse, delta = _rows_lse_delta(O, DO, LSE, base, off_hz, offs_m, offs_d, S, stride_s, row_ok)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    seed = tl.load(Seed)
     for start_n in range(0, S, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
-        key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok)
+        key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok, HAS_MASK)
         k = _load_rows(K, base, offs_n, offs_d, stride_s, col_ok)
         v = _load_rows(V, base, offs_n, offs_d, stride_s, col_ok)
         p = _probs(q, k, key_ok, lse, sm_scale, PRECISION, UPCAST)
@@ -189,6 +191,26 @@ def _bwd_dq_kernel(Q, K, V, M, Seed, DO, LSE, Delta, DQ, sm_scale, p_drop, S, H,
         dq += _dot(ds.to(k.dtype), k, PRECISION, UPCAST)
     tl.store(DQ + base + offs_m[:, None] * stride_s + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
              mask=row_ok[:, None])
+
+
+@triton.jit
+def _bwd_kernel(Q, K, V, O, DO, M, Seed, LSE, DQ, DK, DV, sm_scale, p_drop, S, H,
+                stride_b, stride_h, stride_s, mask_stride_b,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
+                DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The whole backward in one launch: program i computes dK/dV of key block i and dQ of query
+    block i (the grid covers the larger of the two block counts)."""
+    pid = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    b = off_hz // H
+    base = b * stride_b + (off_hz % H) * stride_h
+    seed = _seed(Seed, DROPOUT)
+    if pid * BLOCK_N < S:
+        _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, pid * BLOCK_N, off_hz, b, base, sm_scale, p_drop, S,
+                  stride_s, mask_stride_b, HEAD_DIM, BLOCK_M, BLOCK_N, HAS_MASK, DROPOUT, PRECISION, UPCAST)
+    if pid * BLOCK_M < S:
+        _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, pid * BLOCK_M, off_hz, b, base, sm_scale, p_drop, S,
+                stride_s, mask_stride_b, HEAD_DIM, BLOCK_M, BLOCK_N, HAS_MASK, DROPOUT, PRECISION, UPCAST)
 
 
 @triton.jit
