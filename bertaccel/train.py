@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .attention.warmup import padded_lengths, warm_up_triton_attention
 from .collectors import CollectorSet
 from .flops import TokenCounts, bert_train_flops
 from .freezing import apply_freezing, count_trainable
@@ -55,6 +56,8 @@ class TrainResult:
     first_step_started_at: Optional[float] = None  # time.time() as the first window began
     profile: Optional[KernelProfile] = None
     profile_error: Optional[str] = None
+    attention_jit_warmup_s: Optional[float] = None
+    attention_jit_warmup_source: str = "null: not run"
 
     @property
     def model_flops(self) -> float:
@@ -183,13 +186,16 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         # Non-reentrant: works with frozen inputs (layer-wise freezing) and torch.compile.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     warm_up_device(device)
+    result = TrainResult()
+    # Our Triton attention compiles per shape: all of this run's padded lengths, before timing.
+    result.attention_jit_warmup_s, result.attention_jit_warmup_source = warm_up_triton_attention(
+        model, precision.autocast, padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of), device)
     step_model = model if cfg.compile.mode == "off" else torch.compile(
         model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
     steps_per_epoch = math.ceil(len(train_loader) / k)
     if cfg.train.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
     total_steps = cfg.train.epochs * steps_per_epoch
-    result = TrainResult()
     global_step = 0
     optimizer = None
     trainable_params: List[torch.Tensor] = []
