@@ -38,10 +38,14 @@ def test_exercise_runs_every_length_through_the_triton_layers_and_leaves_no_trac
     seen = []
     for m in model.modules():
         if isinstance(m, FusedSelfAttention):
-            m.register_forward_hook(lambda mod, args, out: seen.append((mod.training, args[0].shape[1])))
+            m.register_forward_hook(lambda mod, args, kwargs, out: seen.append(
+                (mod.training, args[0].shape[1], kwargs.get("attention_mask") is None)), with_kwargs=True)
     rng = torch.get_rng_state()
     exercise_shapes(model, nullcontext, [8, 16], torch.device("cpu"))
-    assert seen == [(True, 8), (False, 8), (True, 16), (False, 16)]  # train step + evaluation per length
+    # Per length: train step + evaluation, with a padded row and without padding (HF then passes
+    # no mask at all: a kernel variant of its own).
+    assert seen == [(True, 8, False), (False, 8, False), (True, 8, True), (False, 8, True),
+                    (True, 16, False), (False, 16, False), (True, 16, True), (False, 16, True)]
     assert all(p.grad is None for p in model.parameters())
     assert not model.training  # mode restored
     assert torch.equal(torch.get_rng_state(), rng)  # dropout draws did not move the run's RNG

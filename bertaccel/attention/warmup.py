@@ -42,26 +42,28 @@ def reset_kernel_caches() -> None:
 
 def exercise_shapes(model: nn.Module, autocast: Callable[[], ContextManager], lengths: List[int],
                     device: torch.device) -> None:
-    """One training forward+backward and one evaluation forward of the model itself per padded
-    length, at batch 2 with one padded row. Through the model rather than the op alone, so the
-    launches are the ones training makes (HF's mask layout included: warming the op with its own
-    [B, S] mask missed 4 variants in a real run). Leaves no trace: gradients cleared, train/eval
-    mode and the RNG state (dropout draws) restored."""
+    """Per padded length, one training forward+backward and one evaluation forward of the model
+    itself, at batch 2, once with a padded row and once without: HF passes no mask at all for a
+    batch without padding, and "no mask" is a kernel variant of its own (warming with padding
+    only left 4 compiles inside a real training window). Through the model rather than the op
+    alone, so the launches are exactly those training makes. Leaves no trace: gradients
+    cleared, train/eval mode and the RNG state (dropout draws) restored."""
     was_training = model.training
     vocab = model.config.vocab_size
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         for seq in lengths:
             ids = torch.randint(0, vocab, (2, seq), device=device)
-            mask = torch.ones(2, seq, dtype=torch.long, device=device)
-            mask[1, seq // 2 + 1:] = 0
-            model.train()
-            with autocast():
-                logits = model(input_ids=ids, attention_mask=mask).logits
-            logits.float().sum().backward()
-            model.eval()
-            with torch.no_grad(), autocast():
-                model(input_ids=ids, attention_mask=mask)
+            padded = torch.ones(2, seq, dtype=torch.long, device=device)
+            padded[1, seq // 2 + 1:] = 0
+            for mask in (padded, torch.ones_like(padded)):
+                model.train()
+                with autocast():
+                    logits = model(input_ids=ids, attention_mask=mask).logits
+                logits.float().sum().backward()
+                model.eval()
+                with torch.no_grad(), autocast():
+                    model(input_ids=ids, attention_mask=mask)
     model.zero_grad(set_to_none=True)
     model.train(was_training)
 
