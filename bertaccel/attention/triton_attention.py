@@ -70,6 +70,11 @@ def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(ref).copy_(t)
 
 
+def _empty_as(q: torch.Tensor) -> torch.Tensor:
+    """An output in q's layout: empty_like keeps it whenever q is dense, else the strides are set."""
+    return _like(torch.empty_like(q), q)
+
+
 def _mask_arg(key_mask: Optional[torch.Tensor], q: torch.Tensor):
     """(pointer, row stride, HAS_MASK): bool and integer masks are read as they are (no conversion
     kernel); without a mask the kernel never reads the pointer."""
@@ -86,7 +91,7 @@ def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optio
               seed: Optional[torch.Tensor], dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _shared_layout(q, k, v)
     bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
-    o = _like(torch.empty_like(q), q)  # empty_like keeps q's layout whenever q is dense
+    o = _empty_as(q)
     lse = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
     mask, mask_stride, has_mask = _mask_arg(key_mask, q)
     K._fwd_kernel[(triton.cdiv(seq, bm), bsz * heads)](
@@ -106,7 +111,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: O
 @attention_fwd.register_fake
 def _(q, k, v, key_mask, seed, dropout_p, sm_scale):
     q, _, _ = _shared_layout(q, k, v)  # the real output's layout, as _fwd_impl chooses it
-    return _like(torch.empty_like(q), q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return _empty_as(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -115,7 +120,7 @@ def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     q, k, v = _shared_layout(q, k, v)
     o, do = _like(o, q), _like(do, q)
     bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
-    dq, dk, dv = (_like(torch.empty_like(q), q) for _ in range(3))
+    dq, dk, dv = _empty_as(q), _empty_as(q), _empty_as(q)
     mask, mask_stride, has_mask = _mask_arg(key_mask, q)
     K._bwd_kernel[(triton.cdiv(seq, min(bm, bn)), bsz * heads)](
         q, k, v, o, do, mask, q if seed is None else seed, lse, dq, dk, dv, sm_scale, dropout_p, seq, heads,
@@ -135,7 +140,7 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
 @attention_bwd.register_fake
 def _(do, q, k, v, o, lse, key_mask, seed, dropout_p, sm_scale):
     q, _, _ = _shared_layout(q, k, v)
-    return tuple(_like(torch.empty_like(q), q) for _ in range(3))
+    return _empty_as(q), _empty_as(q), _empty_as(q)
 
 
 def _setup_context(ctx, inputs, output):

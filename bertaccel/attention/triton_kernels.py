@@ -43,11 +43,24 @@ def _load_rows(ptr, base, rows, offs_d, stride_s, ok):
 
 
 @triton.jit
-def _key_ok(M, b, mask_stride_b, offs_n, col_ok, HAS_MASK: tl.constexpr):
-    """Which keys of this block may be attended: inside S and, with a mask, not padding."""
+def _store_rows(ptr, base, rows, offs_d, stride_s, ok, tile):
+    """Write a [rows, HEAD_DIM] fp32 tile into a [B, H, S, D] tensor in its dtype; rows past S skipped."""
+    tl.store(ptr + base + rows[:, None] * stride_s + offs_d[None, :], tile.to(ptr.dtype.element_ty),
+             mask=ok[:, None])
+
+
+@triton.jit
+def _key_block(K, V, M, b, base, offs_n, offs_d, S, stride_s, mask_stride_b, HAS_MASK: tl.constexpr):
+    """One block of keys: (inside S, may be attended, K tile, V tile). Keys past S or, with a
+    mask, padding may not be attended (a masked load reads them as 0 = padding)."""
+    col_ok = offs_n < S
     if HAS_MASK:
-        return (tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0) & col_ok
-    return col_ok
+        key_ok = tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0
+    else:
+        key_ok = col_ok
+    k = _load_rows(K, base, offs_n, offs_d, stride_s, col_ok)
+    v = _load_rows(V, base, offs_n, offs_d, stride_s, col_ok)
+    return col_ok, key_ok, k, v
 
 
 @triton.jit
@@ -88,10 +101,7 @@ def _fwd_kernel(Q, K, V, M, Seed, O, LSE, sm_scale, p_drop, S, H,
     seed = _seed(Seed, DROPOUT)
     for start_n in range(0, S, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < S
-        key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok, HAS_MASK)
-        k = _load_rows(K, base, offs_n, offs_d, stride_s, col_ok)
-        v = _load_rows(V, base, offs_n, offs_d, stride_s, col_ok)
+        col_ok, key_ok, k, v = _key_block(K, V, M, b, base, offs_n, offs_d, S, stride_s, mask_stride_b, HAS_MASK)
         qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * sm_scale
         qk = tl.where(key_ok[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -106,8 +116,7 @@ def _fwd_kernel(Q, K, V, M, Seed, O, LSE, sm_scale, p_drop, S, H,
     has_key = l_i > 0
     out = acc / tl.where(has_key, l_i, 1.0)[:, None]  # no valid key at all: output 0
     lse = tl.where(has_key, tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(l_i), float("inf"))
-    tl.store(O + base + offs_m[:, None] * stride_s + offs_d[None, :], out.to(O.dtype.element_ty),
-             mask=row_ok[:, None])
+    _store_rows(O, base, offs_m, offs_d, stride_s, row_ok, out)
     tl.store(LSE + off_hz * S + offs_m, lse, mask=row_ok)
 
 
@@ -138,10 +147,7 @@ def _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, start_n, off_hz, b, base, sm
     """dK, dV of one key block, streaming over all query blocks."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    col_ok = offs_n < S
-    key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok, HAS_MASK)
-    k = _load_rows(K, base, offs_n, offs_d, stride_s, col_ok)
-    v = _load_rows(V, base, offs_n, offs_d, stride_s, col_ok)
+    col_ok, key_ok, k, v = _key_block(K, V, M, b, base, offs_n, offs_d, S, stride_s, mask_stride_b, HAS_MASK)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     for start_m in range(0, S, BLOCK_M):
@@ -160,10 +166,8 @@ def _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, start_n, off_hz, b, base, sm
         dv += _dot(tl.trans(p_dropped.to(do.dtype)), do, PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
         dk += _dot(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
-    tl.store(DK + base + offs_n[:, None] * stride_s + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
-             mask=col_ok[:, None])
-    tl.store(DV + base + offs_n[:, None] * stride_s + offs_d[None, :], dv.to(DV.dtype.element_ty),
-             mask=col_ok[:, None])
+    _store_rows(DK, base, offs_n, offs_d, stride_s, col_ok, dk * sm_scale)
+    _store_rows(DV, base, offs_n, offs_d, stride_s, col_ok, dv)
 
 
 @triton.jit
@@ -179,18 +183,14 @@ def _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, start_m, off_hz, b, base, sm_scale
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     for start_n in range(0, S, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < S
-        key_ok = _key_ok(M, b, mask_stride_b, offs_n, col_ok, HAS_MASK)
-        k = _load_rows(K, base, offs_n, offs_d, stride_s, col_ok)
-        v = _load_rows(V, base, offs_n, offs_d, stride_s, col_ok)
+        col_ok, key_ok, k, v = _key_block(K, V, M, b, base, offs_n, offs_d, S, stride_s, mask_stride_b, HAS_MASK)
         p = _probs(q, k, key_ok, lse, sm_scale, PRECISION, UPCAST)
         dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
         if DROPOUT:
             dp = tl.where(_keep(seed, off_hz, offs_m, offs_n, S, p_drop), dp / (1.0 - p_drop), 0.0)
         ds = p * (dp - delta[:, None])
         dq += _dot(ds.to(k.dtype), k, PRECISION, UPCAST)
-    tl.store(DQ + base + offs_m[:, None] * stride_s + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
-             mask=row_ok[:, None])
+    _store_rows(DQ, base, offs_m, offs_d, stride_s, row_ok, dq * sm_scale)
 
 
 @triton.jit
