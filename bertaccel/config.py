@@ -16,6 +16,7 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 ATTENTIONS = ("eager", "sdpa", "xformers", "triton")
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
+COMPILE_CACHES = ("persistent", "fresh")
 FREEZINGS = ("none", "layerwise")
 OPTIMIZERS = ("adamw", "adamw_fused")
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -47,6 +48,12 @@ class AttentionConfig:
 @dataclass
 class CompileConfig:
     mode: str = "off"
+    # One graph for every padded length (the sequence dimension marked dynamic) instead of a
+    # graph per length: one compile instead of one per length (train.pad_to_multiple_of).
+    dynamic_length: bool = True
+    # persistent: compiled kernels kept under cache_dir/compile/<torch, triton, GPU key>, paid
+    # once per machine; fresh: an empty cache per run, for measuring cold compilation.
+    cache: str = "persistent"
 
 
 @dataclass
@@ -116,7 +123,9 @@ class TrainConfig:
     seed: int = 42
     device: str = "auto"
     num_workers: int = 0
-    pin_memory: bool = False
+    # Page-locked host batches (null = on a GPU only): a copy from pageable memory makes the host
+    # wait for the GPU stream first, so the loop could never run ahead of the GPU.
+    pin_memory: Optional[bool] = None
     # Batches of similar length (shuffled), so dynamic padding pads little; false = plain shuffle.
     group_by_length: bool = True
     # Round each batch's padded length up to this multiple (1 = exact longest sequence).
@@ -213,6 +222,7 @@ def validate(cfg: Any) -> None:
     for backend in cfg.attention.sdpa_backends:
         _one_of("attention.sdpa_backends[]", backend, SDPA_BACKENDS)
     _one_of("compile.mode", cfg.compile.mode, COMPILE_MODES)
+    _one_of("compile.cache", cfg.compile.cache, COMPILE_CACHES)
     _positive("accumulation", cfg.accumulation)
     _one_of("freezing.name", cfg.freezing.name, FREEZINGS)
     opt = cfg.optimizer

@@ -49,6 +49,7 @@ class RawData:
     train: RawSplit
     test: RawSplit
     label_names: List[str]  # label id -> the value found in the source
+    train_rows_full: int = 0  # rows of the train split before dataset.train_subset (projections)
 
     @property
     def num_labels(self) -> int:
@@ -161,7 +162,7 @@ def load_raw(ds_cfg: Any, seed: int) -> RawData:
     tr_labels, te_labels, names = encode_labels(tr_raw, te_raw, test_name)
     return RawData(train=_subset(tr_texts, tr_labels, ds_cfg.train_subset, seed),
                    test=_subset(te_texts, te_labels, ds_cfg.test_subset, seed),
-                   label_names=names)
+                   label_names=names, train_rows_full=len(tr_texts))
 
 
 class TokenizedSplit(Dataset):
@@ -252,21 +253,30 @@ class PadCollator:
 
     The rounding bounds the number of distinct shapes: kernels that plan or compile per shape
     (cuDNN attention, torch.compile) otherwise meet a new sequence length in nearly every batch.
+    rows: fill a short batch up to this many rows (compiled runs: the batch dimension never
+    changes, so a short last batch needs no graph of its own). Filler rows are one pad token
+    wide in the mask (a row with nothing to attend to would divide by zero in softmax) and
+    carry label -100, which the loss and the accuracy ignore.
     """
 
-    def __init__(self, pad_token_id: int, multiple: int = 1):
-        self.pad_token_id, self.multiple = pad_token_id, multiple
+    def __init__(self, pad_token_id: int, multiple: int = 1, rows: Optional[int] = None):
+        self.pad_token_id, self.multiple, self.rows = pad_token_id, multiple, rows
 
     def __call__(self, batch: List[Tuple[torch.Tensor, torch.Tensor]]) -> Dict[str, torch.Tensor]:
         seqs = [ids.long() for ids, _ in batch]
+        labels = torch.stack([label for _, label in batch])
+        lengths = torch.tensor([len(s) for s in seqs])
         input_ids = pad_sequence(seqs, batch_first=True, padding_value=self.pad_token_id)
         extra = -input_ids.shape[1] % self.multiple
         if extra:
             input_ids = F.pad(input_ids, (0, extra), value=self.pad_token_id)
-        lengths = torch.tensor([len(s) for s in seqs])
+        fill = (self.rows or 0) - len(seqs)
+        if fill > 0:
+            input_ids = F.pad(input_ids, (0, 0, 0, fill), value=self.pad_token_id)
+            lengths = F.pad(lengths, (0, fill), value=1)
+            labels = F.pad(labels, (0, fill), value=-100)
         attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()
-        return {"input_ids": input_ids, "attention_mask": attention_mask,
-                "labels": torch.stack([label for _, label in batch])}
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 class LengthGroupedBatches(Sampler[List[int]]):
@@ -301,11 +311,13 @@ class LengthGroupedBatches(Sampler[List[int]]):
 
 def make_loader(split: TokenizedSplit, batch_size: int, pad_token_id: int, shuffle: bool, seed: int,
                 num_workers: int, pin_memory: bool, group_by_length: bool = False,
-                pad_to_multiple_of: int = 1) -> DataLoader:
+                pad_to_multiple_of: int = 1, fixed_rows: bool = False) -> DataLoader:
+    """fixed_rows: every batch has batch_size rows (PadCollator's filler rows)."""
     # A generator of the run's own: the data order depends on the seed only, not on what ran before.
     generator = torch.Generator().manual_seed(seed) if shuffle else None
-    common = dict(collate_fn=PadCollator(pad_token_id, pad_to_multiple_of), num_workers=num_workers,
-                  pin_memory=pin_memory)
+    common = dict(collate_fn=PadCollator(pad_token_id, pad_to_multiple_of, batch_size if fixed_rows else None),
+                  num_workers=num_workers, pin_memory=pin_memory,
+                  persistent_workers=num_workers > 0)
     if shuffle and group_by_length:
         return DataLoader(split, batch_sampler=LengthGroupedBatches(split.lengths, batch_size, generator), **common)
     if group_by_length:

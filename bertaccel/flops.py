@@ -35,7 +35,10 @@ class TokenCounts:
         b, s = batch["input_ids"].shape
         self.sequences += b
         self.padded_tokens += b * s
-        self.real_tokens += int(batch["attention_mask"].sum())
+        # Filler rows (compiled runs fill a short batch up; label -100) attend to one token each:
+        # computed, so in B*S, but not real text.
+        fillers = int((batch["labels"] < 0).sum()) if "labels" in batch else 0
+        self.real_tokens += int(batch["attention_mask"].sum()) - fillers
         self.attention_pairs += b * s * s
 
     def __iadd__(self, other: "TokenCounts") -> "TokenCounts":

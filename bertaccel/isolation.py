@@ -2,16 +2,13 @@
 
 Hydra's basic launcher runs every job of a multirun in one process. Without this, a later run
 would inherit the earlier runs' dynamo caches and recompile budget (8 recompiles per code
-object: past it, new shapes silently run eager), warm inductor/triton on-disk caches (its
-compile time would look shorter), cached allocator blocks and a consumed RNG stream.
+object: past it, new shapes silently run eager), cached allocator blocks and a consumed RNG
+stream. The on-disk compile caches are shared on purpose, and labelled (compile_cache.py).
 """
 from __future__ import annotations
 
 import gc
-import os
 import random
-import shutil
-import tempfile
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -32,20 +29,9 @@ def isolated_run(seed: int) -> Iterator[None]:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     seed_everything(seed)
-    # Fresh compile caches per run: every run pays (and reports) its own compilation.
-    cache_root = tempfile.mkdtemp(prefix="bertaccel-compile-")
-    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "inductor")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_root, "triton")
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(cache_root, ignore_errors=True)
         torch.compiler.reset()
         gc.collect()
         if torch.cuda.is_available():

@@ -20,6 +20,7 @@ from typing import Any, Dict, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from .collectors import build_collectors
+from .compile_cache import compile_caches
 from .config import validate
 from .data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
 from .hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
@@ -30,7 +31,9 @@ from .model import ModelUnavailable, build_model, load_tokenizer
 from .profiling import write_report
 from .sweep_runs import context_from_env, previous_outcome
 from .tracking import RunTracker, config_hash, flatten, git_sha
-from .train import train
+from .step_clock import steady_source
+from .train import train, uses_fixed_shapes
+from .warmup import WarmupPlan, data_lengths
 
 log = logging.getLogger("bertaccel")
 
@@ -114,7 +117,8 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
         reason = unavailable or skip_reason(cfg, device, probe())
         if reason:
             return _end(tracker, outcome, "skipped", reason)
-        with isolated_run(cfg.train.seed), tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir:
+        with isolated_run(cfg.train.seed), tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
+                compile_caches(cfg.cache_dir, cfg.compile.cache, device) as ccache:
             tokenizer = load_tokenizer(cfg.model)
             data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
             log.info(f"tokenized {len(data.train)} train / {len(data.test)} test rows "
@@ -122,19 +126,27 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
             model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention.name,
                                               len(tokenizer))
             log.info(f"model {cfg.model.name}: {weights_note}")
+            fixed_rows = uses_fixed_shapes(cfg)
+            pin = device.type == "cuda" if cfg.train.pin_memory is None else cfg.train.pin_memory
             loaders = [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,
-                                   cfg.train.num_workers, cfg.train.pin_memory, cfg.train.group_by_length,
-                                   cfg.train.pad_to_multiple_of)
+                                   cfg.train.num_workers, pin, cfg.train.group_by_length,
+                                   cfg.train.pad_to_multiple_of, fixed_rows)
                        for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
                                                   (data.test, cfg.train.eval_batch_size, False))]
+            # The shapes this run's batches can have, compiled before the first window (warmup.py).
+            plan = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size,
+                              data_lengths(data.train.lengths, cfg.train.pad_to_multiple_of),
+                              data_lengths(data.test.lengths, cfg.train.pad_to_multiple_of))
             collectors = build_collectors([device], cfg.telemetry.interval_s, cfg.telemetry.rapl_root)
             memory = PeakMemory(device)
             memory.reset()
             peak = []  # read before the profiler window, whose event buffers would count on a CPU
             result = train(model, loaders[0], loaders[1], cfg, device, log=log.info,
                            collectors=collectors, profile_dir=Path(prof_dir),
-                           after_training=lambda: peak.append(memory.read()))
+                           after_training=lambda: peak.append(memory.read()), warmup_plan=plan)
             peak_gib, peak_source = peak[0]
+            ccache.mark_warmed_up()  # (after training: a compile inside a window also counts as cold)
+            cache_state = ccache.state(result.compiled_anything)
             measured = derived(collectors.results(), result, profile, cfg.precision.name, cfg.num_gpus)
             if result.profile is not None:
                 write_report(result.profile, Path(prof_dir))
@@ -153,10 +165,16 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
             "optimizer_steps": result.optimizer_steps,
             "tokenize_time_s": data.tokenize_time_s,
             "compile_graphs": result.compile_graphs,
-            "attention_jit_warmup_s": result.attention_jit_warmup_s,
+            "compile_time_s": result.compile_time_s,
+            "recompiles_in_window": result.recompiles_in_window,
+            "step_time_ms": result.step_time_ms,
+            "time_to_train_s": result.last_window_end_unix - started_at,
             "startup_overhead_s": result.first_step_started_at - started_at,
+            "dataset_train_rows": len(data.train),
+            "dataset_train_rows_full": raw.train_rows_full,
+            "train_loss": result.epochs[-1].train_loss,
         }
-        tracker.log_metrics({k: v for k, v in metrics.items() if k != "test_accuracy"},
+        tracker.log_metrics({k: v for k, v in metrics.items() if k not in ("test_accuracy", "train_loss")},
                             step=result.epochs[-1].epoch)
         tracker.set_tags({
             "train_time_s_source": TIMER_SOURCE, "eval_time_s_source": TIMER_SOURCE,
@@ -167,8 +185,15 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
                                f"null: hardware profile '{profile['name']}' has no price_per_gpu_hour_usd",
             "compile_graphs_source": ("torch._dynamo counters['stats']['unique_graphs'] since the run's reset"
                                       if result.compile_graphs is not None else "null: compile=off"),
-            "attention_jit_warmup_s_source": result.attention_jit_warmup_source,
+            "compile_time_s_source": result.compile_time_source,
+            "compile_cache": cache_state,
+            "compile_cache_dir": ccache.describe(),
+            "recompiles_in_window_source": ("dynamo graphs + Triton attention kernel variants + CUDA-graph "
+                                            "recordings counted before and after each training window"),
+            "step_time_ms_source": steady_source(device),
+            "time_to_train_s_source": f"time.time() at the end of the last training window minus {started_source}",
             "startup_overhead_s_source": f"time.time() at the first training step minus {started_source}",
+            "dataset_train_rows_full_source": "rows of the train split before dataset.train_subset",
             "tokenize_cache": "hit" if data.cache_hit else "miss",
             "model_weights": weights_note,
         })

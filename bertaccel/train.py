@@ -19,13 +19,15 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .attention.warmup import padded_lengths, warm_up_triton_attention
+from .attention.warmup import reset_kernel_caches
 from .collectors import CollectorSet
 from .flops import TokenCounts, bert_train_flops
 from .freezing import apply_freezing, count_trainable
 from .isolation import compiled_graph_count, warm_up_device
 from .optim import build_optimizer, lr_factor, set_lr
 from .profiling import KernelProfile, profile_steps
+from .step_clock import StepClock, steady_median_ms
+from .warmup import IGNORE_INDEX, WarmupPlan, compile_event_count, padded_lengths, run_warmup
 
 AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -47,6 +49,8 @@ class EpochStats:
     tokens: TokenCounts = field(default_factory=TokenCounts)
     model_flops: float = 0.0                  # analytic, flops.py
     window_unix: Tuple[float, float] = (0.0, 0.0)  # time.time() at the training window's edges
+    step_ms: List[float] = field(default_factory=list)  # per optimizer step (step_clock.py)
+    compiles_in_window: int = 0               # compile events counted inside the window (must be 0)
 
 
 @dataclass
@@ -56,8 +60,18 @@ class TrainResult:
     first_step_started_at: Optional[float] = None  # time.time() as the first window began
     profile: Optional[KernelProfile] = None
     profile_error: Optional[str] = None
-    attention_jit_warmup_s: Optional[float] = None
-    attention_jit_warmup_source: str = "null: not run"
+    compile_time_s: float = 0.0               # warm-up before the first window (warmup.py)
+    compile_time_source: str = "nothing compiled"
+    compiled_anything: bool = False           # whether the run has compiled/JIT paths at all
+    last_window_end_unix: Optional[float] = None
+
+    @property
+    def step_time_ms(self) -> Optional[float]:
+        return steady_median_ms([e.step_ms for e in self.epochs])
+
+    @property
+    def recompiles_in_window(self) -> int:
+        return sum(e.compiles_in_window for e in self.epochs)
 
     @property
     def model_flops(self) -> float:
@@ -130,39 +144,70 @@ def windows(batches: Iterable[Dict[str, torch.Tensor]], k: int) -> Iterator[List
         yield window
 
 
+def real_rows(batch: Dict[str, torch.Tensor]) -> int:
+    """Rows that are data (compiled runs fill a short batch up with ignored rows: warmup.py)."""
+    return int((batch["labels"] != IGNORE_INDEX).sum())
+
+
+def mark_length_dynamic(batch: Dict[str, torch.Tensor]) -> None:
+    """One compiled graph for every padded length: dim 1 symbolic instead of a graph per length.
+    maybe_: where the model's code specializes on the length, dynamo keeps it static instead of
+    failing, and the warm-up then simply compiles one graph per length."""
+    for key in ("input_ids", "attention_mask"):
+        torch._dynamo.maybe_mark_dynamic(batch[key], 1)
+
+
 def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], precision: Precision,
-                      device: torch.device, attention_ctx: Callable = nullcontext) -> torch.Tensor:
+                      device: torch.device, attention_ctx: Callable = nullcontext,
+                      prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None) -> torch.Tensor:
     """Forward+backward over one window; returns the window's mean loss (detached).
 
     Each micro-batch's summed loss is divided by the window's sample count n, so the gradient
     equals that of one batch of n samples. With k equal micro-batches of b that is the usual
     mean/k scaling; a partial last micro-batch or window is weighted exactly, not by 1/k.
+    Filler rows (label IGNORE_INDEX) add nothing to the loss, its gradient or n.
+    prepare: called on each device batch before the forward (dynamic-length marking, CUDA-graph
+    step marking).
     """
-    n = sum(len(b["labels"]) for b in window)
+    n = sum(real_rows(b) for b in window)
     total = torch.zeros((), device=device)
     for batch in window:
         batch = {key: t.to(device, non_blocking=True) for key, t in batch.items()}
+        if prepare is not None:
+            prepare(batch)
         with precision.autocast(), attention_ctx():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum") / n
+        loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum", ignore_index=IGNORE_INDEX) / n
         precision.scaler.scale(loss).backward()
         total += loss.detach()
     return total
 
 
+def eval_batch(model: Callable, batch: Dict[str, torch.Tensor], precision: Precision, device: torch.device,
+               attention_ctx: Callable = nullcontext,
+               prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None) -> torch.Tensor:
+    """Correct predictions among the batch's data rows (a device scalar: no host sync)."""
+    batch = {key: t.to(device, non_blocking=True) for key, t in batch.items()}
+    if prepare is not None:
+        prepare(batch)
+    with torch.no_grad(), precision.autocast(), attention_ctx():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return ((logits.argmax(-1) == batch["labels"]) & (batch["labels"] != IGNORE_INDEX)).sum()
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: Iterable, precision: Precision, device: torch.device,
-             attention_ctx: Callable = nullcontext) -> float:
+             attention_ctx: Callable = nullcontext, step_model: Optional[Callable] = None,
+             prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None) -> float:
+    """Test accuracy. step_model: the compiled model (its eval graphs were warmed up too)."""
     model.eval()
-    correct = seen = 0
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    seen = 0
     for batch in loader:
-        batch = {key: t.to(device, non_blocking=True) for key, t in batch.items()}
-        with precision.autocast(), attention_ctx():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        correct += int((logits.argmax(-1) == batch["labels"]).sum())
-        seen += len(batch["labels"])
+        correct += eval_batch(model if step_model is None else step_model, batch, precision, device, attention_ctx, prepare)
+        seen += real_rows(batch)
     model.train()
-    return correct / seen
+    return int(correct) / seen
 
 
 def _sync(device: torch.device) -> None:
@@ -170,13 +215,44 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def uses_fixed_shapes(cfg: Any) -> bool:
+    """Compiled runs pad every batch to a fixed row count, so the batch dimension never
+    changes and the shape set is just the padded lengths (eager runs gain nothing from it)."""
+    return cfg.compile.mode != "off"
+
+
+def compile_model(model: torch.nn.Module, cfg: Any) -> Callable:
+    if cfg.compile.mode == "off":
+        return model
+    return torch.compile(model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
+
+
+def dynamo_settings(cfg: Any, n_shapes: int):
+    """Per-run dynamo settings (a context: nothing leaks into the next run of the process).
+
+    - fail_on_recompile_limit_hit: past the recompile limit dynamo would otherwise run new
+      shapes eagerly without a word, and the run's timings would silently mix compiled and
+      eager steps. The limit is raised to cover the run's own shape set.
+    - automatic_dynamic_local_pgo off: dynamo would otherwise remember, in the on-disk cache,
+      which dimensions were dynamic in earlier runs, and a run's graphs would depend on what
+      ran before it on this machine.
+    """
+    if cfg.compile.mode == "off":
+        return nullcontext()
+    limit = max(8, 4 * n_shapes + 8)  # train/eval x padded/unpadded per length, and slack
+    return torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, 4 * limit),
+                                      fail_on_recompile_limit_hit=True, automatic_dynamic_local_pgo=False)
+
+
 def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
           device: torch.device, log: Callable[[str], None] = print,
           collectors: Optional[CollectorSet] = None, profile_dir: Optional[Path] = None,
-          after_training: Optional[Callable[[], None]] = None) -> TrainResult:
+          after_training: Optional[Callable[[], None]] = None,
+          warmup_plan: Optional[WarmupPlan] = None) -> TrainResult:
     """collectors: started/stopped around each training window. after_training: called after
     the last evaluation, before the optional profiler window (cfg.profile), which writes its
-    trace to profile_dir."""
+    trace to profile_dir. warmup_plan: the shapes to compile before the first window (job.py
+    builds it from the data); None = derive the lengths from max_length (every multiple)."""
     collectors = collectors or CollectorSet()
     precision = Precision(cfg.precision.name, device)
     attention_ctx = sdpa_backends(cfg)
@@ -187,11 +263,18 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     warm_up_device(device)
     result = TrainResult()
-    # Our Triton attention compiles per shape: all of this run's padded lengths, before timing.
-    result.attention_jit_warmup_s, result.attention_jit_warmup_source = warm_up_triton_attention(
-        model, precision.autocast, padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of), device)
-    step_model = model if cfg.compile.mode == "off" else torch.compile(
-        model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
+    graphs_at_start = compiled_graph_count()  # dynamo's counters outlive torch.compiler.reset()
+    step_model = compile_model(model, cfg)
+    cuda_graphs = cfg.compile.mode == "reduce-overhead"
+    dynamic_length = cfg.compile.mode != "off" and cfg.compile.dynamic_length
+
+    def prepare(batch: Dict[str, torch.Tensor]) -> None:
+        if dynamic_length:
+            mark_length_dynamic(batch)
+        if cuda_graphs:
+            # A new iteration for CUDA-graph trees: the previous step's graph outputs may be reused.
+            torch.compiler.cudagraph_mark_step_begin()
+
     steps_per_epoch = math.ceil(len(train_loader) / k)
     if cfg.train.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
@@ -202,7 +285,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
 
     def optimizer_step(window: List[Dict[str, torch.Tensor]]) -> torch.Tensor:
         """Forward+backward over one window, then the update; returns the window's mean loss."""
-        window_loss = accumulate_window(step_model, window, precision, device, attention_ctx)
+        window_loss = accumulate_window(step_model, window, precision, device, attention_ctx, prepare)
         if cfg.optimizer.max_grad_norm:
             precision.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(trainable_params, cfg.optimizer.max_grad_norm)
@@ -211,79 +294,112 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         optimizer.zero_grad(set_to_none=True)
         return window_loss
 
-    for epoch in range(cfg.train.epochs):
-        apply_freezing(model, cfg.freezing.name, epoch)
-        if optimizer is None or cfg.freezing.name != "none":
-            # Rebuilt over the parameters trainable this epoch (seed 000, section 3.2).
-            optimizer = build_optimizer(model, cfg.optimizer)
-        trainable = count_trainable(model)
-        trainable_params = [p for p in model.parameters() if p.requires_grad]
-        model.train()
-        loss_sum = torch.zeros((), device=device)
-        samples = steps = 0
-        tokens = TokenCounts()
-        bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="step",
-                   dynamic_ncols=True, mininterval=1.0)
-        _sync(device)
-        collectors.start()
-        window_start_unix = time.time()
-        t0 = time.perf_counter()
-        try:
-            for window in windows(train_loader, k):
-                if steps == steps_per_epoch:
-                    break
-                if result.first_step_started_at is None:
-                    result.first_step_started_at = time.time()
-                set_lr(optimizer, cfg.optimizer.lr * lr_factor(cfg.optimizer.schedule, global_step,
-                                                               total_steps, cfg.optimizer.warmup_ratio))
-                window_loss = optimizer_step(window)
-                for batch in window:  # shapes and masks are on the host: no device sync
-                    tokens.add(batch)
-                n = sum(len(b["labels"]) for b in window)
-                loss_sum += window_loss * n
-                samples += n
-                steps += 1
-                global_step += 1
-                if steps % cfg.train.log_every_steps == 0 or steps == steps_per_epoch:
-                    # One host sync every few steps: the NaN check and the bar, not every step.
-                    mean_loss = float(loss_sum) / samples
-                    if not math.isfinite(mean_loss):
-                        raise NonFiniteLoss(f"non-finite training loss ({mean_loss}) by optimizer step "
-                                            f"{global_step} (epoch {epoch + 1})")
-                    bar.set_postfix(loss=f"{mean_loss:.4f}",
-                                    samples_s=f"{samples / (time.perf_counter() - t0):.1f}")
-                bar.update(1)
+    every_length = padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of)
+    plan = warmup_plan or WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, every_length, every_length)
+    has_triton = cfg.attention.name == "triton" and device.type == "cuda"
+    result.compiled_anything = cfg.compile.mode != "off" or has_triton
+    with dynamo_settings(cfg, len(plan.train_lengths) + len(plan.eval_lengths)):
+        if result.compiled_anything:
+            # Everything the loop will run, for every shape, before the first window.
+            reset_kernel_caches()  # this run loads or compiles its own Triton variants
+            if cuda_graphs:
+                plan.repeats = 3  # CUDA-graph trees: warm-up call, recording call, first replay
+            result.compile_time_s = run_warmup(
+                model, plan,
+                lambda b: accumulate_window(step_model, [b], precision, device, attention_ctx, prepare),
+                lambda b: eval_batch(step_model, b, precision, device, attention_ctx, prepare), device)
+            what = [f"torch.compile mode={cfg.compile.mode}" + (" (length dynamic)" if dynamic_length else "")
+                    ] if cfg.compile.mode != "off" else []
+            what += ["Triton attention kernels"] if has_triton else []
+            result.compile_time_source = (f"wall clock of the warm-up before the first training window "
+                                          f"({' + '.join(what)}): {plan.describe()}")
+        else:
+            result.compile_time_source = (f"nothing compiled (compile=off, attention={cfg.attention.name}"
+                                          f"{' on CPU: interpreter' if cfg.attention.name == 'triton' else ''})")
+        for epoch in range(cfg.train.epochs):
+            apply_freezing(model, cfg.freezing.name, epoch)
+            if optimizer is None or cfg.freezing.name != "none":
+                # Rebuilt over the parameters trainable this epoch (seed 000, section 3.2).
+                optimizer = build_optimizer(model, cfg.optimizer)
+            trainable = count_trainable(model)
+            trainable_params = [p for p in model.parameters() if p.requires_grad]
+            model.train()
+            loss_sum = torch.zeros((), device=device)
+            samples = steps = 0
+            tokens = TokenCounts()
+            clock = StepClock(device)
+            bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="step",
+                       dynamic_ncols=True, mininterval=1.0)
             _sync(device)
-            train_time_s = time.perf_counter() - t0
-            window_end_unix = time.time()
-        finally:
-            collectors.stop()  # also when the window ends in an exception: no sampler left running
-            bar.close()
-        epoch_loss = float(loss_sum) / max(samples, 1)
-        if not math.isfinite(epoch_loss):
-            raise NonFiniteLoss(f"non-finite training loss ({epoch_loss}) in epoch {epoch + 1}")
-        t1 = time.perf_counter()
-        accuracy = evaluate(model, test_loader, precision, device, attention_ctx)
-        _sync(device)
-        eval_time_s = time.perf_counter() - t1
-        result.epochs.append(EpochStats(epoch, epoch_loss, accuracy, trainable, train_time_s,
-                                        eval_time_s, steps, samples, tokens,
-                                        bert_train_flops(model, tokens),
-                                        (window_start_unix, window_end_unix)))
-        log(f"epoch {epoch + 1}/{cfg.train.epochs}: train_loss={epoch_loss:.4f} test_accuracy={accuracy:.4f} "
-            f"train_time_s={train_time_s:.1f} eval_time_s={eval_time_s:.1f} trainable_params={trainable:,}")
-    if cfg.compile.mode != "off":
-        result.compile_graphs = compiled_graph_count()
-    if after_training is not None:
-        after_training()
-    if cfg.profile:
-        # After the last evaluation: its extra steps change weights nobody reads any more.
-        pw = cfg.profile_window
-        try:
-            result.profile = profile_steps(optimizer_step, windows(train_loader, k), device,
-                                           pw.warmup_steps, pw.active_steps, profile_dir or Path("profile"),
-                                           pw.top_k)
-        except Exception as e:  # noqa: BLE001 - a failed profile costs the profile, not the run
-            result.profile_error = f"{type(e).__name__}: {e}"
-            log(f"profile failed: {result.profile_error}")
+            compiles_before = compile_event_count(device)
+            collectors.start()
+            window_start_unix = time.time()
+            t0 = time.perf_counter()
+            try:
+                clock.mark()
+                for window in windows(train_loader, k):
+                    if steps == steps_per_epoch:
+                        break
+                    if result.first_step_started_at is None:
+                        result.first_step_started_at = time.time()
+                    set_lr(optimizer, cfg.optimizer.lr * lr_factor(cfg.optimizer.schedule, global_step,
+                                                                   total_steps, cfg.optimizer.warmup_ratio))
+                    window_loss = optimizer_step(window)
+                    clock.mark()
+                    n = 0
+                    for batch in window:  # shapes and masks are on the host: no device sync
+                        tokens.add(batch)
+                        n += real_rows(batch)
+                    loss_sum += window_loss * n
+                    samples += n
+                    steps += 1
+                    global_step += 1
+                    if steps % cfg.train.log_every_steps == 0 or steps == steps_per_epoch:
+                        # One host sync every few steps: the NaN check and the bar, not every step.
+                        mean_loss = float(loss_sum) / samples
+                        if not math.isfinite(mean_loss):
+                            raise NonFiniteLoss(f"non-finite training loss ({mean_loss}) by optimizer step "
+                                                f"{global_step} (epoch {epoch + 1})")
+                        bar.set_postfix(loss=f"{mean_loss:.4f}",
+                                        samples_s=f"{samples / (time.perf_counter() - t0):.1f}")
+                    bar.update(1)
+                _sync(device)
+                train_time_s = time.perf_counter() - t0
+                window_end_unix = time.time()
+            finally:
+                collectors.stop()  # also when the window ends in an exception: no sampler left running
+                bar.close()
+            compiles_in_window = compile_event_count(device) - compiles_before
+            if compiles_in_window:
+                log(f"warning: {compiles_in_window} compile(s) inside the training window of epoch {epoch + 1}: "
+                    "its time includes compilation (a shape the warm-up did not cover)")
+            epoch_loss = float(loss_sum) / max(samples, 1)
+            if not math.isfinite(epoch_loss):
+                raise NonFiniteLoss(f"non-finite training loss ({epoch_loss}) in epoch {epoch + 1}")
+            t1 = time.perf_counter()
+            accuracy = evaluate(model, test_loader, precision, device, attention_ctx, step_model, prepare)
+            _sync(device)
+            eval_time_s = time.perf_counter() - t1
+            result.epochs.append(EpochStats(epoch, epoch_loss, accuracy, trainable, train_time_s,
+                                            eval_time_s, steps, samples, tokens,
+                                            bert_train_flops(model, tokens),
+                                            (window_start_unix, window_end_unix), clock.step_ms(),
+                                            compiles_in_window))
+            result.last_window_end_unix = window_end_unix
+            log(f"epoch {epoch + 1}/{cfg.train.epochs}: train_loss={epoch_loss:.4f} test_accuracy={accuracy:.4f} "
+                f"train_time_s={train_time_s:.1f} eval_time_s={eval_time_s:.1f} trainable_params={trainable:,}")
+        if cfg.compile.mode != "off":
+            result.compile_graphs = compiled_graph_count() - graphs_at_start
+        if after_training is not None:
+            after_training()
+        if cfg.profile:
+            # After the last evaluation: its extra steps change weights nobody reads any more.
+            pw = cfg.profile_window
+            try:
+                result.profile = profile_steps(optimizer_step, windows(train_loader, k), device,
+                                               pw.warmup_steps, pw.active_steps, profile_dir or Path("profile"),
+                                               pw.top_k)
+            except Exception as e:  # noqa: BLE001 - a failed profile costs the profile, not the run
+                result.profile_error = f"{type(e).__name__}: {e}"
+                log(f"profile failed: {result.profile_error}")
     return result

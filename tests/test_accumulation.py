@@ -57,3 +57,14 @@ def test_windows_group_k_and_keep_the_partial_tail():
     sizes = [len(w) for w in windows(range(10), 4)]
     assert sizes == [4, 4, 2]
     assert [len(w) for w in windows(range(8), 1)] == [1] * 8
+
+
+def test_filler_rows_change_nothing():
+    """Compiled runs fill a short batch up to a fixed row count (label -100): same gradients."""
+    model = _model()
+    samples = _samples(5)
+    plain = _grads(model, [PadCollator(0)(samples)])
+    filled_batch = PadCollator(0, rows=8)(samples)
+    assert filled_batch["input_ids"].shape[0] == 8 and (filled_batch["labels"][5:] == -100).all()
+    filled = _grads(model, [filled_batch])
+    _assert_same(plain, filled)

@@ -1,15 +1,16 @@
-"""The Triton JIT warm-up: which lengths it compiles for, and when it has nothing to do."""
+"""The warm-up's shape set, and what it runs through the Triton attention layers."""
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from contextlib import nullcontext
-
 from bertaccel.attention.swap import FusedSelfAttention, swap_attention
-from bertaccel.attention.warmup import (exercise_shapes, padded_lengths, reset_kernel_caches,
-                                        warm_up_triton_attention)
-from bertaccel.data import PadCollator
+from bertaccel.attention.warmup import reset_kernel_caches
+from bertaccel.data import PadCollator, TokenizedSplit, make_loader
+from bertaccel.train import Precision, accumulate_window, eval_batch
+from bertaccel.warmup import WarmupPlan, data_lengths, padded_lengths, run_warmup
 
 
 def test_padded_lengths_cover_every_length_the_collator_produces():
@@ -24,13 +25,30 @@ def test_padded_lengths_cover_every_length_the_collator_produces():
             assert collate(batch)["input_ids"].shape[1] in lengths, (max_length, multiple, sizes.tolist())
 
 
+def test_data_lengths_cover_every_batch_shape_of_a_real_loader():
+    """Every (rows, S) a fixed-row loader yields over several epochs is in the warm-up plan."""
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(3, 100, (333,), generator=g)
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    split = TokenizedSplit(torch.ones(int(offsets[-1]), dtype=torch.int32), offsets,
+                           torch.zeros(len(lengths), dtype=torch.long))
+    for multiple in (1, 8, 32):
+        plan = set(data_lengths(split.lengths, multiple))
+        assert plan <= set(padded_lengths(100, multiple))
+        loader = make_loader(split, 16, 0, True, 0, 0, False, True, multiple, fixed_rows=True)
+        seen = {tuple(b["input_ids"].shape) for _ in range(3) for b in loader}
+        assert {rows for rows, _ in seen} == {16}  # the short last batch is filled up
+        assert {s for _, s in seen} <= plan
+
+
 def _tiny(attn: str):
     cfg = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                      intermediate_size=64, num_labels=2)
     return BertForSequenceClassification._from_config(cfg, attn_implementation=attn)
 
 
-def test_exercise_runs_every_length_through_the_triton_layers_and_leaves_no_trace():
+def test_warmup_runs_every_shape_through_the_triton_layers_and_leaves_no_trace():
     # On the CPU the kernels run in Triton's interpreter (conftest): the same launches, no compile.
     model = _tiny("eager")
     swap_attention(model, "triton")
@@ -39,23 +57,19 @@ def test_exercise_runs_every_length_through_the_triton_layers_and_leaves_no_trac
     for m in model.modules():
         if isinstance(m, FusedSelfAttention):
             m.register_forward_hook(lambda mod, args, kwargs, out: seen.append(
-                (mod.training, args[0].shape[1], kwargs.get("attention_mask") is None)), with_kwargs=True)
+                (mod.training, tuple(args[0].shape[:2]), kwargs.get("attention_mask") is None)), with_kwargs=True)
+    cpu = torch.device("cpu")
+    prec = Precision("fp32", cpu)
     rng = torch.get_rng_state()
-    exercise_shapes(model, nullcontext, [8, 16], torch.device("cpu"))
-    # Per length: train step + evaluation, with a padded row and without padding (HF then passes
-    # no mask at all: a kernel variant of its own).
-    assert seen == [(True, 8, False), (False, 8, False), (True, 8, True), (False, 8, True),
-                    (True, 16, False), (False, 16, False), (True, 16, True), (False, 16, True)]
+    plan = WarmupPlan(train_rows=3, eval_rows=5, train_lengths=[8, 16], eval_lengths=[8])
+    seconds = run_warmup(model, plan, lambda b: accumulate_window(model, [b], prec, cpu),
+                         lambda b: eval_batch(model, b, prec, cpu), cpu)
+    assert seconds > 0
+    # Per train length: a step with a padded row, then one without (HF then passes no mask at
+    # all: a kernel variant of its own); then evaluation per eval length, at the eval rows.
+    assert seen == [(True, (3, 8), False), (True, (3, 8), True), (True, (3, 16), False), (True, (3, 16), True),
+                    (False, (5, 8), False), (False, (5, 8), True)]
     assert all(p.grad is None for p in model.parameters())
     assert not model.training  # mode restored
     assert torch.equal(torch.get_rng_state(), rng)  # dropout draws did not move the run's RNG
-
-
-def test_nothing_to_warm_gives_null_with_the_reason():
-    seconds, source = warm_up_triton_attention(_tiny("sdpa"), nullcontext, [8], torch.device("cpu"))
-    assert seconds is None and "no attention=triton" in source
-    model = _tiny("eager")
-    swap_attention(model, "triton")
-    seconds, source = warm_up_triton_attention(model, nullcontext, [8], torch.device("cpu"))
-    assert seconds is None and "interpreter" in source
     reset_kernel_caches()  # also safe where the kernels are interpreted (no compiled cache)

@@ -1,0 +1,124 @@
+"""Where compiled kernels are kept between runs, and whether a run found them there.
+
+torch.compile (Inductor's FX-graph and AOTAutograd caches) and Triton (our attention kernels,
+Inductor's generated kernels) write what they compile to disk. A sweep should pay each compile
+once per machine, not once per run: the caches live under `cache_dir/compile/<key>`, where the
+key names everything that makes a compiled artifact unusable elsewhere (torch, Triton, CUDA,
+Python, GPU model), so another torch or another GPU never reads them. The directories are set
+through the environment variables both libraries read, so they hold just as well when runs
+move into processes of their own.
+
+Each run says what its warm-up met: `cold` (something was compiled and written), `warm` (all
+of it came from the cache), `fresh` (compile.cache=fresh: an empty per-run directory, removed
+afterwards, for anyone measuring cold compilation) or `none` (nothing was compiled).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, Optional
+
+import torch
+
+CACHE_MODES = ("persistent", "fresh")
+_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def cache_key_parts(device: torch.device) -> Dict[str, str]:
+    """What a compiled artifact depends on. Triton is read from its package metadata: importing
+    it costs a second and most runs never need it."""
+    from importlib import metadata
+
+    try:
+        triton_version = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        triton_version = "absent"
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        target = f"{props.name} sm_{props.major}{props.minor}"
+    else:
+        target = f"cpu {platform.machine()} {platform.processor() or ''}".strip()
+    return {"torch": torch.__version__, "triton": triton_version, "cuda": str(torch.version.cuda),
+            "python": sys.version.split()[0], "device": target}
+
+
+def cache_key(parts: Dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _file_count(root: Path) -> int:
+    return sum(len(files) for _, _, files in os.walk(root)) if root.is_dir() else 0
+
+
+@dataclass
+class CompileCache:
+    mode: str            # persistent | fresh
+    root: Path
+    key: str
+    files_at_start: int = 0
+    files_after_warmup: Optional[int] = None
+
+    def mark_warmed_up(self) -> None:
+        self.files_after_warmup = _file_count(self.root)
+
+    def state(self, compiled_anything: bool) -> str:
+        """cold / warm / fresh / none (see the module docstring)."""
+        if not compiled_anything:
+            return "none"
+        if self.mode == "fresh":
+            return "fresh"
+        written = (self.files_after_warmup or 0) - self.files_at_start
+        return "cold" if written > 0 else "warm"
+
+    def describe(self) -> str:
+        return f"{self.mode} compile cache {self.root} (key {self.key})"
+
+
+def _clear_in_memory_caches() -> None:
+    # Inductor memoizes loaded modules and the cache directory path; switching directories
+    # without this would keep serving the previous run's in-memory entries.
+    try:
+        from torch._inductor.utils import clear_caches
+    except ImportError:  # older torch: nothing memoized by path
+        return
+    clear_caches()
+
+
+@contextmanager
+def compile_caches(cache_dir: str, mode: str, device: torch.device) -> Iterator[CompileCache]:
+    """Point Inductor and Triton at this run's cache directories for the duration of the run."""
+    parts = cache_key_parts(device)
+    key = cache_key(parts)
+    if mode == "fresh":
+        root = Path(tempfile.mkdtemp(prefix="bertaccel-compile-"))
+    else:
+        root = Path(os.path.expanduser(cache_dir)) / "compile" / key
+        root.mkdir(parents=True, exist_ok=True)
+        # The key's ingredients beside the caches, for a person wondering what a directory is.
+        (root / "KEY.json").write_text(json.dumps(parts, indent=1, sort_keys=True))
+    saved = {k: os.environ.get(k) for k in _ENV}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    # Dynamo's "profile-guided" memory of which dims were dynamic lives in the same directory;
+    # it would make a run's graphs depend on what ran before it, so it is off (see train.py).
+    _clear_in_memory_caches()
+    cache = CompileCache(mode, root, key, files_at_start=_file_count(root))
+    try:
+        yield cache
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _clear_in_memory_caches()
+        if mode == "fresh":
+            shutil.rmtree(root, ignore_errors=True)

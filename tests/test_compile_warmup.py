@@ -1,0 +1,112 @@
+"""torch.compile on the CPU: every shape compiled before the training window, and the count
+of compiles inside the window is 0 (and would not be without the warm-up); compile caches."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from bertaccel.compile_cache import cache_key, cache_key_parts, compile_caches
+from bertaccel.data import load_raw, make_loader, tokenize_cached
+from bertaccel.hardware import probe
+from bertaccel.model import build_model, load_tokenizer
+from bertaccel.step_clock import steady_median_ms
+from bertaccel.train import train, uses_fixed_shapes
+from bertaccel.warmup import WarmupPlan, data_lengths
+
+CPU = torch.device("cpu")
+
+
+def _setup(compose_cfg, tmp_path, overrides):
+    cfg = compose_cfg(["model=tiny", "train.device=cpu", "dataset.train_subset=96", "dataset.test_subset=48",
+                       "train.batch_size=16", "train.eval_batch_size=32", "train.pad_to_multiple_of=16",
+                       "dataset.max_length=64", f"cache_dir={tmp_path}", *overrides])
+    raw = load_raw(cfg.dataset, cfg.train.seed)
+    tok = load_tokenizer(cfg.model)
+    data = tokenize_cached(raw, tok, cfg.dataset.max_length, cfg.cache_dir)
+    torch.manual_seed(0)
+    model, _ = build_model(cfg.model, raw.num_labels, cfg.attention.name, len(tok))
+    loaders = [make_loader(split, bs, tok.pad_token_id, shuffle, 0, 0, False, True, cfg.train.pad_to_multiple_of,
+                           uses_fixed_shapes(cfg))
+               for split, bs, shuffle in ((data.train, 16, True), (data.test, 32, False))]
+    plan = WarmupPlan(16, 32, data_lengths(data.train.lengths, 16), data_lengths(data.test.lengths, 16))
+    return cfg, model, loaders, plan
+
+
+needs_cxx = pytest.mark.skipif(probe().cxx_compiler is None, reason="torch.compile on the CPU needs a C++ compiler")
+
+
+@needs_cxx
+def test_compiled_run_compiles_nothing_inside_its_window(compose_cfg, tmp_path):
+    cfg, model, (tr, te), plan = _setup(compose_cfg, tmp_path, ["compile=default"])
+    assert len(plan.train_lengths) >= 3  # ragged real text: several padded lengths
+    torch.compiler.reset()
+    with compile_caches(cfg.cache_dir, "fresh", CPU):
+        result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=plan)
+    assert result.compiled_anything and result.compile_time_s > 0
+    assert result.compile_graphs >= 2  # at least a training graph and an evaluation graph
+    assert result.recompiles_in_window == 0
+    assert result.step_time_ms is not None and result.step_time_ms > 0
+    assert result.samples == 96  # filler rows of the short last batch are not samples
+
+
+@needs_cxx
+def test_without_the_warmup_the_window_counts_its_compiles(compose_cfg, tmp_path):
+    """The counter is not a check that cannot fail: with nothing warmed up, the graphs compile
+    inside the window and are counted there."""
+    cfg, model, (tr, te), plan = _setup(compose_cfg, tmp_path, ["compile=default", "train.max_steps_per_epoch=2"])
+    torch.compiler.reset()
+    with compile_caches(cfg.cache_dir, "fresh", CPU):
+        result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=WarmupPlan(16, 32, [], []))
+    assert result.recompiles_in_window >= 1
+
+
+def test_eager_run_compiles_nothing(compose_cfg, tmp_path):
+    cfg, model, (tr, te), plan = _setup(compose_cfg, tmp_path, ["train.max_steps_per_epoch=3"])
+    result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=plan)
+    assert not result.compiled_anything and result.compile_time_s == 0.0
+    assert "nothing compiled" in result.compile_time_source
+    assert result.recompiles_in_window == 0
+
+
+def test_cache_key_changes_with_torch_triton_and_device():
+    parts = cache_key_parts(CPU)
+    assert {"torch", "triton", "cuda", "python", "device"} <= parts.keys()
+    assert parts["torch"] == torch.__version__
+    base = cache_key(parts)
+    assert cache_key(dict(parts)) == base
+    for field, other in (("torch", "2.99.0"), ("triton", "9.9.9"), ("device", "NVIDIA H200 sm_90")):
+        assert cache_key({**parts, field: other}) != base, field
+
+
+def test_fresh_cache_starts_empty_and_persistent_is_reused(tmp_path):
+    before = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    with compile_caches(str(tmp_path), "fresh", CPU) as c:
+        root = c.root
+        assert c.files_at_start == 0 and not any(root.iterdir())
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(str(root))
+        assert os.environ["TRITON_CACHE_DIR"].startswith(str(root))
+        c.mark_warmed_up()
+        assert c.state(compiled_anything=True) == "fresh"
+    assert not root.exists()  # removed with the run
+    assert {k: os.environ.get(k) for k in before} == before  # environment restored
+
+    with compile_caches(str(tmp_path), "persistent", CPU) as c:
+        assert c.root.parent == tmp_path / "compile"
+        (c.root / "inductor").mkdir()
+        (c.root / "inductor" / "entry").write_text("compiled")  # what a compile writes
+        c.mark_warmed_up()
+        assert c.state(compiled_anything=True) == "cold"
+        assert c.state(compiled_anything=False) == "none"
+    with compile_caches(str(tmp_path), "persistent", CPU) as c2:
+        assert c2.root == c.root and c2.files_at_start >= 2  # the same keyed directory, kept
+        c2.mark_warmed_up()
+        assert c2.state(compiled_anything=True) == "warm"
+
+
+def test_steady_median_leaves_out_each_windows_first_steps():
+    assert steady_median_ms([[100.0, 50.0, 40.0, 10.0, 11.0, 12.0]], skip=3) == 11.0
+    # two windows: each loses its first 3 steps; a window too short to lose any keeps all
+    assert steady_median_ms([[90, 90, 90, 1, 3], [5, 7]], skip=3) == 4.0
+    assert steady_median_ms([]) is None
