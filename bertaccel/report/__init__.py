@@ -1,20 +1,24 @@
 """The weighted scoring report (thesis section 5.1): `python -m bertaccel.report`.
 
-Also a library for notebooks: `load_rows`, `score_rows`, `STRATEGIES`, `pareto_front`.
+Also a library for notebooks: `load_rows`, `score_rows`, `STRATEGIES`, `pareto_front`, and
+`time_view` (--time, --project-epochs, break-even).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .data import ReportInputError, rows_from_csv, rows_from_mlflow
 from .scoring import STRATEGIES, Row, parse_weights, score_rows
+from .timing import DEFAULT_TIME_MODE, TIME_MODES, TimeView, time_view
 
-__all__ = ["ReportInputError", "Row", "STRATEGIES", "load_rows", "parse_weights", "pareto_front", "score_rows"]
+__all__ = ["DEFAULT_TIME_MODE", "ReportInputError", "Row", "STRATEGIES", "TIME_MODES", "TimeView", "load_rows",
+           "parse_weights", "pareto_front", "rows_from_csv", "rows_from_mlflow", "score_rows", "time_view"]
 
 
 def load_rows(uri: str = "sqlite:///mlflow.db", experiment: str = "bertaccel", sweep_id: Optional[str] = None,
-              csv_path: Optional[str] = None) -> List[Row]:
-    return rows_from_csv(csv_path) if csv_path else rows_from_mlflow(uri, experiment, sweep_id)
+              csv_path: Optional[str] = None, require: Sequence[Tuple[str, str]] = ()) -> List[Row]:
+    """require: (CSV column, what needs it) pairs a CSV must have; MLflow rows say per run instead."""
+    return rows_from_csv(csv_path, require) if csv_path else rows_from_mlflow(uri, experiment, sweep_id)
 
 
 def pareto_front(rows: Sequence[Row]) -> List[Row]:

@@ -3,7 +3,7 @@
     python -m bertaccel.report --experiment bertaccel [--sweep SWEEP_ID] [--uri sqlite:///mlflow.db]
     python -m bertaccel.report --csv results.csv
     options: --weights mine=0.4,0.4,0.1,0.1 (repeatable)  --accuracy-floor 0.85  --baseline RUN_NAME
-             --out report/
+             --time train|total  --project-epochs N  --out report/
 """
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import tempfile
 from pathlib import Path
 
 from . import load_rows
-from .data import ReportInputError
+from .data import OPTIONAL_COLUMNS, ReportInputError
 from .plots import all_plots
 from .render import build, to_html, to_markdown
 from .scoring import STRATEGIES, parse_weights, score_rows
+from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view
 
 
 def _args(argv=None) -> argparse.Namespace:
@@ -26,13 +27,19 @@ def _args(argv=None) -> argparse.Namespace:
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--experiment", default="bertaccel", help="MLflow experiment (default bertaccel)")
     src.add_argument("--csv", help="CSV with columns name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy "
-                                   "[,hardware,precision]; empty cell = not measured")
+                                   f"[,{','.join(OPTIONAL_COLUMNS)}]; empty cell = not measured")
     ap.add_argument("--uri", default="sqlite:///mlflow.db", help="MLflow tracking URI")
     ap.add_argument("--sweep", help="only the runs of this sweep id (tag sweep_id)")
     ap.add_argument("--weights", action="append", default=[], metavar="[NAME=]W1,W2,W3,W4",
                     help="extra strategy: weights of time, cost, energy, occupancy")
     ap.add_argument("--accuracy-floor", type=float, help="runs below it are marked and never 'best'")
     ap.add_argument("--baseline", help="run name (or MLflow run id) for speedup / accuracy change")
+    ap.add_argument("--time", choices=TIME_MODES, default=DEFAULT_TIME_MODE,
+                    help="T of the score: train = train_time_s, the training windows (default, the thesis' T); "
+                         "total = compile_time_s + train_time_s, with cost scaled to match")
+    ap.add_argument("--project-epochs", type=int, metavar="N",
+                    help="score every run projected to N epochs of its full train split "
+                         "(steps x step_time_ms; energy, cost at the run's average rate)")
     ap.add_argument("--out", default="report", help="output folder (report.md, report.html, plots/)")
     return ap.parse_args(argv)
 
@@ -44,7 +51,14 @@ def main(argv=None) -> int:
         for k, spec in enumerate(a.weights, 1):
             name, _, w = spec.rpartition("=")
             strategies[name or f"custom{k}"] = parse_weights(w)
-        rows = load_rows(a.uri, a.experiment, a.sweep, a.csv)
+        if a.project_epochs is not None and a.project_epochs <= 0:
+            raise ReportInputError(f"--project-epochs {a.project_epochs}: give a whole number of epochs > 0")
+        require = [("compile_time_s", "--time total")] if a.time == "total" else []
+        if a.project_epochs is not None:
+            require += [(c, "--project-epochs") for c in ("step_time_ms", "train_rows_full", "batch_size")]
+        measured = load_rows(a.uri, a.experiment, a.sweep, a.csv, require)
+        view = time_view(measured, a.time, a.project_epochs)
+        rows = view.rows
         baseline = None
         if a.baseline:
             hits = [i for i, r in enumerate(rows) if a.baseline in (r.name, r.run_id)]
@@ -58,10 +72,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    scored = score_rows(rows, strategies, a.accuracy_floor)
+    scored = score_rows(rows, strategies, a.accuracy_floor, view.excluded)
     source = f"CSV {a.csv}" if a.csv else (f"MLflow {a.uri}, experiment {a.experiment}"
                                           + (f", sweep {a.sweep}" if a.sweep else ""))
-    report = build(rows, scored, source, baseline, a.accuracy_floor, all_plots(rows))
+    report = build(rows, scored, source, baseline, a.accuracy_floor, all_plots(rows, view.basis), view)
     out = Path(a.out)
     # Written to a temp folder first, then moved: an interrupted report leaves nothing half-written.
     tmp = Path(tempfile.mkdtemp(prefix=".report-", dir=out.parent if out.parent.exists() else None))

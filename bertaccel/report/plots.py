@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import io
-from typing import Dict, List, Sequence, Tuple
+import textwrap
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .scoring import Row
+from .timing import Basis
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 PLOTS = [  # (file stem, x, y, x label, y label, title)
@@ -43,7 +45,7 @@ def scatter_png(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, t
         drawn += 1
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title if drawn else f"{title}: no run has both values")
+    ax.set_title(textwrap.fill(title if drawn else f"{title}: no run has both values", 60))  # long basis notes
     ax.grid(True, alpha=0.3)
     if drawn:
         ax.legend(fontsize=7, title="hardware, precision", title_fontsize=7)
@@ -54,9 +56,14 @@ def scatter_png(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, t
     return buf.getvalue(), drawn
 
 
-def all_plots(rows: Sequence[Row]) -> List[Dict]:
+def all_plots(rows: Sequence[Row], basis: Optional[Basis] = None) -> List[Dict]:
+    """basis: what time, cost and energy are (--time, --project-epochs); it relabels the axes."""
+    basis = basis or Basis()
     out = []
     for stem, x, y, xl, yl, title in PLOTS:
+        xl, yl = (basis.label(c) if basis.label(c) != c else default for c, default in ((x, xl), (y, yl)))
+        if basis.title_suffix:
+            title = f"{title} ({basis.title_suffix})"
         png, drawn = scatter_png(rows, x, y, xl, yl, title)
         out.append({"stem": stem, "title": title, "png": png, "drawn": drawn, "left_out": len(rows) - drawn})
     return out

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from .scoring import METRICS, Row, Scored
+from .timing import Basis, TimeView
 
 Table = tuple  # (title, note, headers, rows of cells)
 
@@ -24,9 +26,75 @@ class Report:
     plots: List[Dict] = field(default_factory=list)
 
 
+def _steps(v: Optional[float]) -> str:
+    """A break-even step count: whole steps (the compiled run is ahead after the ceiling), or never."""
+    if v is None:
+        return "null"
+    return "never" if math.isinf(v) else str(math.ceil(v))
+
+
+def _measured_on(r: Row) -> str:
+    """What the run trained (its accuracy is of that), e.g. '1 ep x 128 of 120000 rows'."""
+    if r.epochs is None and r.train_rows is None:
+        return "unknown"
+    epochs = "?" if r.epochs is None else format(r.epochs, "g")
+    rows = "?" if r.train_rows is None else str(r.train_rows)
+    full = "" if r.train_rows_full is None or r.train_rows == r.train_rows_full else f" of {r.train_rows_full}"
+    return f"{epochs} ep x {rows}{full} rows"
+
+
+def projection_table(view: TimeView) -> Table:
+    n = view.basis.project_epochs
+    cells = []
+    for r, p in zip(view.measured, view.projections):
+        batch = "x".join("?" if v is None else str(v) for v in (r.num_gpus, r.batch_size, r.accumulation))
+        filled = [r.extra[c] for c in ("accumulation", "num_gpus") if "taken as" in r.extra.get(c, "")]
+        # No time = no projection at all (one reason for the three columns); else what else is missing.
+        why = [p.why["time_s"]] if "time_s" in p.why else [f"{c}: {w}" for c, w in p.why.items()]
+        cells.append([r.name, _measured_on(r), _f(r.time_s, ".2f"),
+                      "null" if r.train_rows_full is None else str(r.train_rows_full),
+                      batch, "null" if p.steps is None else str(p.steps), _f(r.step_time_ms, ".2f"),
+                      _f(p.time_s, ".2f"), _f(p.energy_kwh, ".5f"), _f(p.cost_usd, ".4g"), _f(r.accuracy, ".4f"),
+                      "; ".join(why + filled)])
+    return (f"Projection to {n} epoch(s) of the full train split (projected)",
+            "steps = epochs x ceil(train_rows_full / (num_gpus x batch_size x accumulation)); time_s = steps x "
+            "step_time_ms / 1000; energy and cost at the run's average rate over its training windows; accuracy "
+            "as measured on the run's own data ('measured on')",
+            ["run", "measured on", "train_time_s (measured)", "train_rows_full", "gpus x batch x accumulation",
+             "steps (projected)", "step_time_ms", "time_s (projected)", "energy_kwh (projected)",
+             "cost_usd (projected)", "accuracy (measured)", "note"], cells)
+
+
+def break_even_table(view: TimeView) -> Table:
+    rows, n = view.measured, view.basis.project_epochs
+    steps_header = f"steps of the compiled run (projected, {n} ep)" if n is not None else "steps of the compiled run"
+    cells = []
+    for b in view.break_even:
+        c = rows[b.compiled]
+        run_steps = view.projections[b.compiled].steps if n is not None else c.optimizer_steps
+        pays = "" if b.steps is None or run_steps is None else ("yes" if b.steps <= run_steps else "no")
+        cells.append([b.config, b.compile_mode, c.compile_cache, rows[b.off].name, c.name, _f(b.step_ms_off, ".2f"),
+                      _f(b.step_ms_compiled, ".2f"), _f(b.saving_ms, ".2f"), _f(b.extra_warmup_s, ".2f"),
+                      _steps(b.steps), "null" if run_steps is None else str(run_steps), pays, b.why])
+    return ("Break-even of compiling (measured)",
+            "break-even steps = (compile_time_s compiled - compile_time_s off) / ((step_time_ms off - step_time_ms "
+            "compiled) / 1000), never = the compiled step is not faster; pairs = runs of the same configuration but "
+            "for the compile choice; a warm compile cache shortens the warm-up",
+            ["configuration", "compile mode", "compile cache", "off run", "compiled run", "step_time_ms off",
+             "step_time_ms compiled", "saving ms/step", "extra warm-up s", "break-even steps", steps_header,
+             "pays off", "note"], cells)
+
+
 def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[int],
-          accuracy_floor: Optional[float], plots: List[Dict]) -> Report:
+          accuracy_floor: Optional[float], plots: List[Dict], view: Optional[TimeView] = None) -> Report:
+    """rows: the scored rows (view.rows when a view is given); view: --time / --project-epochs /
+    break-even, whose basis labels the time, cost and energy columns."""
+    basis = view.basis if view is not None else Basis()
+    lab = basis.label
+    # Every table of scored numbers says its basis: in the thesis form's brackets, or its own.
+    sfx, own = (f", {basis.title_suffix}", f" ({basis.title_suffix})") if basis.title_suffix else ("", "")
     rep = Report("bertaccel report", source)
+    rep.notes.extend(basis.notes())
     n = len(rows)
     for col, label in zip(METRICS, ("time", "cost", "energy", "occupancy")):
         nulls = [r for r in rows if r.get(col) is None]
@@ -34,13 +102,15 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
             reasons = sorted({r.extra.get(col, "empty in the input") for r in nulls})
             rep.notes.append(f"{label} ({col}) is null for {len(nulls)} of {n} rows: " + "; ".join(reasons[:3]))
 
-    rep.tables.append(("Raw metrics (thesis Table 5.1 form)", "# = the point labels in the plots",
-                       ["#", "run", "hardware", "precision", "time_s", "cost_usd", "energy_kwh", "occupancy_pct",
-                        "accuracy"],
+    if view is not None and view.basis.projected:
+        rep.tables.append(projection_table(view))
+    rep.tables.append((f"Raw metrics (thesis Table 5.1 form{sfx})", "# = the point labels in the plots",
+                       ["#", "run", "hardware", "precision", lab("time_s"), lab("cost_usd"), lab("energy_kwh"),
+                        "occupancy_pct", lab("accuracy")],
                        [[str(i), r.name, r.hardware, r.precision, _f(r.time_s, ".2f"), _f(r.cost_usd, ".4g"),
                          _f(r.energy_kwh, ".5f"), _f(r.occupancy_pct, ".2f"), _f(r.accuracy, ".4f")]
                         for i, r in enumerate(rows)]))
-    rep.tables.append(("Max-normalized (thesis Table 5.2 form)", "each column divided by its maximum",
+    rep.tables.append((f"Max-normalized (thesis Table 5.2 form{sfx})", "each column divided by its maximum",
                        ["run", "time", "cost", "energy", "occupancy"],
                        [[r.name] + [_f(scored.normalized[i][m]) for m in METRICS] for i, r in enumerate(rows)]))
     names = list(scored.strategies)
@@ -56,18 +126,20 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
         cells.append("" if scored.eligible[i] else f"excluded: {scored.ineligible_reason[i]}")
         score_rows.append(cells)
     floor_note = f"; accuracy floor {accuracy_floor}" if accuracy_floor is not None else ""
-    rep.tables.append(("Scores (thesis Table 5.4 form)", f"bold = best per strategy{floor_note}",
-                       ["run", "accuracy"] + names + ["note"], score_rows))
-    rep.tables.append(("Best configuration per strategy", "",
-                       ["strategy", "best run", "score", "accuracy"],
+    rep.tables.append((f"Scores (thesis Table 5.4 form{sfx})", f"bold = best per strategy{floor_note}",
+                       ["run", lab("accuracy")] + names + ["note"], score_rows))
+    rep.tables.append((f"Best configuration per strategy{own}", "",
+                       ["strategy", "best run", "score", lab("accuracy")],
                        [[s, rows[b].name if b is not None else "none eligible",
                          _f(scored.scores[s][b]) if b is not None else "", _f(rows[b].accuracy, ".4f") if b is not None else ""]
                         for s, b in scored.best.items()]))
     if scored.affected:
-        rep.tables.append(("Rows scored over fewer metrics", "weights of the present metrics scaled up to the "
+        rep.tables.append((f"Rows scored over fewer metrics{own}",
+                           "weights of the present metrics scaled up to the "
                            "strategy's total; a missing metric is never taken as 0",
                            ["run", "left out", "why"],
-                           [[rows[i].name, ", ".join(ms), "; ".join(rows[i].extra.get(m, "empty in the input") for m in ms)]
+                           [[rows[i].name, ", ".join(ms),
+                             "; ".join(dict.fromkeys(rows[i].extra.get(m, "empty in the input") for m in ms))]
                             for i, ms in sorted(scored.affected.items())]))
     if baseline is not None:
         b = rows[baseline]
@@ -76,9 +148,14 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
             speedup = b.time_s / r.time_s if b.time_s and r.time_s else None
             delta = r.accuracy - b.accuracy if r.accuracy is not None and b.accuracy is not None else None
             cmp_rows.append([r.name, _f(r.time_s, ".2f"), _f(r.accuracy, ".4f"), _f(speedup, ".3f"), _f(delta, "+.4f")])
-        rep.tables.append((f"Against the baseline '{b.name}' (seed 000 Table 1 form)",
-                           "speedup = baseline time / time", ["run", "time_s", "accuracy", "speedup", "accuracy change"],
-                           cmp_rows))
+        rep.tables.append((f"Against the baseline '{b.name}' (seed 000 Table 1 form{sfx})",
+                           "speedup = baseline time / time",
+                           ["run", lab("time_s"), lab("accuracy"), "speedup", "accuracy change"], cmp_rows))
+    if view is not None and view.break_even:
+        rep.tables.append(break_even_table(view))
+    if view is not None and view.unpaired:
+        rep.notes.append(f"{len(view.unpaired)} compiled run(s) without an uncompiled run of the same configuration, "
+                         "so no break-even: " + ", ".join(view.measured[i].name for i in view.unpaired[:5]))
     rep.plots = plots
     return rep
 

@@ -36,7 +36,22 @@ class Row:
     hardware: str = ""
     precision: str = ""
     run_id: str = ""
-    extra: Dict[str, str] = field(default_factory=dict)
+    extra: Dict[str, str] = field(default_factory=dict)  # column -> why it is null (or how it was filled)
+    # Inputs of --time total, break-even and --project-epochs (report/timing.py), not scored
+    # themselves; as loaded, time_s is the training windows (train_time_s), and timing.py derives
+    # new rows with another T rather than changing these.
+    compile_time_s: Optional[float] = None   # one-time warm-up before the first window (0.0 = nothing compiled)
+    step_time_ms: Optional[float] = None     # median ms per optimizer step in steady state
+    optimizer_steps: Optional[int] = None
+    epochs: Optional[float] = None           # epochs the run trained
+    train_rows: Optional[int] = None         # rows trained per epoch (after any subset)
+    train_rows_full: Optional[int] = None    # rows of the full train split
+    batch_size: Optional[int] = None         # per device
+    accumulation: Optional[int] = None
+    num_gpus: Optional[int] = None
+    compile_mode: str = ""                   # off | default | max-autotune | reduce-overhead; "" = unknown
+    compile_cache: str = ""                  # cold | warm | fresh | none: a warm cache shortens compile_time_s
+    config_key: str = ""                     # same key = same configuration but for compile; "" = unknown
 
     def get(self, metric: str) -> Optional[float]:
         return getattr(self, metric)
@@ -97,7 +112,8 @@ class Scored:
 
 
 def score_rows(rows: Sequence[Row], strategies: Mapping[str, Sequence[float]],
-               accuracy_floor: Optional[float] = None) -> Scored:
+               accuracy_floor: Optional[float] = None, excluded: Optional[Mapping[int, str]] = None) -> Scored:
+    """excluded: row index -> why that row may not be "best" (scored and shown all the same)."""
     norm = normalized(rows)
     scores: Dict[str, List[Optional[float]]] = {}
     affected: Dict[int, List[str]] = {}
@@ -116,6 +132,8 @@ def score_rows(rows: Sequence[Row], strategies: Mapping[str, Sequence[float]],
                 ok, why[i] = False, "accuracy unknown"
             elif r.accuracy < accuracy_floor:
                 ok, why[i] = False, f"accuracy {r.accuracy:.4f} < floor {accuracy_floor}"
+        if excluded and i in excluded:
+            ok, why[i] = False, "; ".join(filter(None, (why.get(i), excluded[i])))
         eligible.append(ok)
     best = {}
     for name, values in scores.items():
