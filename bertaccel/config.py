@@ -54,6 +54,9 @@ class CompileConfig:
     # persistent: compiled kernels kept under cache_dir/compile/<torch, triton, GPU key>, paid
     # once per machine; fresh: an empty cache per run, for measuring cold compilation.
     cache: str = "persistent"
+    # The whole optimizer step (forward, backward, clipping, update) replayed from CUDA graphs,
+    # one per padded length: no host work per step (bertaccel/step_graph.py). GPU only.
+    step_graph: bool = False
 
 
 @dataclass
@@ -223,6 +226,12 @@ def validate(cfg: Any) -> None:
         _one_of("attention.sdpa_backends[]", backend, SDPA_BACKENDS)
     _one_of("compile.mode", cfg.compile.mode, COMPILE_MODES)
     _one_of("compile.cache", cfg.compile.cache, COMPILE_CACHES)
+    if cfg.compile.step_graph:
+        from .step_graph import unsupported
+
+        why = unsupported(cfg)
+        if why:
+            raise ConfigError(why)
     _positive("accumulation", cfg.accumulation)
     _one_of("freezing.name", cfg.freezing.name, FREEZINGS)
     opt = cfg.optimizer

@@ -131,6 +131,8 @@ def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[
         if mode == "reduce-overhead":
             return ("compile=reduce-overhead means CUDA graphs, which need a CUDA GPU; on the CPU it "
                     "would silently be compile=default")
+        if cfg.compile.step_graph:
+            return "compile.step_graph=true replays CUDA graphs, which need a CUDA GPU"
         if mode != "off" and caps.cxx_compiler is None:
             return f"compile={mode} on the CPU needs a C++ compiler (g++/clang++) and none is on PATH"
     else:

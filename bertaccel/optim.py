@@ -21,19 +21,26 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> List[Dict[str,
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _adamw(groups: Iterable, cfg: Any, **impl: bool) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
+def _adamw(groups: List[Dict[str, Any]], cfg: Any, capturable: bool, **impl: bool) -> torch.optim.Optimizer:
+    lr: Any = cfg.lr
+    if capturable:
+        # Inside a CUDA graph the step reads lr from device memory: a float would be frozen into
+        # the graph at capture, so the schedule could never change it (set_lr fills the tensor).
+        lr = torch.tensor(cfg.lr, device=groups[0]["params"][0].device)
+    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             capturable=capturable, **impl)
 
 
-OPTIMIZERS: Dict[str, Callable[[Iterable, Any], torch.optim.Optimizer]] = {
+OPTIMIZERS: Dict[str, Callable[..., torch.optim.Optimizer]] = {
     # foreach: one multi-tensor kernel per op over all params; fused: one kernel for the whole step.
-    "adamw": lambda groups, cfg: _adamw(groups, cfg, foreach=True),
-    "adamw_fused": lambda groups, cfg: _adamw(groups, cfg, fused=True),
+    "adamw": lambda groups, cfg, capturable: _adamw(groups, cfg, capturable, foreach=True),
+    "adamw_fused": lambda groups, cfg, capturable: _adamw(groups, cfg, capturable, fused=True),
 }
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Any) -> torch.optim.Optimizer:
-    return OPTIMIZERS[cfg.name](_param_groups(model, cfg.weight_decay), cfg)
+def build_optimizer(model: torch.nn.Module, cfg: Any, capturable: bool = False) -> torch.optim.Optimizer:
+    """capturable: state and lr on the device, so the step can be captured in a CUDA graph."""
+    return OPTIMIZERS[cfg.name](_param_groups(model, cfg.weight_decay), cfg, capturable)
 
 
 def lr_factor(schedule: str, step: int, total_steps: int, warmup_ratio: float) -> float:
@@ -54,4 +61,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     # Set by hand rather than by an LRScheduler because layer-wise freezing rebuilds the
     # optimizer every epoch, while the schedule runs over the whole training.
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)  # capturable: the graph reads this tensor (no host sync)
+        else:
+            group["lr"] = lr

@@ -27,6 +27,7 @@ from .isolation import compiled_graph_count, warm_up_device
 from .optim import build_optimizer, lr_factor, set_lr
 from .profiling import KernelProfile, profile_steps
 from .step_clock import StepClock, steady_median_ms
+from .step_graph import StepGraphs
 from .warmup import IGNORE_INDEX, WarmupPlan, compile_event_count, padded_lengths, run_warmup
 
 AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -218,7 +219,7 @@ def _sync(device: torch.device) -> None:
 def uses_fixed_shapes(cfg: Any) -> bool:
     """Compiled runs pad every batch to a fixed row count, so the batch dimension never
     changes and the shape set is just the padded lengths (eager runs gain nothing from it)."""
-    return cfg.compile.mode != "off"
+    return cfg.compile.mode != "off" or cfg.compile.step_graph
 
 
 def compile_model(model: torch.nn.Module, cfg: Any) -> Callable:
@@ -282,9 +283,12 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     global_step = 0
     optimizer = None
     trainable_params: List[torch.Tensor] = []
+    graphs: Optional[StepGraphs] = None  # compile.step_graph: captured once the optimizer exists
 
     def optimizer_step(window: List[Dict[str, torch.Tensor]]) -> torch.Tensor:
         """Forward+backward over one window, then the update; returns the window's mean loss."""
+        if graphs is not None:
+            return graphs.step(window, sum(real_rows(b) for b in window))
         window_loss = accumulate_window(step_model, window, precision, device, attention_ctx, prepare)
         if cfg.optimizer.max_grad_norm:
             precision.scaler.unscale_(optimizer)
@@ -297,7 +301,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     every_length = padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of)
     plan = warmup_plan or WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, every_length, every_length)
     has_triton = cfg.attention.name == "triton" and device.type == "cuda"
-    result.compiled_anything = cfg.compile.mode != "off" or has_triton
+    result.compiled_anything = cfg.compile.mode != "off" or has_triton or cfg.compile.step_graph
     with dynamo_settings(cfg, len(plan.train_lengths) + len(plan.eval_lengths)):
         if result.compiled_anything:
             # Everything the loop will run, for every shape, before the first window.
@@ -311,6 +315,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             what = [f"torch.compile mode={cfg.compile.mode}" + (" (length dynamic)" if dynamic_length else "")
                     ] if cfg.compile.mode != "off" else []
             what += ["Triton attention kernels"] if has_triton else []
+            what += ["CUDA graphs of the whole step per length"] if cfg.compile.step_graph else []
             result.compile_time_source = (f"wall clock of the warm-up before the first training window "
                                           f"({' + '.join(what)}): {plan.describe()}")
         else:
@@ -320,7 +325,14 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             apply_freezing(model, cfg.freezing.name, epoch)
             if optimizer is None or cfg.freezing.name != "none":
                 # Rebuilt over the parameters trainable this epoch (seed 000, section 3.2).
-                optimizer = build_optimizer(model, cfg.optimizer)
+                optimizer = build_optimizer(model, cfg.optimizer, capturable=cfg.compile.step_graph)
+            if cfg.compile.step_graph and graphs is None:
+                # Part of the warm-up (its time counts in compile_time_s), before the first window.
+                t_capture = time.perf_counter()
+                graphs = StepGraphs(step_model, model, optimizer, precision.autocast, attention_ctx,
+                                    cfg.optimizer.max_grad_norm, device)
+                graphs.capture(plan.train_rows, plan.train_lengths)
+                result.compile_time_s += time.perf_counter() - t_capture
             trainable = count_trainable(model)
             trainable_params = [p for p in model.parameters() if p.requires_grad]
             model.train()

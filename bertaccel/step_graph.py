@@ -1,0 +1,136 @@
+"""compile.step_graph=true: the whole optimizer step replayed from CUDA graphs, no host work.
+
+At batch 32 a BERT step is a few milliseconds of GPU work behind tens of milliseconds of Python
+and kernel launches (forward, autograd, clipping, the optimizer); torch.compile's
+reduce-overhead graphs the model but still launches the loss, clipping and update from Python.
+Here everything is captured:
+- one "micro" graph per padded length: forward under autocast, summed loss times a device
+  scalar 1/n (the window's sample count, as in train.accumulate_window), backward accumulating
+  into gradient buffers that live outside the graphs;
+- one "update" graph: gradient clipping, the optimizer step (capturable: lr and state on the
+  device), gradients zeroed in place.
+A window of k micro-batches is then k micro replays and one update replay; the host only copies
+the batch into the graph's input buffers. Batches have a fixed row count (filler rows), so the
+length is the only shape that varies. Works on top of compile=off or compile=default (Inductor
+kernels captured as they are); compile=reduce-overhead would nest graphs.
+
+Capture needs the optimizer's state to exist and the kernels to have run once, so the step is
+run eagerly on a side stream first; the weights, gradients and optimizer state are then put
+back exactly as they were, so the capture leaves no trace on training.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .warmup import IGNORE_INDEX, synthetic_batch
+
+
+def unsupported(cfg) -> Optional[str]:
+    """Why this configuration cannot have step graphs (None if it can)."""
+    if cfg.precision.name == "fp16":
+        return ("compile.step_graph=true needs precision fp32 or bf16: fp16's GradScaler decides on the "
+                "host whether to step (skip on inf), which a CUDA graph cannot")
+    if cfg.freezing.name != "none":
+        return ("compile.step_graph=true needs freezing=none: layer-wise freezing changes the trained "
+                "parameters every epoch, and with them every captured graph")
+    if cfg.compile.mode == "reduce-overhead":
+        return ("compile.step_graph=true with compile=reduce-overhead would capture CUDA graphs inside "
+                "CUDA graphs; use compile=default (or off) with compile.step_graph=true")
+    return None
+
+
+class _MicroGraph:
+    def __init__(self, rows: int, length: int, device: torch.device):
+        self.ids = torch.zeros(rows, length, dtype=torch.long, device=device)
+        self.mask = torch.ones(rows, length, dtype=torch.long, device=device)
+        self.labels = torch.zeros(rows, dtype=torch.long, device=device)
+        self.graph = torch.cuda.CUDAGraph()
+        self.loss: Optional[torch.Tensor] = None
+
+    def load(self, batch: Dict[str, torch.Tensor]) -> None:
+        # Host batches are pinned (train.pin_memory): these copies do not wait for the GPU.
+        self.ids.copy_(batch["input_ids"], non_blocking=True)
+        self.mask.copy_(batch["attention_mask"], non_blocking=True)
+        self.labels.copy_(batch["labels"], non_blocking=True)
+
+
+class StepGraphs:
+    def __init__(self, model: Callable, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 autocast: Callable, attention_ctx: Callable, max_grad_norm: Optional[float],
+                 device: torch.device):
+        self.model, self.module, self.optimizer = model, module, optimizer
+        self.autocast, self.attention_ctx = autocast, attention_ctx
+        self.max_grad_norm, self.device = max_grad_norm, device
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.inv_n = torch.ones((), device=device)
+        self.micro: Dict[Tuple[int, int], _MicroGraph] = {}
+        self.update = torch.cuda.CUDAGraph()
+
+    # The two bodies, run eagerly once and then captured.
+    def _micro_body(self, g: _MicroGraph) -> torch.Tensor:
+        with self.autocast(), self.attention_ctx():
+            logits = self.model(input_ids=g.ids, attention_mask=g.mask).logits
+        loss = F.cross_entropy(logits.float(), g.labels, reduction="sum", ignore_index=IGNORE_INDEX) * self.inv_n
+        loss.backward()
+        return loss.detach()
+
+    def _update_body(self) -> None:
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
+        self.optimizer.step()
+        torch._foreach_zero_([p.grad for p in self.params])
+
+    def capture(self, rows: int, lengths: List[int]) -> None:
+        """Capture a micro graph per length and the update graph; leaves weights, gradients and
+        optimizer state as they were."""
+        for p in self.params:  # gradient buffers outside every graph, accumulated in place
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        weights = [p.detach().clone() for p in self.params]
+        vocab = self.module.config.vocab_size
+        for length in lengths:
+            g = _MicroGraph(rows, length, self.device)
+            g.load(synthetic_batch(rows, length, vocab, padded=True))
+            self.micro[(rows, length)] = g
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # eager run first: lazy state, cuBLAS workspaces, autotuning
+            for g in self.micro.values():
+                self._micro_body(g)
+            self._update_body()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        pool = torch.cuda.graph_pool_handle()  # replayed one at a time: one memory pool for all
+        for g in self.micro.values():
+            with torch.cuda.graph(g.graph, pool=pool):
+                g.loss = self._micro_body(g)
+        with torch.cuda.graph(self.update, pool=pool):
+            self._update_body()
+        with torch.no_grad():
+            for p, w in zip(self.params, weights):
+                p.copy_(w)
+            for state in self.optimizer.state.values():
+                for v in state.values():
+                    if isinstance(v, torch.Tensor):
+                        v.zero_()  # exp_avg, exp_avg_sq, step: as before the first step
+            torch._foreach_zero_([p.grad for p in self.params])
+        torch.cuda.synchronize(self.device)
+
+    def step(self, window: List[Dict[str, torch.Tensor]], n: int) -> torch.Tensor:
+        """One optimizer step over a window of host batches with n data rows; the window's loss."""
+        self.inv_n.fill_(1.0 / n)
+        total = torch.zeros((), device=self.device)
+        for batch in window:
+            g = self.micro.get(tuple(batch["input_ids"].shape))
+            if g is None:
+                raise RuntimeError(f"no CUDA graph for batch shape {tuple(batch['input_ids'].shape)} "
+                                   f"(captured: {sorted(self.micro)})")
+            g.load(batch)
+            g.graph.replay()
+            total += g.loss
+        self.update.replay()
+        return total
+

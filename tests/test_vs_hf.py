@@ -1,0 +1,72 @@
+"""benchmarks/vs_hf.py end to end on the CPU: plain-HF rungs, the HF Trainer epoch and a bertaccel
+row through the real core, on real text (the bundled AG News sample) with the tiny BERT."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "bertaccel" / "samples" / "ag_news" / "train.csv.gz"
+
+
+def parse_table(text: str) -> Dict[str, Dict[str, str]]:
+    """The last Markdown table printed (the full one), as row id -> column -> cell."""
+    lines = text.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("| row | what |"))
+    columns = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows: Dict[str, Dict[str, str]] = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells: List[str] = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = dict(zip(columns, cells))
+    return rows
+
+
+def is_number(cell: str) -> bool:
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
+
+
+def test_vs_hf_table_on_cpu(tmp_path):
+    out = tmp_path / "vs_hf.md"
+    bertaccel_row = ("model=tiny train.device=cpu dataset.train_subset=64 dataset.test_subset=32 train.batch_size=16 "
+                     f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'} cache_dir={tmp_path / 'cache'}")
+    cmd = [sys.executable, str(REPO / "benchmarks" / "vs_hf.py"), "--device", "cpu", "--tiny",
+           "--steps", "3", "--warmup-steps", "1", "--batch-sizes", "8", "--seq", "32", "--rungs", "a,b,d",
+           "--imdb-train", str(SAMPLE), "--text-columns", "title,description", "--label-column", "label",
+           "--trainer-subset", "64", "--trainer-max-length", "64",
+           "--bertaccel", bertaccel_row, "--out", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = parse_table(proc.stdout)
+    assert set(rows) == {"a/B8", "b/B8", "d/B8", "trainer", "bertaccel 1"}, proc.stdout
+
+    for rung in ("a/B8", "b/B8"):
+        row = rows[rung]
+        assert is_number(row["ms/step"]) and is_number(row["samples/s"]), row
+        assert is_number(row["final loss"]) and is_number(row["warm-up s"]), row
+        # No GPU: energy and MFU are null, each with its reason in the notes.
+        assert row["kJ"] == "null" and "kJ null: no GPU" in row["notes"], row
+        assert row["MFU"] == "null" and "MFU null:" in row["notes"], row
+
+    assert rows["d/B8"]["ms/step"] == "-"
+    assert "skipped: CUDA graphs need a GPU" in rows["d/B8"]["notes"]
+
+    trainer = rows["trainer"]
+    assert is_number(trainer["s/epoch"]) and is_number(trainer["final loss"]), trainer
+    assert "64 rows, 2 steps" in trainer["notes"], trainer
+
+    ours = rows["bertaccel 1"]
+    assert not ours["notes"].startswith(("failed", "skipped")), ours
+    assert is_number(ours["s/epoch"]) and is_number(ours["accuracy"]), ours
+
+    # --out holds the same table.
+    assert parse_table(out.read_text()) == rows
