@@ -143,6 +143,9 @@ class TrainConfig:
 
 @dataclass
 class TelemetryConfig:
+    # false: no energy/activity collectors (their sampler threads share the GIL with the loop);
+    # the measurements are then null with that reason.
+    enabled: bool = True
     # Background sampling period of NVML power, GPM and utilization (RAPL polls at >= 1 s).
     interval_s: float = 0.2
     # Where Linux exposes RAPL energy counters.

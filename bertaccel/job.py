@@ -137,7 +137,8 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
             plan = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size,
                               data_lengths(data.train.lengths, cfg.train.pad_to_multiple_of),
                               data_lengths(data.test.lengths, cfg.train.pad_to_multiple_of))
-            collectors = build_collectors([device], cfg.telemetry.interval_s, cfg.telemetry.rapl_root)
+            collectors = build_collectors([device], cfg.telemetry.interval_s, cfg.telemetry.rapl_root,
+                                          cfg.telemetry.enabled)
             memory = PeakMemory(device)
             memory.reset()
             peak = []  # read before the profiler window, whose event buffers would count on a CPU

@@ -267,14 +267,13 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     graphs_at_start = compiled_graph_count()  # dynamo's counters outlive torch.compiler.reset()
     step_model = compile_model(model, cfg)
     cuda_graphs = cfg.compile.mode == "reduce-overhead"
-    dynamic_length = cfg.compile.mode != "off" and cfg.compile.dynamic_length
+    # reduce-overhead records a CUDA graph per concrete shape anyway; a dynamic-length graph
+    # underneath only adds symbolic-size kernels (and failed in cudagraph trees on an H200).
+    dynamic_length = cfg.compile.mode not in ("off", "reduce-overhead") and cfg.compile.dynamic_length
 
     def prepare(batch: Dict[str, torch.Tensor]) -> None:
         if dynamic_length:
             mark_length_dynamic(batch)
-        if cuda_graphs:
-            # A new iteration for CUDA-graph trees: the previous step's graph outputs may be reused.
-            torch.compiler.cudagraph_mark_step_begin()
 
     steps_per_epoch = math.ceil(len(train_loader) / k)
     if cfg.train.max_steps_per_epoch:

@@ -32,7 +32,12 @@ def _make(factory: Callable[[], Collector], metrics: Sequence[str]) -> Collector
 
 
 def build_collectors(devices: Sequence[torch.device], interval_s: float = 0.2,
-                     rapl_root: str = DEFAULT_ROOT) -> CollectorSet:
+                     rapl_root: str = DEFAULT_ROOT, enabled: bool = True) -> CollectorSet:
+    """enabled=false: no sampler threads at all (to measure what they cost the loop); every
+    measurement is then null with that reason."""
+    if not enabled:
+        return CollectorSet([Unavailable(ENERGY_METRICS + ACTIVITY_METRICS,
+                                         "telemetry.enabled=false (collectors switched off for this run)")])
     collectors: List[Collector] = []
     if any(d.type == "cuda" for d in devices):
         handles, why = nvml_handles(devices)
