@@ -31,11 +31,19 @@ def main(argv=None) -> int:
     cmd = [sys.executable, "-m", "bertaccel.run", "-m", *a.overrides, f"tracking.uri={a.uri}",
            f"tracking.experiment={a.experiment}"]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # The sweep's own lines ("run k of N", the summary) pass through as they come: a long sweep
+    # cut off by a time limit still shows how far it got.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(("[sweep]", "==", "sweep id")) or "run " in line[:12]:
+            print(line, end="", flush=True)
+    proc.wait()
     wall_s = time.time() - t0
-    sweep = [line.split("sweep id ")[1].split()[0] for line in proc.stdout.splitlines() if "sweep id " in line]
+    sweep = [line.split("sweep id ")[1].split()[0] for line in lines if "sweep id " in line]
     if not sweep:
-        print(proc.stdout[-2000:], proc.stderr[-3000:], sep="\n", file=sys.stderr)
+        print("".join(lines[-40:]), file=sys.stderr)
         print(f"error: no sweep id in the output of {' '.join(cmd)} (exit {proc.returncode})", file=sys.stderr)
         return 1
     client = MlflowClient(a.uri)

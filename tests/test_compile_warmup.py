@@ -94,8 +94,8 @@ def test_fresh_cache_starts_empty_and_persistent_is_reused(tmp_path):
 
     with compile_caches(str(tmp_path), "persistent", CPU) as c:
         assert c.root.parent == tmp_path / "compile"
-        (c.root / "inductor").mkdir()
-        (c.root / "inductor" / "entry").write_text("compiled")  # what a compile writes
+        (c.root / "triton").mkdir()
+        (c.root / "triton" / "kernel.cubin").write_text("compiled")  # what a Triton compile writes
         c.mark_warmed_up()
         assert c.state(compiled_anything=True) == "cold"
         assert c.state(compiled_anything=False) == "none"
@@ -110,3 +110,18 @@ def test_steady_median_leaves_out_each_windows_first_steps():
     # two windows: each loses its first 3 steps; a window too short to lose any keeps all
     assert steady_median_ms([[90, 90, 90, 1, 3], [5, 7]], skip=3) == 4.0
     assert steady_median_ms([]) is None
+
+
+@needs_cxx
+def test_second_run_finds_the_compiled_graphs_in_the_persistent_cache(compose_cfg, tmp_path):
+    """The same configuration twice against one persistent cache: cold, then warm (Inductor's
+    FX-graph cache hits, counted)."""
+    states = []
+    for _ in range(2):
+        cfg, model, (tr, te), plan = _setup(compose_cfg, tmp_path, ["compile=default", "train.max_steps_per_epoch=2"])
+        torch.compiler.reset()
+        with compile_caches(cfg.cache_dir, "persistent", CPU) as c:
+            result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=plan)
+            c.mark_warmed_up()
+            states.append(c.state(result.compiled_anything))
+    assert states == ["cold", "warm"]
