@@ -1,0 +1,26 @@
+"""benchmarks/sweep_wall.py on the CPU: a real 2-run sweep, its table and the outside share."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "sweep_wall.py"
+
+
+def test_sweep_wall_reads_back_every_run_and_the_share_outside_windows(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--uri", f"sqlite:///{tmp_path / 'm.db'}", "--",
+                           "model=tiny", "train.device=cpu", "dataset.train_subset=48", "dataset.test_subset=16",
+                           "train.batch_size=16", "train.seed=1,2", f"cache_dir={tmp_path / 'cache'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| train.seed=")]
+    assert len(rows) == 2 and all("| finished | none |" in r for r in rows), proc.stdout
+    share = re.search(r"2 runs, wall ([\d.]+) s .* training windows ([\d.]+) s, outside training windows ([\d.]+)%",
+                      proc.stdout)
+    assert share, proc.stdout
+    wall, train, outside = map(float, share.groups())
+    assert 0 < train < wall and abs(outside - 100 * (1 - train / wall)) < 0.2
