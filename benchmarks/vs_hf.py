@@ -48,6 +48,7 @@ if str(REPO) not in sys.path:  # `python benchmarks/vs_hf.py` without an install
 import torch  # noqa: E402
 
 from bertaccel.collectors.nvml import nvml_handles  # noqa: E402
+from bertaccel.compile_cache import compile_caches  # noqa: E402
 from bertaccel.data import encode_labels, read_csv_split  # noqa: E402
 from bertaccel.flops import TokenCounts, bert_train_flops, peak_tflops  # noqa: E402
 from bertaccel.hardware import device_name, load_profiles, match_profile  # noqa: E402
@@ -185,40 +186,6 @@ def mfu_cell(flops: float, seconds: float, profile: Optional[Dict[str, Any]], pr
     if peak is None:
         return Null(why)
     return flops / seconds / (peak * 1e12)
-
-
-@contextmanager
-def fresh_compile_cache():
-    """Empty Inductor/Triton cache directories for one rung, removed afterwards: each compiled
-    rung pays its own cold compile (rung d would otherwise reuse rung c's graphs, and a second
-    run of this script the first one's), which is what its warm-up s claims to measure."""
-    root = tempfile.mkdtemp(prefix="vs_hf-compile-")
-    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
-    clear_inductor_memo()
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        clear_inductor_memo()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def clear_inductor_memo() -> None:
-    # Inductor keeps loaded modules and the cache path in memory too; a new directory alone
-    # would still be served from them.
-    try:
-        import torch._inductor.utils as inductor_utils
-    except ImportError:
-        return
-    clear = getattr(inductor_utils, "clear_caches", None) or getattr(inductor_utils, "clear_inductor_caches", None)
-    if clear is not None:
-        clear()
 
 
 def free_memory() -> None:
@@ -388,8 +355,10 @@ def rungs_part(args, device, profile, energy, emit) -> None:
     for b in args.batch_sizes:
         batches = fixed_batches(tokenizer, texts, labels, b, args.seq, args.rung_batches, device)
         for rung in args.rungs:
-            # Fresh compile caches, dynamo state, seeds and allocator per rung: each pays its own compile.
-            with isolated_run(SEED), fresh_compile_cache():
+            # Dynamo state, seeds and allocator reset per rung, and compile.cache=fresh's empty
+            # per-use cache: each compiled rung pays (and reports) its own
+            # cold compile; rung d would otherwise reuse rung c's graphs.
+            with isolated_run(SEED), compile_caches("", "fresh", device):
                 try:
                     row = run_rung(rung, batches, config, device, args.warmup_steps, args.steps, profile, energy)
                 except Exception as e:  # noqa: BLE001 - one broken rung is a row, the table goes on
