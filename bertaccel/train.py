@@ -8,6 +8,7 @@ after the last evaluation (profiling.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from contextlib import nullcontext
@@ -306,7 +307,9 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             # Everything the loop will run, for every shape, before the first window.
             reset_kernel_caches()  # this run loads or compiles its own Triton variants
             if cuda_graphs:
-                plan.repeats = 3  # CUDA-graph trees: warm-up call, recording call, first replay
+                # CUDA-graph trees: warm-up call, recording call, first replay (a copy: the
+                # caller's plan is not changed under it).
+                plan = dataclasses.replace(plan, repeats=3)
             result.compile_time_s = run_warmup(
                 model, plan,
                 lambda b: accumulate_window(step_model, [b], precision, device, attention_ctx, prepare),
