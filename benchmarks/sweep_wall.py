@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         print(f"| {r.info.run_name} | {t.get('status')} | {t.get('compile_cache', '-')} | " + " | ".join(cells) + " |")
     outside = 1 - train_total / wall_s
     print(f"\nsweep {sweep[-1]}: {len(runs)} runs, wall {wall_s:.1f} s (process start to exit), training windows "
-          f"{train_total:.1f} s, outside training windows {100 * outside:.1f}% of the wall time")
+          f"{train_total:.3f} s, outside training windows {100 * outside:.1f}% of the wall time")
     return 0 if proc.returncode == 0 else proc.returncode
 
 
