@@ -4,7 +4,8 @@ At batch 32 a BERT step is a few milliseconds of GPU work behind tens of millise
 and kernel launches (forward, autograd, clipping, the optimizer); torch.compile's
 reduce-overhead graphs the model but still launches the loss, clipping and update from Python.
 Here everything is captured:
-- one "micro" graph per padded length: forward under autocast, summed loss times a device
+- one "micro" graph per padded length and mask variant (a batch without padding runs with no
+  mask, so SDPA can use flash attention: train.model_inputs): forward under autocast, summed loss times a device
   scalar 1/n (the window's sample count, as in train.accumulate_window), backward accumulating
   into gradient buffers that live outside the graphs;
 - one "update" graph: gradient clipping, the optimizer step (capturable: lr and state on the
@@ -43,9 +44,10 @@ def unsupported(cfg) -> Optional[str]:
 
 
 class _MicroGraph:
-    def __init__(self, rows: int, length: int, device: torch.device):
+    def __init__(self, rows: int, length: int, masked: bool, device: torch.device):
         self.ids = torch.zeros(rows, length, dtype=torch.long, device=device)
-        self.mask = torch.ones(rows, length, dtype=torch.long, device=device)
+        # None: this graph is for batches without padding, run with no mask at all.
+        self.mask = torch.ones(rows, length, dtype=torch.long, device=device) if masked else None
         self.labels = torch.zeros(rows, dtype=torch.long, device=device)
         self.graph = torch.cuda.CUDAGraph()
         self.loss: Optional[torch.Tensor] = None
@@ -53,7 +55,8 @@ class _MicroGraph:
     def load(self, batch: Dict[str, torch.Tensor]) -> None:
         # Host batches are pinned (train.pin_memory): these copies do not wait for the GPU.
         self.ids.copy_(batch["input_ids"], non_blocking=True)
-        self.mask.copy_(batch["attention_mask"], non_blocking=True)
+        if self.mask is not None:
+            self.mask.copy_(batch["attention_mask"], non_blocking=True)
         self.labels.copy_(batch["labels"], non_blocking=True)
 
 
@@ -66,7 +69,7 @@ class StepGraphs:
         self.max_grad_norm, self.device = max_grad_norm, device
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.inv_n = torch.ones((), device=device)
-        self.micro: Dict[Tuple[int, int], _MicroGraph] = {}
+        self.micro: Dict[Tuple[int, int, bool], _MicroGraph] = {}  # (rows, length, masked)
         self.update = torch.cuda.CUDAGraph()
 
     # The two bodies, run eagerly once and then captured.
@@ -84,17 +87,18 @@ class StepGraphs:
         torch._foreach_zero_([p.grad for p in self.params])
 
     def capture(self, rows: int, lengths: List[int]) -> None:
-        """Capture a micro graph per length and the update graph; leaves weights, gradients and
-        optimizer state as they were."""
+        """Capture a micro graph per length and mask variant, and the update graph; leaves weights,
+        gradients and optimizer state as they were."""
         for p in self.params:  # gradient buffers outside every graph, accumulated in place
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         weights = [p.detach().clone() for p in self.params]
         vocab = self.module.config.vocab_size
         for length in lengths:
-            g = _MicroGraph(rows, length, self.device)
-            g.load(synthetic_batch(rows, length, vocab, padded=True))
-            self.micro[(rows, length)] = g
+            for masked in (True, False):
+                g = _MicroGraph(rows, length, masked, self.device)
+                g.load(synthetic_batch(rows, length, vocab, padded=masked))
+                self.micro[(rows, length, masked)] = g
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # eager run first: lazy state, cuBLAS workspaces, autotuning
@@ -124,9 +128,11 @@ class StepGraphs:
         self.inv_n.fill_(1.0 / n)
         total = torch.zeros((), device=self.device)
         for batch in window:
-            g = self.micro.get(tuple(batch["input_ids"].shape))
+            # Host batches: the padding check reads no device memory.
+            key = (*batch["input_ids"].shape, not bool(batch["attention_mask"].all()))
+            g = self.micro.get(key)
             if g is None:
-                raise RuntimeError(f"no CUDA graph for batch shape {tuple(batch['input_ids'].shape)} "
+                raise RuntimeError(f"no CUDA graph for batch (rows, length, masked) = {key} "
                                    f"(captured: {sorted(self.micro)})")
             g.load(batch)
             g.graph.replay()

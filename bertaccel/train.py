@@ -156,7 +156,23 @@ def mark_length_dynamic(batch: Dict[str, torch.Tensor]) -> None:
     maybe_: where the model's code specializes on the length, dynamo keeps it static instead of
     failing, and the warm-up then simply compiles one graph per length."""
     for key in ("input_ids", "attention_mask"):
-        torch._dynamo.maybe_mark_dynamic(batch[key], 1)
+        if batch[key] is not None:  # no mask: the batch has no padding (model_inputs)
+            torch._dynamo.maybe_mark_dynamic(batch[key], 1)
+
+
+def model_inputs(host_batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, Optional[torch.Tensor]]:
+    """The batch on the device, with attention_mask None where the batch has no padding.
+
+    An all-ones mask means "attend everywhere", exactly what no mask means, but a mask tensor
+    sends SDPA to its masked (memory-efficient) kernel instead of flash attention, and under
+    torch.compile or a CUDA graph Hugging Face cannot drop it itself (its check reads the mask
+    on the host). The check is made here on the host batch, before the copy: no device sync.
+    Compiled code sees two variants (mask / no mask); the warm-up runs both (warmup.py)."""
+    mask = host_batch["attention_mask"]
+    unpadded = mask.device.type == "cpu" and bool(mask.all())
+    batch = {key: t.to(device, non_blocking=True) for key, t in host_batch.items() if key != "attention_mask"}
+    batch["attention_mask"] = None if unpadded else mask.to(device, non_blocking=True)
+    return batch
 
 
 def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], precision: Precision,
@@ -174,7 +190,7 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
     n = sum(real_rows(b) for b in window)
     total = torch.zeros((), device=device)
     for batch in window:
-        batch = {key: t.to(device, non_blocking=True) for key, t in batch.items()}
+        batch = model_inputs(batch, device)
         if prepare is not None:
             prepare(batch)
         with precision.autocast(), attention_ctx():
@@ -189,7 +205,7 @@ def eval_batch(model: Callable, batch: Dict[str, torch.Tensor], precision: Preci
                attention_ctx: Callable = nullcontext,
                prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None) -> torch.Tensor:
     """Correct predictions among the batch's data rows (a device scalar: no host sync)."""
-    batch = {key: t.to(device, non_blocking=True) for key, t in batch.items()}
+    batch = model_inputs(batch, device)
     if prepare is not None:
         prepare(batch)
     with torch.no_grad(), precision.autocast(), attention_ctx():
@@ -284,6 +300,11 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     optimizer = None
     trainable_params: List[torch.Tensor] = []
     graphs: Optional[StepGraphs] = None  # compile.step_graph: captured once the optimizer exists
+    # compile=reduce-overhead with accumulation: the first micro-batch's gradients would be the
+    # CUDA graph's output buffers, overwritten by the next micro-batch's replay before autograd
+    # adds to them. Gradients in buffers of our own (zeroed, not freed, per step) make autograd
+    # add into them in place. Without accumulation the optimizer reads them before any replay.
+    graph_grad_buffers = cuda_graphs and k > 1
 
     def optimizer_step(window: List[Dict[str, torch.Tensor]]) -> torch.Tensor:
         """Forward+backward over one window, then the update; returns the window's mean loss."""
@@ -295,7 +316,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             torch.nn.utils.clip_grad_norm_(trainable_params, cfg.optimizer.max_grad_norm)
         precision.scaler.step(optimizer)
         precision.scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not graph_grad_buffers)
         return window_loss
 
     every_length = padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of)
@@ -337,6 +358,10 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                 result.compile_time_s += time.perf_counter() - t_capture
             trainable = count_trainable(model)
             trainable_params = [p for p in model.parameters() if p.requires_grad]
+            if graph_grad_buffers:
+                for p in trainable_params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
             model.train()
             loss_sum = torch.zeros((), device=device)
             samples = steps = 0

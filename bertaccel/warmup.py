@@ -86,6 +86,12 @@ def run_warmup(model: nn.Module, plan: WarmupPlan, train_micro: Callable[[Dict[s
                 model.train()
                 for _ in range(plan.repeats):
                     train_micro(batch)
+                    # Gradients are dropped after each call, as a training step drops them: under
+                    # compile=reduce-overhead the first backward's gradients are the CUDA graph's
+                    # own output buffers, and accumulating into them after the next replay has
+                    # overwritten them fails ("accessing tensor output of CUDAGraphs that has been
+                    # overwritten").
+                    model.zero_grad(set_to_none=True)
         model.eval()
         for length in plan.eval_lengths:
             for padded in (True, False):

@@ -5,7 +5,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel.data import PadCollator
-from bertaccel.train import Precision, accumulate_window, windows
+from bertaccel.train import Precision, accumulate_window, model_inputs, windows
 
 
 def _model():
@@ -68,3 +68,22 @@ def test_filler_rows_change_nothing():
     assert filled_batch["input_ids"].shape[0] == 8 and (filled_batch["labels"][5:] == -100).all()
     filled = _grads(model, [filled_batch])
     _assert_same(plain, filled)
+
+
+def test_a_batch_without_padding_runs_with_no_mask_and_the_same_gradients():
+    # model_inputs drops an all-ones mask (so SDPA can take flash attention); the gradients must
+    # be those of the masked call, and a padded batch must keep its mask.
+    model, collate = _model(), PadCollator(0)
+    g = torch.Generator().manual_seed(3)
+    equal = [(torch.randint(1, 120, (12,), generator=g), torch.tensor(i % 3)) for i in range(6)]
+    batch = collate(equal)
+    assert bool(batch["attention_mask"].all())
+    assert model_inputs(batch, torch.device("cpu"))["attention_mask"] is None
+    assert model_inputs(collate(_samples(6)), torch.device("cpu"))["attention_mask"] is not None
+
+    no_mask = _grads(model, [batch])
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    torch.nn.functional.cross_entropy(out, batch["labels"]).backward()
+    with_mask = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    _assert_same(no_mask, with_mask)
