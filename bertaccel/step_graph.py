@@ -4,8 +4,8 @@ At batch 32 a BERT step is a few milliseconds of GPU work behind tens of millise
 and kernel launches (forward, autograd, clipping, the optimizer); torch.compile's
 reduce-overhead graphs the model but still launches the loss, clipping and update from Python.
 Here everything is captured:
-- one "micro" graph per padded length and mask variant (a batch without padding runs with no
-  mask, so SDPA can use flash attention: train.model_inputs): forward under autocast, summed loss times a device
+- one "micro" graph per padded length (and, on top of compile=off, per mask variant: a batch
+  without padding runs with no mask, as train.model_inputs does): forward under autocast, summed loss times a device
   scalar 1/n (the window's sample count, as in train.accumulate_window), backward accumulating
   into gradient buffers that live outside the graphs;
 - one "update" graph: gradient clipping, the optimizer step (capturable: lr and state on the
@@ -63,10 +63,11 @@ class _MicroGraph:
 class StepGraphs:
     def __init__(self, model: Callable, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  autocast: Callable, attention_ctx: Callable, max_grad_norm: Optional[float],
-                 device: torch.device):
+                 device: torch.device, drop_full_mask: bool):
         self.model, self.module, self.optimizer = model, module, optimizer
         self.autocast, self.attention_ctx = autocast, attention_ctx
         self.max_grad_norm, self.device = max_grad_norm, device
+        self.mask_variants = (True, False) if drop_full_mask else (True,)  # masked?
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.inv_n = torch.ones((), device=device)
         self.micro: Dict[Tuple[int, int, bool], _MicroGraph] = {}  # (rows, length, masked)
@@ -95,7 +96,7 @@ class StepGraphs:
         weights = [p.detach().clone() for p in self.params]
         vocab = self.module.config.vocab_size
         for length in lengths:
-            for masked in (True, False):
+            for masked in self.mask_variants:
                 g = _MicroGraph(rows, length, masked, self.device)
                 g.load(synthetic_batch(rows, length, vocab, padded=masked))
                 self.micro[(rows, length, masked)] = g
@@ -129,7 +130,8 @@ class StepGraphs:
         total = torch.zeros((), device=self.device)
         for batch in window:
             # Host batches: the padding check reads no device memory.
-            key = (*batch["input_ids"].shape, not bool(batch["attention_mask"].all()))
+            masked = len(self.mask_variants) == 1 or not bool(batch["attention_mask"].all())
+            key = (*batch["input_ids"].shape, masked)
             g = self.micro.get(key)
             if g is None:
                 raise RuntimeError(f"no CUDA graph for batch (rows, length, masked) = {key} "

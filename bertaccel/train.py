@@ -160,16 +160,17 @@ def mark_length_dynamic(batch: Dict[str, torch.Tensor]) -> None:
             torch._dynamo.maybe_mark_dynamic(batch[key], 1)
 
 
-def model_inputs(host_batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, Optional[torch.Tensor]]:
-    """The batch on the device, with attention_mask None where the batch has no padding.
+def model_inputs(host_batch: Dict[str, torch.Tensor], device: torch.device,
+                 drop_full_mask: bool = True) -> Dict[str, Optional[torch.Tensor]]:
+    """The batch on the device; drop_full_mask: attention_mask None where the batch has no padding.
 
-    An all-ones mask means "attend everywhere", exactly what no mask means, but a mask tensor
-    sends SDPA to its masked (memory-efficient) kernel instead of flash attention, and under
-    torch.compile or a CUDA graph Hugging Face cannot drop it itself (its check reads the mask
-    on the host). The check is made here on the host batch, before the copy: no device sync.
-    Compiled code sees two variants (mask / no mask); the warm-up runs both (warmup.py)."""
+    An all-ones mask means "attend everywhere", exactly what no mask means. Eager Hugging Face
+    drops it itself, but by reading the device mask (a host sync per forward); here the check is
+    made on the host batch before the copy. Compiled runs keep the mask (train() passes False):
+    the no-mask variant is the one SDPA could run as flash attention, but on an H200 (torch 2.11)
+    Inductor's compile of that variant hung in async_compile.wait and never returned."""
     mask = host_batch["attention_mask"]
-    unpadded = mask.device.type == "cpu" and bool(mask.all())
+    unpadded = drop_full_mask and mask.device.type == "cpu" and bool(mask.all())
     batch = {key: t.to(device, non_blocking=True) for key, t in host_batch.items() if key != "attention_mask"}
     batch["attention_mask"] = None if unpadded else mask.to(device, non_blocking=True)
     return batch
@@ -177,20 +178,21 @@ def model_inputs(host_batch: Dict[str, torch.Tensor], device: torch.device) -> D
 
 def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], precision: Precision,
                       device: torch.device, attention_ctx: Callable = nullcontext,
-                      prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None) -> torch.Tensor:
+                      prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None,
+                      drop_full_mask: bool = True) -> torch.Tensor:
     """Forward+backward over one window; returns the window's mean loss (detached).
 
     Each micro-batch's summed loss is divided by the window's sample count n, so the gradient
     equals that of one batch of n samples. With k equal micro-batches of b that is the usual
     mean/k scaling; a partial last micro-batch or window is weighted exactly, not by 1/k.
     Filler rows (label IGNORE_INDEX) add nothing to the loss, its gradient or n.
-    prepare: called on each device batch before the forward (dynamic-length marking, CUDA-graph
-    step marking).
+    prepare: called on each device batch before the forward (dynamic-length marking).
+    drop_full_mask: see model_inputs.
     """
     n = sum(real_rows(b) for b in window)
     total = torch.zeros((), device=device)
     for batch in window:
-        batch = model_inputs(batch, device)
+        batch = model_inputs(batch, device, drop_full_mask)
         if prepare is not None:
             prepare(batch)
         with precision.autocast(), attention_ctx():
@@ -203,9 +205,10 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
 
 def eval_batch(model: Callable, batch: Dict[str, torch.Tensor], precision: Precision, device: torch.device,
                attention_ctx: Callable = nullcontext,
-               prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None) -> torch.Tensor:
+               prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None,
+               drop_full_mask: bool = True) -> torch.Tensor:
     """Correct predictions among the batch's data rows (a device scalar: no host sync)."""
-    batch = model_inputs(batch, device)
+    batch = model_inputs(batch, device, drop_full_mask)
     if prepare is not None:
         prepare(batch)
     with torch.no_grad(), precision.autocast(), attention_ctx():
@@ -216,13 +219,15 @@ def eval_batch(model: Callable, batch: Dict[str, torch.Tensor], precision: Preci
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: Iterable, precision: Precision, device: torch.device,
              attention_ctx: Callable = nullcontext, step_model: Optional[Callable] = None,
-             prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None) -> float:
+             prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None,
+             drop_full_mask: bool = True) -> float:
     """Test accuracy. step_model: the compiled model (its eval graphs were warmed up too)."""
     model.eval()
     correct = torch.zeros((), dtype=torch.long, device=device)
     seen = 0
     for batch in loader:
-        correct += eval_batch(model if step_model is None else step_model, batch, precision, device, attention_ctx, prepare)
+        correct += eval_batch(model if step_model is None else step_model, batch, precision, device, attention_ctx,
+                              prepare, drop_full_mask)
         seen += real_rows(batch)
     model.train()
     return int(correct) / seen
@@ -288,6 +293,8 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     # underneath only adds symbolic-size kernels (and failed in cudagraph trees on an H200).
     dynamic_length = cfg.compile.mode not in ("off", "reduce-overhead") and cfg.compile.dynamic_length
 
+    drop_full_mask = cfg.compile.mode == "off"  # model_inputs: why compiled runs keep the mask
+
     def prepare(batch: Dict[str, torch.Tensor]) -> None:
         if dynamic_length:
             mark_length_dynamic(batch)
@@ -310,7 +317,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         """Forward+backward over one window, then the update; returns the window's mean loss."""
         if graphs is not None:
             return graphs.step(window, sum(real_rows(b) for b in window))
-        window_loss = accumulate_window(step_model, window, precision, device, attention_ctx, prepare)
+        window_loss = accumulate_window(step_model, window, precision, device, attention_ctx, prepare, drop_full_mask)
         if cfg.optimizer.max_grad_norm:
             precision.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(trainable_params, cfg.optimizer.max_grad_norm)
@@ -333,8 +340,8 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                 plan = dataclasses.replace(plan, repeats=3)
             result.compile_time_s = run_warmup(
                 model, plan,
-                lambda b: accumulate_window(step_model, [b], precision, device, attention_ctx, prepare),
-                lambda b: eval_batch(step_model, b, precision, device, attention_ctx, prepare), device)
+                lambda b: accumulate_window(step_model, [b], precision, device, attention_ctx, prepare, drop_full_mask),
+                lambda b: eval_batch(step_model, b, precision, device, attention_ctx, prepare, drop_full_mask), device)
             what = [f"torch.compile mode={cfg.compile.mode}" + (" (length dynamic)" if dynamic_length else "")
                     ] if cfg.compile.mode != "off" else []
             what += ["Triton attention kernels"] if has_triton else []
@@ -353,7 +360,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                 # Part of the warm-up (its time counts in compile_time_s), before the first window.
                 t_capture = time.perf_counter()
                 graphs = StepGraphs(step_model, model, optimizer, precision.autocast, attention_ctx,
-                                    cfg.optimizer.max_grad_norm, device)
+                                    cfg.optimizer.max_grad_norm, device, drop_full_mask)
                 graphs.capture(plan.train_rows, plan.train_lengths)
                 result.compile_time_s += time.perf_counter() - t_capture
             trainable = count_trainable(model)
@@ -416,7 +423,8 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             if not math.isfinite(epoch_loss):
                 raise NonFiniteLoss(f"non-finite training loss ({epoch_loss}) in epoch {epoch + 1}")
             t1 = time.perf_counter()
-            accuracy = evaluate(model, test_loader, precision, device, attention_ctx, step_model, prepare)
+            accuracy = evaluate(model, test_loader, precision, device, attention_ctx, step_model, prepare,
+                                drop_full_mask)
             _sync(device)
             eval_time_s = time.perf_counter() - t1
             result.epochs.append(EpochStats(epoch, epoch_loss, accuracy, trainable, train_time_s,
