@@ -23,6 +23,7 @@ LR_SCHEDULES = ("constant", "linear", "cosine")
 MODEL_SOURCES = ("package", "hub", "random_init")
 DATASET_SOURCES = ("bundled", "hub", "csv")
 DEVICES = ("auto", "cpu", "cuda")
+LAUNCHERS = ("inline", "process")
 # The config groups, one folder of options each in conf/ (accumulation and num_gpus, also
 # chosen on the command line, are integers: see RunConfig).
 GROUPS = ("precision", "attention", "compile", "freezing", "optimizer", "hardware", "model", "dataset",
@@ -174,6 +175,17 @@ class TrackingConfig:
 
 
 @dataclass
+class LauncherConfig:
+    # Where a run executes (bertaccel/launch.py): inline = in the sweep's own process;
+    # process = a fresh Python process per run (one per rank for num_gpus > 1).
+    name: str = "process"
+    # A run (all its ranks) still going after this many seconds is stopped and recorded failed.
+    timeout_s: float = 86400.0
+    # num_gpus > 1: a collective waiting longer on a peer fails (a dead or hung rank ends the job).
+    collective_timeout_s: float = 300.0
+
+
+@dataclass
 class RunConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -185,7 +197,8 @@ class RunConfig:
     freezing: FreezingConfig = field(default_factory=FreezingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    num_gpus: int = 1  # accelerators used (a CPU run counts as one device)
+    num_gpus: int = 1  # data-parallel ranks, one process and one GPU each (on a CPU host: gloo processes)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -248,9 +261,15 @@ def validate(cfg: Any) -> None:
     _positive("optimizer.max_grad_norm", opt.max_grad_norm, allow_none=True)
     _positive("hardware.price_per_gpu_hour_usd", cfg.hardware.price_per_gpu_hour_usd, allow_none=True)
     _positive("num_gpus", cfg.num_gpus)
-    if cfg.num_gpus > 1:
-        raise ConfigError(f"num_gpus={cfg.num_gpus}: data-parallel training is not "
-                          "implemented yet; use num_gpus=1")
+    if cfg.num_gpus > 1 and cfg.freezing.name != "none":
+        raise ConfigError(f"num_gpus={cfg.num_gpus} with freezing={cfg.freezing.name}: DDP registers its gradient "
+                          "hooks once, for the parameters trainable at the start; use num_gpus=1 or freezing=none")
+    _one_of("launcher.name", cfg.launcher.name, LAUNCHERS)
+    _positive("launcher.timeout_s", cfg.launcher.timeout_s)
+    _positive("launcher.collective_timeout_s", cfg.launcher.collective_timeout_s)
+    if cfg.num_gpus > 1 and cfg.launcher.name == "inline":
+        raise ConfigError(f"num_gpus={cfg.num_gpus} needs a process per rank: launcher=inline runs in the sweep's "
+                          "own process; use launcher=process (the default)")
     _one_of("model.source", cfg.model.source, MODEL_SOURCES)
     if cfg.model.source in ("package", "hub") and not cfg.model.pretrained:
         raise ConfigError(f"model={cfg.model.name} (source={cfg.model.source}) needs model.pretrained")

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .distributed import shard
+
 SAMPLES_DIR = Path(__file__).parent / "samples"
 
 
@@ -289,11 +291,15 @@ class LengthGroupedBatches(Sampler[List[int]]):
 
     MEGA = 50
 
-    def __init__(self, lengths: torch.Tensor, batch_size: int, generator: torch.Generator):
+    def __init__(self, lengths: torch.Tensor, batch_size: int, generator: torch.Generator,
+                 rank: int = 0, world: int = 1):
         self.lengths, self.batch_size, self.generator = lengths, batch_size, generator
+        # Data parallel: every rank draws the same permutation and batches (same seed), then
+        # takes every world-th batch: disjoint shares, the same bucket structure, equal counts.
+        self.rank, self.world = rank, world
 
     def __len__(self) -> int:
-        return math.ceil(len(self.lengths) / self.batch_size)
+        return math.ceil(len(self.lengths) / self.batch_size) // self.world
 
     def __iter__(self) -> Iterator[List[int]]:
         perm = torch.randperm(len(self.lengths), generator=self.generator)
@@ -305,24 +311,44 @@ class LengthGroupedBatches(Sampler[List[int]]):
             batches += [chunk[i:i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
         # A partial batch can only be the last of its mega-batch; the shuffle may place it anywhere,
         # which is harmless since accumulation weights every sample exactly.
-        for i in torch.randperm(len(batches), generator=self.generator).tolist():
+        order = torch.randperm(len(batches), generator=self.generator).tolist()
+        for i in shard(order, self.rank, self.world, equal=True):
             yield batches[i]
 
 
 def make_loader(split: TokenizedSplit, batch_size: int, pad_token_id: int, shuffle: bool, seed: int,
                 num_workers: int, pin_memory: bool, group_by_length: bool = False,
-                pad_to_multiple_of: int = 1, fixed_rows: bool = False) -> DataLoader:
-    """fixed_rows: every batch has batch_size rows (PadCollator's filler rows)."""
+                pad_to_multiple_of: int = 1, fixed_rows: bool = False, rank: int = 0, world: int = 1) -> DataLoader:
+    """fixed_rows: every batch has batch_size rows (PadCollator's filler rows). rank/world: data
+    parallel, this rank's share (training: equal batch counts per rank; evaluation: every row
+    once over all ranks, the counts are summed afterwards)."""
     # A generator of the run's own: the data order depends on the seed only, not on what ran before.
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     common = dict(collate_fn=PadCollator(pad_token_id, pad_to_multiple_of, batch_size if fixed_rows else None),
                   num_workers=num_workers, pin_memory=pin_memory,
                   persistent_workers=num_workers > 0)
     if shuffle and group_by_length:
-        return DataLoader(split, batch_sampler=LengthGroupedBatches(split.lengths, batch_size, generator), **common)
-    if group_by_length:
-        # Evaluation: order does not matter, so batch rows sorted by length (least padding).
-        order = torch.argsort(split.lengths, stable=True).tolist()
-        return DataLoader(split, batch_sampler=[order[i:i + batch_size] for i in range(0, len(order), batch_size)],
+        return DataLoader(split, batch_sampler=LengthGroupedBatches(split.lengths, batch_size, generator, rank, world),
                           **common)
-    return DataLoader(split, batch_size=batch_size, shuffle=shuffle, generator=generator, drop_last=False, **common)
+    if shuffle:
+        # Plain shuffle: a permutation per epoch from the run's generator, batched, sharded.
+        return DataLoader(split, batch_sampler=ShuffledBatches(len(split), batch_size, generator, rank, world), **common)
+    # Evaluation: order does not matter; grouped by length, rows sorted by length (least padding).
+    order = torch.argsort(split.lengths, stable=True).tolist() if group_by_length else list(range(len(split)))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return DataLoader(split, batch_sampler=shard(batches, rank, world, equal=False), **common)
+
+
+class ShuffledBatches(Sampler[List[int]]):
+    """A fresh permutation per epoch cut into batches; under data parallel, every world-th batch."""
+
+    def __init__(self, n: int, batch_size: int, generator: torch.Generator, rank: int = 0, world: int = 1):
+        self.n, self.batch_size, self.generator, self.rank, self.world = n, batch_size, generator, rank, world
+
+    def __len__(self) -> int:
+        return math.ceil(self.n / self.batch_size) // self.world
+
+    def __iter__(self) -> Iterator[List[int]]:
+        perm = torch.randperm(self.n, generator=self.generator).tolist()
+        batches = [perm[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)]
+        yield from shard(batches, self.rank, self.world, equal=True)

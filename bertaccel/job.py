@@ -15,10 +15,12 @@ import tempfile
 import traceback
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
+from . import distributed
 from .collectors import build_collectors
 from .compile_cache import compile_caches
 from .config import validate
@@ -78,12 +80,14 @@ def resumed(cfg: DictConfig, run_name: str) -> Optional[Outcome]:
     return None if prev is None else Outcome(prev.status, run_name, prev.reason, prev.run_id)
 
 
-def record_bad_input(cfg: DictConfig, choices: Mapping[str, str], run_name: str, reason: str) -> Outcome:
-    """In a sweep, a configuration with a bad value is kept as a failed run with its reason."""
+def record_bad_input(cfg: DictConfig, choices: Mapping[str, str], run_name: str, reason: str,
+                     tags: Optional[Mapping[str, str]] = None) -> Outcome:
+    """In a sweep, a configuration with a bad value is kept as a failed run with its reason
+    (also used by launch.py for a run whose process died before it opened its record)."""
     earlier = resumed(cfg, run_name)
     if earlier is not None:
         return earlier
-    tracker = open_tracker(cfg, choices, run_name, {})
+    tracker = open_tracker(cfg, choices, run_name, dict(tags or {}))
     tracker.finish("failed", reason)
     return Outcome("failed", run_name, reason, tracker.run_id)
 
@@ -93,15 +97,47 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
+class RankTracker:
+    """What ranks other than 0 of a data-parallel job log: nothing (rank 0 writes the one run)."""
+    run_id = None
+
+    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: int = 0) -> None:
+        pass
+
+    def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        pass
+
+    def finish(self, status: str, reason: Optional[str] = None) -> None:
+        pass
+
+
+def job_devices(device: torch.device, world_size: int) -> List[torch.device]:
+    """The devices of the whole job: rank r uses cuda:r (launch.py starts one process per GPU)."""
+    if device.type != "cuda":
+        return [device]
+    return [torch.device("cuda", r) for r in range(world_size)]
+
+
 def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
-            started_at: float, started_source: str) -> Outcome:
-    """started_at: wall time the run's overhead counts from (see run.py)."""
+            started_at: float, started_source: str, rank: Optional[distributed.Rank] = None,
+            launch_tags: Optional[Mapping[str, str]] = None) -> Outcome:
+    """started_at: wall time the run's overhead counts from (see run.py). rank: this process's
+    place in a data-parallel job (launch.py), None for a single process. launch_tags: tags the
+    launcher finds the run by if its process dies."""
     # Bad input first, before anything is written (raises ConfigError / DataError).
     validate(cfg)
     device = resolve_device(cfg.train.device)
     check_gpu_count(cfg.num_gpus, device)
+    if rank is not None and device.type == "cuda":
+        device = torch.device("cuda", rank.rank)
+        torch.cuda.set_device(device)
     profile, profile_note = resolve_profile(cfg.hardware, device)
-    log.info(profile_note)
+    is_main = rank is None or rank.is_main
+    if is_main:
+        log.info(profile_note)
     earlier = resumed(cfg, run_name)
     if earlier is not None:
         return earlier
@@ -110,9 +146,20 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     except DatasetUnavailable as e:
         raw, unavailable = None, str(e)
 
+    world = 1 if rank is None else rank.world_size
     tracker = open_tracker(cfg, choices, run_name, {
-        "device_name": device_name(device), "hardware_profile": profile["name"]})
+        "device_name": device_name(device), "hardware_profile": profile["name"], "world_size": str(world),
+        "backend": distributed.backend_for(device.type) if world > 1 else "none (one process)",
+        **(launch_tags or {})}) if is_main else RankTracker()
     outcome = Outcome("running", run_name, run_id=tracker.run_id)
+    with distributed.process_group(rank, device.type):
+        return _run(cfg, run_name, started_at, started_source, device, profile, raw, unavailable, tracker,
+                    outcome, world)
+
+
+def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str, device: torch.device,
+         profile: Mapping[str, Any], raw: Any, unavailable: Optional[str], tracker: Any, outcome: Outcome,
+         world: int) -> Outcome:
     try:
         reason = unavailable or skip_reason(cfg, device, probe())
         if reason:
@@ -130,15 +177,16 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
             pin = device.type == "cuda" if cfg.train.pin_memory is None else cfg.train.pin_memory
             loaders = [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,
                                    cfg.train.num_workers, pin, cfg.train.group_by_length,
-                                   cfg.train.pad_to_multiple_of, fixed_rows)
+                                   cfg.train.pad_to_multiple_of, fixed_rows, distributed.rank(), world)
                        for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
                                                   (data.test, cfg.train.eval_batch_size, False))]
             # The shapes this run's batches can have, compiled before the first window (warmup.py).
             plan = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size,
                               data_lengths(data.train.lengths, cfg.train.pad_to_multiple_of),
                               data_lengths(data.test.lengths, cfg.train.pad_to_multiple_of))
-            collectors = build_collectors([device], cfg.telemetry.interval_s, cfg.telemetry.rapl_root,
-                                          cfg.telemetry.enabled)
+            # Rank 0 samples every GPU of the job (NVML reads any GPU of the host): job-wide energy.
+            collectors = build_collectors(job_devices(device, world), cfg.telemetry.interval_s,
+                                          cfg.telemetry.rapl_root, cfg.telemetry.enabled and distributed.rank() == 0)
             memory = PeakMemory(device)
             memory.reset()
             peak = []  # read before the profiler window, whose event buffers would count on a CPU
@@ -146,6 +194,10 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
                            collectors=collectors, profile_dir=Path(prof_dir),
                            after_training=lambda: peak.append(memory.read()), warmup_plan=plan)
             peak_gib, peak_source = peak[0]
+            if world > 1:  # the largest of the ranks (-1: a rank that could not read its peak)
+                (largest,) = distributed.max_across([-1.0 if peak_gib is None else peak_gib], device)
+                peak_gib = None if largest < 0 else largest
+                peak_source += f", the largest over {world} ranks"
             ccache.mark_warmed_up()  # (after training: a compile inside a window also counts as cold)
             cache_state = ccache.state(result.compiled_anything)
             measured = derived(collectors.results(), result, profile, cfg.precision.name, cfg.num_gpus)

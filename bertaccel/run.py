@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 
 from .config import GROUPS, ConfigError, register_configs
 from .data import DataError
-from .job import execute, group_choices, record_bad_input, run_label
+from .job import group_choices, record_bad_input, run_label
+from .launch import launch
 from .sweep_progress import STATE
 
 register_configs()
@@ -39,7 +40,7 @@ def main(cfg: DictConfig):
         started_at, started_source = time.time(), "job start (later job of a multirun)"
     _jobs_started += 1
     try:
-        outcome = execute(cfg, choices, name, started_at, started_source)
+        outcome = launch(cfg, choices, name, started_at, started_source)
     except (ConfigError, DataError) as e:
         if not multirun:
             print(f"error: {e}", file=sys.stderr)

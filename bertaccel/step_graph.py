@@ -37,6 +37,9 @@ def unsupported(cfg) -> Optional[str]:
     if cfg.freezing.name != "none":
         return ("compile.step_graph=true needs freezing=none: layer-wise freezing changes the trained "
                 "parameters every epoch, and with them every captured graph")
+    if cfg.num_gpus > 1:
+        return ("compile.step_graph=true needs num_gpus=1: DDP's gradient all-reduce runs from autograd "
+                "hooks on the host, outside anything a captured step could replay")
     if cfg.compile.mode in ("reduce-overhead", "max-autotune"):  # both turn on Inductor's own CUDA graphs
         return (f"compile.step_graph=true with compile={cfg.compile.mode} would capture CUDA graphs inside "
                 "CUDA graphs; use compile=default (or off) with compile.step_graph=true")

@@ -155,6 +155,15 @@ class RunTracker:
         self.client.set_terminated(self.run_id, "FAILED" if status == "failed" else "FINISHED")
 
 
+def finish_run(uri: str, run_id: str, status: str, reason: Optional[str] = None) -> None:
+    """End a run some other process opened (launch.py: its worker died before ending it)."""
+    with store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        tags = [RunTag("status", status)] + ([RunTag("reason", reason[:5000])] if reason else [])
+        client.log_batch(run_id, tags=tags)
+        client.set_terminated(run_id, "FAILED" if status == "failed" else "FINISHED")
+
+
 def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]:
     """Runs of an experiment matching an MLflow filter ([] when the experiment does not exist)."""
     with store_lock(uri):

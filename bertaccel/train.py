@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from . import distributed
 from .attention.warmup import reset_kernel_caches
 from .collectors import CollectorSet
 from .flops import TokenCounts, bert_train_flops
@@ -179,7 +180,8 @@ def model_inputs(host_batch: Dict[str, torch.Tensor], device: torch.device,
 def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], precision: Precision,
                       device: torch.device, attention_ctx: Callable = nullcontext,
                       prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None,
-                      drop_full_mask: bool = True) -> torch.Tensor:
+                      drop_full_mask: bool = True,
+                      no_sync: Callable[[], Any] = nullcontext) -> torch.Tensor:
     """Forward+backward over one window; returns the window's mean loss (detached).
 
     Each micro-batch's summed loss is divided by the window's sample count n, so the gradient
@@ -187,18 +189,22 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
     mean/k scaling; a partial last micro-batch or window is weighted exactly, not by 1/k.
     Filler rows (label IGNORE_INDEX) add nothing to the loss, its gradient or n.
     prepare: called on each device batch before the forward (dynamic-length marking).
-    drop_full_mask: see model_inputs.
+    drop_full_mask: see model_inputs. no_sync: data parallel, DDP's no_sync: the gradient
+    all-reduce runs once, in the window's last backward, not after every micro-batch.
+    Under data parallel n is this rank's count and DDP averages over the ranks: the gradient of
+    the global batch when ranks have equal counts (every full step; see data.shard).
     """
     n = sum(real_rows(b) for b in window)
     total = torch.zeros((), device=device)
-    for batch in window:
+    for i, batch in enumerate(window):
         batch = model_inputs(batch, device, drop_full_mask)
         if prepare is not None:
             prepare(batch)
-        with precision.autocast(), attention_ctx():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum", ignore_index=IGNORE_INDEX) / n
-        precision.scaler.scale(loss).backward()
+        with (no_sync() if i < len(window) - 1 else nullcontext()):
+            with precision.autocast(), attention_ctx():
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum", ignore_index=IGNORE_INDEX) / n
+            precision.scaler.scale(loss).backward()
         total += loss.detach()
     return total
 
@@ -230,7 +236,10 @@ def evaluate(model: torch.nn.Module, loader: Iterable, precision: Precision, dev
                               prepare, drop_full_mask)
         seen += real_rows(batch)
     model.train()
-    return int(correct) / seen
+    # Data parallel: each rank saw its share of the test split (data.make_loader); the accuracy
+    # is over the whole split.
+    correct_all, seen_all = distributed.sum_across([int(correct), seen], device)
+    return correct_all / seen_all
 
 
 def _sync(device: torch.device) -> None:
@@ -248,6 +257,24 @@ def compile_model(model: torch.nn.Module, cfg: Any) -> Callable:
     if cfg.compile.mode == "off":
         return model
     return torch.compile(model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
+
+
+def data_parallel(model: torch.nn.Module, device: torch.device) -> Optional[torch.nn.Module]:
+    """DDP around the model when this process is one rank of several (launch.py), else None.
+
+    broadcast_buffers off: BERT's buffers (position ids) never change, and a broadcast per
+    forward would make evaluation, where ranks run different batch counts, wait on each other."""
+    if not distributed.active():
+        return None
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    # torch 2.13 renamed the switch (and deprecated the old name); the GPU image's 2.11 has only the old.
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    no_buffer_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   **no_buffer_sync)
 
 
 def dynamo_settings(cfg: Any, n_shapes: int):
@@ -287,7 +314,9 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     warm_up_device(device)
     result = TrainResult()
     graphs_at_start = compiled_graph_count()  # dynamo's counters outlive torch.compiler.reset()
-    step_model = compile_model(model, cfg)
+    parallel = data_parallel(model, device)
+    step_model = compile_model(parallel or model, cfg)
+    no_sync = parallel.no_sync if parallel is not None else nullcontext
     cuda_graphs = cfg.compile.mode == "reduce-overhead"
     # reduce-overhead records a CUDA graph per concrete shape anyway; a dynamic-length graph
     # underneath only adds symbolic-size kernels (and failed in cudagraph trees on an H200).
@@ -317,7 +346,8 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         """Forward+backward over one window, then the update; returns the window's mean loss."""
         if graphs is not None:
             return graphs.step(window, sum(real_rows(b) for b in window))
-        window_loss = accumulate_window(step_model, window, precision, device, attention_ctx, prepare, drop_full_mask)
+        window_loss = accumulate_window(step_model, window, precision, device, attention_ctx, prepare, drop_full_mask,
+                                        no_sync)
         if cfg.optimizer.max_grad_norm:
             precision.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(trainable_params, cfg.optimizer.max_grad_norm)
@@ -375,7 +405,8 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             tokens = TokenCounts()
             clock = StepClock(device)
             bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="step",
-                       dynamic_ncols=True, mininterval=1.0)
+                       dynamic_ncols=True, mininterval=1.0,
+                       disable=distributed.rank() != 0)  # one bar per job, not per rank
             _sync(device)
             compiles_before = compile_event_count(device)
             collectors.start()
@@ -416,6 +447,14 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                 collectors.stop()  # also when the window ends in an exception: no sampler left running
                 bar.close()
             compiles_in_window = compile_event_count(device) - compiles_before
+            if distributed.active():
+                # Whole-job figures: the slowest rank's window, every rank's samples and tokens.
+                (train_time_s,) = distributed.max_across([train_time_s], device)
+                totals = distributed.sum_across([float(loss_sum), samples, tokens.sequences, tokens.padded_tokens,
+                                                 tokens.real_tokens, tokens.attention_pairs], device)
+                loss_total, samples = totals[0], int(totals[1])
+                loss_sum = torch.tensor(loss_total)
+                tokens = TokenCounts(*(int(v) for v in totals[2:]))
             if compiles_in_window:
                 log(f"warning: {compiles_in_window} compile(s) inside the training window of epoch {epoch + 1}: "
                     "its time includes compilation (a shape the warm-up did not cover)")

@@ -56,7 +56,7 @@ def test_hardware_profiles_have_prices_and_datasheet_peaks(compose_cfg):
     ("optimizer.lr=-1", "optimizer.lr=-1.0 must be > 0"),
     ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio=1.5 must be in [0, 1)"),
     ("dataset.max_length=1024", "dataset.max_length=1024 must be in [8, 512]"),
-    ("num_gpus=2", "data-parallel training is not implemented yet"),
+    ("launcher.name=slurm", "launcher.name='slurm' is not one of inline, process"),
     ("train.device=tpu", "train.device='tpu' is not one of auto, cpu, cuda"),
 ])
 def test_bad_values_raise_one_clear_line(compose_cfg, override, message):
@@ -64,6 +64,16 @@ def test_bad_values_raise_one_clear_line(compose_cfg, override, message):
         validate(compose_cfg([override]))
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["num_gpus=2", "freezing=layerwise"], "DDP registers its gradient hooks once"),
+    (["num_gpus=2", "launcher.name=inline"], "needs a process per rank"),
+])
+def test_impossible_data_parallel_combinations_raise_one_line(compose_cfg, overrides, message):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg(overrides))
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_types_are_enforced_on_composition(compose_cfg):

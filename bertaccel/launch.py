@@ -1,0 +1,168 @@
+"""Where a run executes: what a run is (job.execute: a configuration -> an Outcome) apart from
+where it runs.
+
+- `inline`: in the calling process (the sweep's own). Cheapest; runs share the process, so
+  isolation.py resets what it can between them, and a crash ends the sweep.
+- `process` (default): a fresh Python process per run, and for num_gpus=N one per rank, started
+  by torch.multiprocessing (spawn). Nothing of dynamo, the CUDA allocator, cuDNN or the RNGs
+  carries from one run to the next, and a segfault, abort or OOM-kill costs that run only.
+
+Each worker returns its Outcome (picklable) over a queue; the launching process keeps no state
+between runs. Failure handling, so that one bad run never stops a sweep:
+- a worker that dies (signal, non-zero exit) ends the job: the other ranks are stopped, and the
+  run is recorded failed with the rank and the signal;
+- a rank whose run fails (an exception inside execute) ends the job at once (its peers would
+  otherwise wait for it in the next all-reduce until launcher.collective_timeout_s);
+- a job past launcher.timeout_s is stopped and recorded failed.
+The MLflow run a dead worker may have left "running" is found by its launch_id tag and marked
+failed; if it died before opening one, a failed run is opened for it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_module
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from .distributed import Rank
+
+log = logging.getLogger("bertaccel")
+
+POLL_S = 0.2          # how often the launcher looks at its workers
+LAUNCH_TAG = "launch_id"
+
+
+@dataclass
+class Job:
+    """Everything a worker needs, picklable: the resolved config as a plain dict."""
+    cfg: Dict[str, Any]
+    choices: Dict[str, str]
+    run_name: str
+    started_at: float
+    started_source: str
+    launch_id: str
+
+
+def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
+           started_source: str) -> Any:
+    """Run one configuration where cfg.launcher says; returns its job.Outcome. Bad input
+    (ConfigError, DataError) is raised here, in the caller's process, before anything starts."""
+    from .config import validate
+    from .hardware import check_gpu_count, resolve_device
+    from .job import execute, resumed
+
+    validate(cfg)
+    check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
+    if cfg.launcher.name == "inline":
+        return execute(cfg, choices, run_name, started_at, started_source)
+    earlier = resumed(cfg, run_name)  # a resumed sweep starts no process for a finished run
+    if earlier is not None:
+        return earlier
+    job = Job(OmegaConf.to_container(cfg, resolve=True), dict(choices), run_name, started_at,
+              started_source, uuid.uuid4().hex)
+    return _in_processes(job, cfg)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: int, timeout_s: float) -> None:
+    """One process of a job (torch.multiprocessing entry point: module level, picklable)."""
+    # Hydra configured logging in the launching process only; rank 0 speaks for the job.
+    logging.basicConfig(level=logging.INFO if local_rank == 0 else logging.WARNING,
+                        format=f"[%(asctime)s][%(name)s][%(levelname)s]{'' if world == 1 else f'[rank {local_rank}]'}"
+                               " - %(message)s")
+    import torch
+
+    from .job import execute
+
+    if world > 1 and not torch.cuda.is_available():
+        # CPU ranks share the cores: without this every rank starts a thread per core.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    rank = Rank(local_rank, world, init_method, timeout_s) if world > 1 else None
+    outcome = execute(OmegaConf.create(job.cfg), job.choices, job.run_name, job.started_at, job.started_source,
+                      rank=rank, launch_tags={LAUNCH_TAG: job.launch_id})
+    results.put((local_rank, outcome))
+
+
+def _in_processes(job: Job, cfg: DictConfig) -> Any:
+    import torch.multiprocessing as mp
+
+    world = cfg.num_gpus
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    procs = mp.start_processes(_worker, args=(job, results, f"tcp://127.0.0.1:{_free_port()}", world,
+                                              cfg.launcher.collective_timeout_s),
+                               nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + cfg.launcher.timeout_s
+    outcomes: Dict[int, Any] = {}
+    failure: Optional[str] = None
+    try:
+        while True:
+            while not results.empty():
+                r, outcome = results.get()
+                outcomes[r] = outcome
+                if outcome.status == "failed" and r != 0 and failure is None:
+                    failure = f"rank {r} of {world}: {outcome.reason}"
+            if failure is not None:
+                break
+            try:
+                if procs.join(timeout=POLL_S):
+                    break
+            except mp.ProcessExitedException as e:  # a worker died; join has stopped the others
+                failure = _death(e, world)
+                break
+            except mp.ProcessRaisedException as e:  # an exception outside execute's own handling
+                last = [line for line in str(e).strip().splitlines() if line.strip()]
+                failure = f"rank {e.error_index} of {world} raised: {last[-1] if last else e}"
+                break
+            if time.monotonic() > deadline:
+                failure = f"stopped after launcher.timeout_s={cfg.launcher.timeout_s:g} s"
+                break
+    finally:
+        for p in procs.processes:
+            if p.is_alive():
+                p.kill()
+        for p in procs.processes:
+            p.join()
+    while not results.empty():  # outcomes sent just before the end
+        r, outcome = results.get()
+        outcomes[r] = outcome
+    main = outcomes.get(0)
+    if failure is None and main is not None:
+        return main
+    failure = failure or "no outcome from rank 0 (its process ended without one)"
+    return _record_failure(job, cfg, failure, main)
+
+
+def _death(e: Any, world: int) -> str:
+    who = f"rank {e.error_index} of {world}" if world > 1 else "the run's process"
+    if getattr(e, "signal_name", None):
+        return f"{who} died from signal {e.signal_name} (pid {e.pid})"
+    return f"{who} exited with code {e.exit_code} (pid {e.pid})"
+
+
+def _record_failure(job: Job, cfg: DictConfig, reason: str, main: Any) -> Any:
+    """Mark the job's MLflow run failed with the reason (opening one if none was)."""
+    from .job import Outcome, record_bad_input
+    from .tracking import finish_run, search_runs
+
+    log.warning(f"run {job.run_name}: failed: {reason}")
+    runs = search_runs(cfg.tracking.uri, cfg.tracking.experiment, f"tags.{LAUNCH_TAG} = '{job.launch_id}'")
+    if runs:
+        run = runs[0]
+        if run.data.tags.get("status") in ("running", "finished"):
+            finish_run(cfg.tracking.uri, run.info.run_id, "failed", reason)
+        return Outcome("failed", job.run_name, reason, run.info.run_id)
+    if main is not None and main.run_id is None:
+        return main
+    return record_bad_input(cfg, job.choices, job.run_name, reason, {LAUNCH_TAG: job.launch_id})
