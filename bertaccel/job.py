@@ -226,6 +226,7 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             "dataset_train_rows": len(data.train),
             "dataset_train_rows_full": raw.train_rows_full,
             "train_loss": result.epochs[-1].train_loss,
+            **result.phase_ms,
         }
         tracker.log_metrics({k: v for k, v in metrics.items() if k not in ("test_accuracy", "train_loss")},
                             step=result.epochs[-1].epoch)
@@ -244,6 +245,10 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             "recompiles_in_window_source": ("dynamo graphs + Triton attention kernel variants + CUDA-graph "
                                             "recordings counted before and after each training window"),
             "step_time_ms_source": steady_source(device),
+            **{f"{k}_source": (f"one-step breakdown (step_clock.PhaseClock): {steady_source(device)}; marks after "
+                               "each forward and backward and after the update" if v is not None else
+                               "null: compile.step_graph replays the whole step as one CUDA graph, no phase marks")
+               for k, v in result.phase_ms.items()},
             "time_to_train_s_source": f"time.time() at the end of the last training window minus {started_source}",
             "startup_overhead_s_source": f"time.time() at the first training step minus {started_source}",
             "dataset_train_rows_full_source": "rows of the train split before dataset.train_subset",

@@ -28,7 +28,7 @@ from .freezing import apply_freezing, count_trainable
 from .isolation import compiled_graph_count, warm_up_device
 from .optim import build_optimizer, lr_factor, set_lr
 from .profiling import KernelProfile, profile_steps
-from .step_clock import StepClock, steady_median_ms
+from .step_clock import PhaseClock, StepClock, steady_median_ms, steady_phase_medians
 from .step_graph import StepGraphs
 from .warmup import IGNORE_INDEX, WarmupPlan, compile_event_count, padded_lengths, run_warmup
 
@@ -54,6 +54,7 @@ class EpochStats:
     window_unix: Tuple[float, float] = (0.0, 0.0)  # time.time() at the training window's edges
     step_ms: List[float] = field(default_factory=list)  # per optimizer step (step_clock.py)
     compiles_in_window: int = 0               # compile events counted inside the window (must be 0)
+    phase_ms: List[dict] = field(default_factory=list)  # per step {forward_ms, backward_ms, optimizer_ms}
 
 
 @dataclass
@@ -71,6 +72,13 @@ class TrainResult:
     @property
     def step_time_ms(self) -> Optional[float]:
         return steady_median_ms([e.step_ms for e in self.epochs])
+
+    @property
+    def phase_ms(self) -> Dict[str, Optional[float]]:
+        """Steady-state medians of forward_ms, backward_ms, optimizer_ms (None: no phases were
+        marked, i.e. step graphs, which replay the whole step as one)."""
+        windows = [e.phase_ms for e in self.epochs if e.phase_ms and any(e.phase_ms[0].values())]
+        return steady_phase_medians(windows) if windows else dict.fromkeys(("forward_ms", "backward_ms", "optimizer_ms"))
 
     @property
     def recompiles_in_window(self) -> int:
@@ -181,7 +189,8 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
                       device: torch.device, attention_ctx: Callable = nullcontext,
                       prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None,
                       drop_full_mask: bool = True,
-                      no_sync: Callable[[], Any] = nullcontext) -> torch.Tensor:
+                      no_sync: Callable[[], Any] = nullcontext,
+                      phases: Optional[PhaseClock] = None) -> torch.Tensor:
     """Forward+backward over one window; returns the window's mean loss (detached).
 
     Each micro-batch's summed loss is divided by the window's sample count n, so the gradient
@@ -193,6 +202,7 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
     all-reduce runs once, in the window's last backward, not after every micro-batch.
     Under data parallel n is this rank's count and DDP averages over the ranks: the gradient of
     the global batch when ranks have equal counts (every full step; see data.shard).
+    phases: marks the forward/backward boundaries of the one-step breakdown (step_clock.py).
     """
     n = sum(real_rows(b) for b in window)
     total = torch.zeros((), device=device)
@@ -204,7 +214,11 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
             with precision.autocast(), attention_ctx():
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum", ignore_index=IGNORE_INDEX) / n
+            if phases is not None:
+                phases.forward_done()
             precision.scaler.scale(loss).backward()
+            if phases is not None:
+                phases.backward_done()
         total += loss.detach()
     return total
 
@@ -336,6 +350,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     optimizer = None
     trainable_params: List[torch.Tensor] = []
     graphs: Optional[StepGraphs] = None  # compile.step_graph: captured once the optimizer exists
+    phases: Optional[PhaseClock] = None  # the current window's one-step breakdown
     # compile=reduce-overhead with accumulation: the first micro-batch's gradients would be the
     # CUDA graph's output buffers, overwritten by the next micro-batch's replay before autograd
     # adds to them. Gradients in buffers of our own (zeroed, not freed, per step) make autograd
@@ -346,14 +361,18 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         """Forward+backward over one window, then the update; returns the window's mean loss."""
         if graphs is not None:
             return graphs.step(window, sum(real_rows(b) for b in window))
+        if phases is not None:
+            phases.begin_step()
         window_loss = accumulate_window(step_model, window, precision, device, attention_ctx, prepare, drop_full_mask,
-                                        no_sync)
+                                        no_sync, phases)
         if cfg.optimizer.max_grad_norm:
             precision.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(trainable_params, cfg.optimizer.max_grad_norm)
         precision.scaler.step(optimizer)
         precision.scaler.update()
         optimizer.zero_grad(set_to_none=not graph_grad_buffers)
+        if phases is not None:
+            phases.step_done()
         return window_loss
 
     every_length = padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of)
@@ -404,6 +423,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             samples = steps = 0
             tokens = TokenCounts()
             clock = StepClock(device)
+            phases = PhaseClock(device)
             bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="step",
                        dynamic_ncols=True, mininterval=1.0,
                        disable=distributed.rank() != 0)  # one bar per job, not per rank
@@ -442,6 +462,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                     bar.update(1)
                 _sync(device)
                 train_time_s = time.perf_counter() - t0
+                phases_in_window, phases = phases, None  # the profiler window after training is not timed
                 window_end_unix = time.time()
             finally:
                 collectors.stop()  # also when the window ends in an exception: no sampler left running
@@ -470,7 +491,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                                             eval_time_s, steps, samples, tokens,
                                             bert_train_flops(model, tokens),
                                             (window_start_unix, window_end_unix), clock.step_ms(),
-                                            compiles_in_window))
+                                            compiles_in_window, phases_in_window.per_step()))
             result.last_window_end_unix = window_end_unix
             log(f"epoch {epoch + 1}/{cfg.train.epochs}: train_loss={epoch_loss:.4f} test_accuracy={accuracy:.4f} "
                 f"train_time_s={train_time_s:.1f} eval_time_s={eval_time_s:.1f} trainable_params={trainable:,}")

@@ -125,3 +125,20 @@ def test_second_run_finds_the_compiled_graphs_in_the_persistent_cache(compose_cf
             c.mark_warmed_up()
             states.append(c.state(result.compiled_anything))
     assert states == ["cold", "warm"]
+
+
+def test_one_step_breakdown_adds_up_to_the_step_time(compose_cfg, tmp_path):
+    # Seed 004's Table 4.10 form: forward, backward and optimizer per step, from the loop's own
+    # marks. Their sum leaves out only the loop's work between steps, so it is a little below
+    # the step time, never above it.
+    cfg, model, (tr, te), plan = _setup(compose_cfg, tmp_path, ["accumulation=2"])
+    result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=plan)
+    phases = result.phase_ms
+    assert set(phases) == {"forward_ms", "backward_ms", "optimizer_ms"}
+    assert all(v is not None and v > 0 for v in phases.values()), phases
+    steps = result.epochs[0].phase_ms
+    assert len(steps) == result.optimizer_steps == 3  # 96 rows / (16 x 2)
+    for step, total in zip(steps, result.epochs[0].step_ms):
+        assert sum(step.values()) <= total + 1e-6
+        assert sum(step.values()) > 0.5 * total
+    assert phases["backward_ms"] > phases["optimizer_ms"]  # two micro-batch backwards vs one AdamW update

@@ -1,0 +1,137 @@
+"""Data parallel on the CPU: 2 gloo processes running the real training core's functions."""
+from __future__ import annotations
+
+import faulthandler
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from mlflow.tracking import MlflowClient
+from transformers import BertConfig, BertForSequenceClassification
+
+from bertaccel import distributed
+from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
+from bertaccel.train import Precision, accumulate_window, data_parallel, evaluate
+
+
+HANG_S = 240
+
+
+def _model():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, num_labels=3)
+    return BertForSequenceClassification(cfg).eval()  # dropout off: both sides compute one function
+
+
+def _samples(n):
+    g = torch.Generator().manual_seed(1)
+    # equal lengths: a micro-batch's padding does not depend on how the rows are split
+    return [(torch.randint(1, 120, (10,), generator=g), torch.randint(0, 3, (1,), generator=g)[0]) for _ in range(n)]
+
+
+def _step(model, step_model, windows_for_rank, no_sync=None):
+    """One SGD step over this rank's window; returns the new weights."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    kwargs = {} if no_sync is None else {"no_sync": no_sync}
+    accumulate_window(step_model, windows_for_rank, Precision("fp32", torch.device("cpu")), torch.device("cpu"),
+                      **kwargs)
+    opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _rank_main(rank, port, micro, out_dir):
+    faulthandler.dump_traceback_later(HANG_S - 20, exit=True)  # a hung rank says where, then ends
+    torch.set_num_threads(1)
+    r = distributed.Rank(rank, 2, f"tcp://127.0.0.1:{port}", 60)
+    with distributed.process_group(r, "cpu"):
+        model = _model()
+        ddp = data_parallel(model, torch.device("cpu"))
+        assert ddp is not None and distributed.world_size() == 2
+        collate = PadCollator(0)
+        mine = _samples(16)[rank * 8:(rank + 1) * 8]  # batch b=8 per rank, global 16
+        window = [collate(mine[i:i + 8 // micro]) for i in range(0, 8, 8 // micro)]
+        weights = _step(model, ddp, window, ddp.no_sync)
+        # evaluation: 5 test batches split 3 / 2 over the ranks, accuracy over all of them
+        accuracy = evaluate(model, distributed.shard(_test_batches(), rank, 2, equal=False),
+                            Precision("fp32", torch.device("cpu")), torch.device("cpu"))
+        torch.save({"weights": weights, "accuracy": accuracy}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def _test_batches():
+    g = torch.Generator().manual_seed(7)
+    rows = [(torch.randint(1, 120, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g),
+             torch.randint(0, 3, (1,), generator=g)[0]) for _ in range(37)]
+    return [PadCollator(0)(rows[i:i + 8]) for i in range(0, 37, 8)]
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("micro", [1, 2], ids=["one-micro-batch", "accumulation-no_sync"])
+def test_two_ranks_of_batch_b_step_like_one_process_of_batch_2b(tmp_path, micro):
+    ranks = mp.start_processes(_rank_main, args=(_port(), micro, str(tmp_path)), nprocs=2, start_method="spawn",
+                               join=False)
+    deadline = time.monotonic() + HANG_S
+    while not ranks.join(timeout=1):  # raises if a rank failed
+        if time.monotonic() > deadline:
+            for p in ranks.processes:
+                p.kill()
+            pytest.fail(f"the 2 ranks did not finish in {HANG_S} s")
+    model = _model()
+    expected = _step(model, model, [PadCollator(0)(_samples(16))])
+    expected_accuracy = evaluate(model, _test_batches(), Precision("fp32", torch.device("cpu")), torch.device("cpu"))
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for name, w in expected.items():
+            torch.testing.assert_close(got["weights"][name], w, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
+        assert got["accuracy"] == expected_accuracy  # summed over both ranks' shares, 37 rows
+    # the step moved the weights (a test that compares two untouched models would pass anyway)
+    assert not torch.equal(expected["classifier.weight"], _model().classifier.weight.detach())
+
+
+def test_ranks_get_disjoint_equal_shares_of_the_same_bucketed_batches():
+    lengths = torch.randint(5, 60, (203,), generator=torch.Generator().manual_seed(0))
+    whole = list(LengthGroupedBatches(lengths, 8, torch.Generator().manual_seed(4)))
+    shares = [list(LengthGroupedBatches(lengths, 8, torch.Generator().manual_seed(4), rank=r, world=2))
+              for r in (0, 1)]
+    assert len(shares[0]) == len(shares[1]) == len(whole) // 2 == len(
+        LengthGroupedBatches(lengths, 8, torch.Generator(), rank=1, world=2))
+    seen = [i for share in shares for b in share for i in b]
+    assert len(seen) == len(set(seen))  # disjoint
+    # the same buckets as one process: every rank's batch is one of the single-process batches
+    as_sets = {frozenset(b) for b in whole}
+    assert all(frozenset(b) in as_sets for share in shares for b in share)
+    plain = [list(ShuffledBatches(50, 8, torch.Generator().manual_seed(2), rank=r, world=2)) for r in (0, 1)]
+    assert len(plain[0]) == len(plain[1]) == 3
+    assert not set(i for b in plain[0] for i in b) & set(i for b in plain[1] for i in b)
+
+
+def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "bertaccel.run", "-m", "num_gpus=1,2", "model=tiny",
+                           "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=40",
+                           "train.batch_size=8", "train.eval_batch_size=16", f"cache_dir={tmp_path / 'c'}",
+                           f"tracking.uri={uri}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("bertaccel")
+    runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("bertaccel.role") != "sweep"]
+    assert len(runs) == 2, [r.info.run_name for r in runs]  # one per configuration, none per rank
+    by_world = {r.data.tags["world_size"]: r for r in runs}
+    assert set(by_world) == {"1", "2"}
+    two = by_world["2"]
+    assert two.data.tags["status"] == "finished" and two.data.tags["backend"] == "gloo"
+    # global batch = 2 x 8: half the optimizer steps of the 1-process run, every train row once
+    assert two.data.metrics["optimizer_steps"] == by_world["1"].data.metrics["optimizer_steps"] / 2 == 4
+    assert two.data.metrics["throughput_samples_s"] > 0 and 0 <= two.data.metrics["test_accuracy"] <= 1
