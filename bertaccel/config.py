@@ -209,6 +209,9 @@ class RunConfig:
     # true: a torch.profiler window after training -> kernel table, category shares, trace.
     profile: bool = False
     profile_window: ProfileWindowConfig = field(default_factory=ProfileWindowConfig)
+    # true: after training, per-layer backward and all-reduce times and the thesis' backprop-time
+    # estimate (bertaccel/layer_timing.py): backward_predicted_ms vs backward_measured_ms.
+    layer_timing: bool = False
 
 
 def register_configs() -> None:

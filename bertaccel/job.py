@@ -255,6 +255,8 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             "tokenize_cache": "hit" if data.cache_hit else "miss",
             "model_weights": weights_note,
         })
+        if result.backprop is not None:
+            log_backprop(tracker, result.backprop, metrics, device)
         tracker.log_metrics({k: r.value for k, r in measured.items()}, step=result.epochs[-1].epoch)
         tracker.set_tags({f"{k}_source": r.source for k, r in measured.items()})
         tracker.set_tags({"train_windows_unix": json.dumps([list(e.window_unix) for e in result.epochs])})
@@ -266,6 +268,28 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the sweep goes on
         log.error(f"run {run_name} failed:\n{traceback.format_exc()}")
         return _end(tracker, outcome, "failed", _first_line(e))
+
+
+def log_backprop(tracker: Any, timing: Any, metrics: Dict[str, Any], device: torch.device) -> None:
+    """layer_timing=true: the thesis' estimate against the measured backward, and the per-layer
+    table as an artifact (bertaccel.predict_dp reads it)."""
+    values = {"backward_measured_ms": timing.measured_backward_ms,
+              "backward_predicted_ms": timing.predicted_backward_ms,
+              "backward_estimate_error_pct": timing.error_pct}
+    tracker.log_metrics(values)
+    metrics.update(values)
+    clock = "CUDA events" if device.type == "cuda" else "time.perf_counter"
+    tracker.set_tags({
+        "backward_measured_ms_source": (f"layer_timing: median of {timing.steps} backward passes after training, "
+                                        f"start of backward to the end of DDP's last all-reduce ({clock})"),
+        "backward_predicted_ms_source": ("backprop_estimator.estimate_backward (seed 004 section 3.5.2) over "
+                                         "per-layer compute (gradient-ready hooks) and comm (standalone all-reduce "
+                                         f"of each layer's gradient bytes, world_size={timing.world_size})"),
+        "backward_estimate_error_pct_source": "|predicted - measured| / measured x 100",
+    })
+    with tempfile.TemporaryDirectory(prefix="bertaccel-layers-") as d:
+        (Path(d) / "layer_timing.json").write_text(json.dumps(timing.to_json(), indent=1))
+        tracker.log_artifacts(d, "layer_timing")
 
 
 def _end(tracker: RunTracker, outcome: Outcome, status: str, reason: Optional[str] = None) -> Outcome:

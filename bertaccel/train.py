@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from . import distributed
+from . import distributed, layer_timing
 from .attention.warmup import reset_kernel_caches
 from .collectors import CollectorSet
 from .flops import TokenCounts, bert_train_flops
@@ -64,6 +64,7 @@ class TrainResult:
     first_step_started_at: Optional[float] = None  # time.time() as the first window began
     profile: Optional[KernelProfile] = None
     profile_error: Optional[str] = None
+    backprop: Optional[layer_timing.BackpropTiming] = None  # layer_timing=true
     compile_time_s: float = 0.0               # warm-up before the first window (warmup.py)
     compile_time_source: str = "nothing compiled"
     compiled_anything: bool = False           # whether the run has compiled/JIT paths at all
@@ -271,6 +272,9 @@ def compile_model(model: torch.nn.Module, cfg: Any) -> Callable:
     if cfg.compile.mode == "off":
         return model
     return torch.compile(model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
+
+
+LAYER_TIMING_STEPS = 10  # timed forward+backward passes for layer_timing (after one untimed)
 
 
 def data_parallel(model: torch.nn.Module, device: torch.device) -> Optional[torch.nn.Module]:
@@ -499,6 +503,17 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             result.compile_graphs = compiled_graph_count() - graphs_at_start
         if after_training is not None:
             after_training()
+        if cfg.layer_timing:
+            # After the last evaluation, on the eager model (hooks do not survive compile or
+            # CUDA graphs); forward+backward only, the weights are not changed.
+            def timing_loss(host_batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+                batch = model_inputs(host_batch, device, drop_full_mask)
+                with precision.autocast(), attention_ctx():
+                    logits = (parallel or model)(input_ids=batch["input_ids"],
+                                                 attention_mask=batch["attention_mask"]).logits
+                return F.cross_entropy(logits.float(), batch["labels"], ignore_index=IGNORE_INDEX)
+
+            result.backprop = layer_timing.measure(model, timing_loss, train_loader, device, LAYER_TIMING_STEPS)
         if cfg.profile:
             # After the last evaluation: its extra steps change weights nobody reads any more.
             pw = cfg.profile_window

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,7 +122,7 @@ def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "bertaccel.run", "-m", "num_gpus=1,2", "model=tiny",
                            "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=40",
-                           "train.batch_size=8", "train.eval_batch_size=16", f"cache_dir={tmp_path / 'c'}",
+                           "train.batch_size=8", "train.eval_batch_size=16", "layer_timing=true", f"cache_dir={tmp_path / 'c'}",
                            f"tracking.uri={uri}"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -135,3 +137,18 @@ def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path)
     # global batch = 2 x 8: half the optimizer steps of the 1-process run, every train row once
     assert two.data.metrics["optimizer_steps"] == by_world["1"].data.metrics["optimizer_steps"] / 2 == 4
     assert two.data.metrics["throughput_samples_s"] > 0 and 0 <= two.data.metrics["test_accuracy"] <= 1
+    # layer_timing: per-layer times in backward order; all-reduce times only where there are peers
+    for world, run in by_world.items():
+        m = run.data.metrics
+        assert m["backward_measured_ms"] > 0 and m["backward_predicted_ms"] > 0, m
+        assert run.data.tags["backward_predicted_ms_source"].startswith("backprop_estimator")
+        table = json.loads(Path(client.download_artifacts(run.info.run_id, "layer_timing/layer_timing.json",
+                                                          str(tmp_path))).read_text())
+        assert [x["name"] for x in table["layers"]] == ["head", "encoder.1", "encoder.0", "embeddings"]
+        comm = [x["comm_ms"] for x in table["layers"]]
+        assert all(c > 0 for c in comm) if world == "2" else all(c == 0 for c in comm)
+        if world == "1":  # no communication: the estimate is the sum of the layers' compute
+            total = sum(x["compute_ms"] for x in table["layers"])
+            assert abs(m["backward_predicted_ms"] - total) < 1e-6 and total <= m["backward_measured_ms"] * 1.2  # medians of parts vs of totals
+        for name in ("forward_ms", "backward_ms", "optimizer_ms"):
+            assert m[name] > 0
