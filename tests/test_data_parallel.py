@@ -18,6 +18,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel import distributed
 from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
+from bertaccel.predict_dp import PredictError, predict
 from bertaccel.train import Precision, accumulate_window, data_parallel, evaluate
 
 
@@ -152,3 +153,15 @@ def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path)
             assert abs(m["backward_predicted_ms"] - total) < 1e-6 and total <= m["backward_measured_ms"] * 1.2  # medians of parts vs of totals
         for name in ("forward_ms", "backward_ms", "optimizer_ms"):
             assert m[name] > 0
+
+    # predict_dp: the 1-rank run's layers predict 2 ranks; the real 2-rank run is the check
+    one_id, two_id = by_world["1"].info.run_id, two.info.run_id
+    table = predict(uri, one_id, 1.0, [2, 4], 0.0, check_run_id=two_id)
+    row2 = next(line for line in table.splitlines() if line.startswith("| 2 |")).split("|")
+    assert float(row2[2]) > 0 and float(row2[3]) == pytest.approx(two.data.metrics["step_time_ms"], abs=0.01)
+    assert next(line for line in table.splitlines() if line.startswith("| 4 |")).split("|")[3].strip() == "-"
+    slow = float(next(line for line in predict(uri, one_id, 0.001, [2], 0.0).splitlines()
+                      if line.startswith("| 2 |")).split("|")[2])
+    assert slow > float(row2[2])  # less bandwidth, longer step
+    with pytest.raises(PredictError, match="predict from a num_gpus=1 run"):
+        predict(uri, two_id, 1.0, [2], 0.0)

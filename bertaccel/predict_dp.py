@@ -1,0 +1,101 @@
+"""Predict a data-parallel step time on N GPUs from a 1-GPU run, before renting N GPUs.
+
+    python -m bertaccel.predict_dp --uri sqlite:///mlflow.db --run-id <1-GPU run with layer_timing=true> \
+        --bus-bandwidth-gb-s 350 --gpus 2,4,8 [--latency-ms 0.02] [--check-run-id <N-GPU run>]
+
+The run's per-layer backward compute times and gradient bytes (artifact layer_timing.json) and
+its forward_ms / optimizer_ms go into backprop_estimator.predict_step_ms with a ring all-reduce
+at the given bus bandwidth (nccl-tests' busbw on the target machine). --check-run-id compares a
+prediction with a real N-GPU run's step_time_ms. Prints one Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+from .backprop_estimator import error_pct, predict_step_ms
+
+
+class PredictError(ValueError):
+    """Bad input; the message is the one line the user sees."""
+
+
+def _run(client, run_id: str):
+    try:
+        return client.get_run(run_id)
+    except Exception as e:  # noqa: BLE001 - MLflow raises several types for an unknown id
+        raise PredictError(f"run {run_id} not found in the store ({type(e).__name__})") from None
+
+
+def _layers(client, run) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            path = client.download_artifacts(run.info.run_id, "layer_timing/layer_timing.json", d)
+        except Exception:  # noqa: BLE001
+            raise PredictError(f"run {run.info.run_id} has no layer_timing artifact: run it with layer_timing=true")
+        return json.loads(Path(path).read_text())
+
+
+def predict(uri: str, run_id: str, bus_gb_s: float, gpus: List[int], latency_ms: float,
+            check_run_id: Optional[str] = None) -> str:
+    from mlflow.tracking import MlflowClient
+
+    if bus_gb_s <= 0:
+        raise PredictError(f"--bus-bandwidth-gb-s={bus_gb_s} must be > 0")
+    client = MlflowClient(uri)
+    run = _run(client, run_id)
+    table = _layers(client, run)
+    if table["world_size"] != 1:
+        raise PredictError(f"run {run_id} ran on {table['world_size']} ranks: predict from a num_gpus=1 run")
+    m = run.data.metrics
+    missing = [k for k in ("forward_ms", "optimizer_ms", "step_time_ms") if k not in m]
+    if missing:
+        raise PredictError(f"run {run_id} has no {', '.join(missing)} (step graphs record no phases)")
+    compute = [x["compute_ms"] for x in table["layers"]]
+    grad_bytes = [x["grad_bytes"] for x in table["layers"]]
+    check = _run(client, check_run_id) if check_run_id else None
+    check_world = int(check.data.tags.get("world_size", "0")) if check else None
+    lines = ["| GPUs | predicted ms/step | measured ms/step | error % |", "|---|---|---|---|"]
+    for n in gpus:
+        p = predict_step_ms(compute, grad_bytes, bus_gb_s, n, m["forward_ms"], m["optimizer_ms"],
+                            allreduce_latency_ms=latency_ms)
+        measured = check.data.metrics.get("step_time_ms") if check is not None and check_world == n else None
+        err = f"{error_pct(p, measured):.1f}" if measured else "-"
+        lines.append(f"| {n} | {p:.2f} | {'-' if measured is None else f'{measured:.2f}'} | {err} |")
+    lines.append(f"\nfrom run {run_id}: forward {m['forward_ms']:.2f} ms + backward of {len(compute)} layers + "
+                 f"optimizer {m['optimizer_ms']:.2f} ms (measured 1-GPU step {m['step_time_ms']:.2f} ms); ring all-reduce "
+                 f"at {bus_gb_s:g} GB/s bus bandwidth, {latency_ms:g} ms latency per all-reduce. Assumes per-GPU "
+                 "compute does not change with N (see backprop_estimator.predict_step_ms).")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--uri", default="sqlite:///mlflow.db")
+    ap.add_argument("--run-id", required=True)
+    ap.add_argument("--bus-bandwidth-gb-s", type=float, required=True)
+    ap.add_argument("--gpus", default="2,4,8")
+    ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--check-run-id")
+    args = ap.parse_args(argv)
+    try:
+        gpus = [int(g) for g in args.gpus.split(",")]
+        if any(g < 1 for g in gpus):
+            raise ValueError
+    except ValueError:
+        print(f"error: --gpus={args.gpus!r} must be positive integers separated by commas, e.g. 2,4,8", file=sys.stderr)
+        return 2
+    try:
+        print(predict(args.uri, args.run_id, args.bus_bandwidth_gb_s, gpus, args.latency_ms, args.check_run_id))
+    except PredictError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
