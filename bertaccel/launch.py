@@ -85,6 +85,11 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
 
     from .job import execute
 
+    if world > 1:
+        # NVLink multicast (NVLS) off unless the user's environment says otherwise: it needs
+        # fabric-manager multicast support that shared GPU hosts often lack (and the machines
+        # this was built on forbid), and plain ring/tree all-reduce is what the thesis measured.
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # this worker's own environment only
     if world > 1 and not torch.cuda.is_available():
         # CPU ranks share the cores: without this every rank starts a thread per core.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
