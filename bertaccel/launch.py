@@ -152,8 +152,8 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
 def _death(e: Any, world: int) -> str:
     who = f"rank {e.error_index} of {world}" if world > 1 else "the run's process"
     if getattr(e, "signal_name", None):
-        return f"{who} died from signal {e.signal_name} (pid {e.pid})"
-    return f"{who} exited with code {e.exit_code} (pid {e.pid})"
+        return f"{who} died from signal {e.signal_name} (pid {e.error_pid})"
+    return f"{who} exited with code {e.exit_code} (pid {e.error_pid})"
 
 
 def _record_failure(job: Job, cfg: DictConfig, reason: str, main: Any) -> Any:
@@ -165,8 +165,12 @@ def _record_failure(job: Job, cfg: DictConfig, reason: str, main: Any) -> Any:
     runs = search_runs(cfg.tracking.uri, cfg.tracking.experiment, f"tags.{LAUNCH_TAG} = '{job.launch_id}'")
     if runs:
         run = runs[0]
-        if run.data.tags.get("status") in ("running", "finished"):
-            finish_run(cfg.tracking.uri, run.info.run_id, "failed", reason)
+        status, earlier = run.data.tags.get("status"), run.data.tags.get("reason")
+        if status == "failed" and earlier and earlier != reason:
+            # Rank 0 may have recorded its own symptom first (a peer's closed connection): the
+            # launcher's cause leads, rank 0's words stay.
+            reason = f"{reason} (rank 0 reported: {earlier})"
+        finish_run(cfg.tracking.uri, run.info.run_id, "failed", reason)
         return Outcome("failed", job.run_name, reason, run.info.run_id)
     if main is not None and main.run_id is None:
         return main

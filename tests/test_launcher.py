@@ -122,7 +122,7 @@ def test_twenty_run_sweep_with_three_poisoned_configurations_loses_nothing(cli):
     assert "16 runs: finished=16 skipped=0 failed=0" in good.stdout, good.stdout[-3000:]
 
     poisoned = cli(["-m", "preset=none,poison_nan_loss,poison_huge_model,poison_fp16_on_cpu", "train.seed=17",
-                    f"hydra.searchpath=[file://{POISON_DIR / 'conf'}]", *SMALL])
+                    f"hydra.searchpath=['file://{POISON_DIR / 'conf'}']", *SMALL])
     assert poisoned.returncode == 0, poisoned.stderr[-3000:]
     assert "4 runs: finished=1 skipped=1 failed=2" in poisoned.stdout, poisoned.stdout[-3000:]
 

@@ -5,7 +5,8 @@ Python imports `sitecustomize` at start-up in every interpreter, and the launche
 (torch.multiprocessing, spawn) inherit the environment, so this runs in each of them. It does
 nothing unless BERTACCEL_TEST_POISON is set and the interpreter is a spawned worker
 (multiprocessing starts those with `--multiprocessing-fork` in argv; the sweep's own process,
-multiprocessing's resource tracker etc. are left alone).
+multiprocessing's resource tracker etc. are left alone). It shadows any sitecustomize of the
+Python installation for that subprocess only.
 
 BERTACCEL_TEST_POISON is a comma-separated list of faults, each `action:key=value[:key=value]`:
   abort:seed=N                  the run with train.seed=N calls os.abort() (dies from SIGABRT)
