@@ -7,7 +7,7 @@ work, so a bad value costs one line and no half-written run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -18,7 +18,7 @@ SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "M
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 COMPILE_CACHES = ("persistent", "fresh")
 FREEZINGS = ("none", "layerwise")
-OPTIMIZERS = ("adamw", "adamw_fused")
+SCALE_LR = ("none", "linear")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 MODEL_SOURCES = ("package", "hub", "random_init")
 DATASET_SOURCES = ("bundled", "hub", "csv")
@@ -70,12 +70,15 @@ class OptimizerConfig:
     name: str = "adamw"
     lr: float = 5e-5
     weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
     schedule: str = "linear"
     warmup_ratio: float = 0.1
+    min_lr_ratio: float = 0.0           # cosine: decay to this fraction of lr (seed 001 eq. 10: 0.1)
+    scale_lr: str = "none"              # linear: lr x effective batch / base_batch_size (seed 001 eq. 11)
+    base_batch_size: int = 32           # the batch lr was tuned for (scale_lr=linear)
     max_grad_norm: Optional[float] = 1.0  # null disables clipping
+    # The optimizer itself (bertaccel/optim.py): `_target_` a torch.optim.Optimizer class,
+    # `_partial_: true`, and that class's own settings. lr and weight decay come from above.
+    impl: Dict[str, Any] = field(default_factory=lambda: {"_target_": "torch.optim.AdamW", "_partial_": True})
 
 
 @dataclass
@@ -254,14 +257,23 @@ def validate(cfg: Any) -> None:
     _positive("accumulation", cfg.accumulation)
     _one_of("freezing.name", cfg.freezing.name, FREEZINGS)
     opt = cfg.optimizer
-    _one_of("optimizer.name", opt.name, OPTIMIZERS)
     _positive("optimizer.lr", opt.lr)
     _one_of("optimizer.schedule", opt.schedule, LR_SCHEDULES)
+    _one_of("optimizer.scale_lr", opt.scale_lr, SCALE_LR)
+    _positive("optimizer.base_batch_size", opt.base_batch_size)
+    if not 0.0 <= opt.min_lr_ratio < 1.0:
+        raise ConfigError(f"optimizer.min_lr_ratio={opt.min_lr_ratio} must be in [0, 1)")
     if not 0.0 <= opt.warmup_ratio < 1.0:
         raise ConfigError(f"optimizer.warmup_ratio={opt.warmup_ratio} must be in [0, 1)")
     if opt.weight_decay < 0:
         raise ConfigError(f"optimizer.weight_decay={opt.weight_decay} must be >= 0")
     _positive("optimizer.max_grad_norm", opt.max_grad_norm, allow_none=True)
+    from .optim import check_optimizer  # the option's own class checks its settings
+
+    why = check_optimizer(opt, capturable=False) or (check_optimizer(opt, capturable=True)
+                                                     if cfg.compile.step_graph else None)
+    if why:
+        raise ConfigError(why)
     _positive("hardware.price_per_gpu_hour_usd", cfg.hardware.price_per_gpu_hour_usd, allow_none=True)
     _positive("num_gpus", cfg.num_gpus)
     if cfg.num_gpus > 1 and cfg.freezing.name != "none":

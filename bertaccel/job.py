@@ -104,6 +104,9 @@ class RankTracker:
     def log_metrics(self, metrics: Mapping[str, Optional[float]], step: int = 0) -> None:
         pass
 
+    def log_series(self, key: str, values: Any) -> None:
+        pass
+
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
         pass
 
@@ -252,9 +255,13 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             "time_to_train_s_source": f"time.time() at the end of the last training window minus {started_source}",
             "startup_overhead_s_source": f"time.time() at the first training step minus {started_source}",
             "dataset_train_rows_full_source": "rows of the train split before dataset.train_subset",
+            "lr_source": (f"the lr of each optimizer step (MLflow step = global step): optimizer.lr"
+                          f"{' x effective batch / base_batch_size' if cfg.optimizer.scale_lr == 'linear' else ''}"
+                          f" x schedule {cfg.optimizer.schedule}"),
             "tokenize_cache": "hit" if data.cache_hit else "miss",
             "model_weights": weights_note,
         })
+        tracker.log_series("lr", result.lr_per_step)
         if result.backprop is not None:
             log_backprop(tracker, result.backprop, metrics, device)
         tracker.log_metrics({k: r.value for k, r in measured.items()}, step=result.epochs[-1].epoch)

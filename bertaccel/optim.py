@@ -1,11 +1,16 @@
-"""Optimizer registry and learning-rate schedule.
+"""Optimizers and the learning-rate schedule.
 
-Adding an optimizer is one function plus one line in OPTIMIZERS.
+One home per optimizer: its YAML file in conf/optimizer/ names the class (`impl._target_`, a
+torch.optim.Optimizer, `_partial_: true`) with its own settings (betas, eps, foreach/fused ...),
+and the class itself validates them and says whether this machine can run it. Adding an
+optimizer is that YAML file plus the class; nothing here lists the options. What every
+optimizer shares stays in OptimizerConfig: lr and its schedule, weight decay (parameter groups),
+clipping.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Iterable, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -21,38 +26,73 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> List[Dict[str,
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _adamw(groups: List[Dict[str, Any]], cfg: Any, capturable: bool, **impl: bool) -> torch.optim.Optimizer:
-    lr: Any = cfg.lr
+def optimizer_class(cfg: Any) -> Callable[..., torch.optim.Optimizer]:
+    """The option's class with its own settings bound (Hydra instantiate of a `_partial_`)."""
+    from hydra.utils import instantiate
+
+    return instantiate(cfg.impl, _convert_="all")
+
+
+def _build(factory: Callable[..., torch.optim.Optimizer], groups: List[Dict[str, Any]], lr: float,
+           capturable: bool) -> torch.optim.Optimizer:
     if capturable:
         # Inside a CUDA graph the step reads lr from device memory: a float would be frozen into
         # the graph at capture, so the schedule could never change it (set_lr fills the tensor).
-        lr = torch.tensor(cfg.lr, device=groups[0]["params"][0].device)
-    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             capturable=capturable, **impl)
+        return factory(groups, lr=torch.tensor(lr, device=groups[0]["params"][0].device), capturable=True)
+    return factory(groups, lr=lr)
 
 
-OPTIMIZERS: Dict[str, Callable[..., torch.optim.Optimizer]] = {
-    # foreach: one multi-tensor kernel per op over all params; fused: one kernel for the whole step.
-    "adamw": lambda groups, cfg, capturable: _adamw(groups, cfg, capturable, foreach=True),
-    "adamw_fused": lambda groups, cfg, capturable: _adamw(groups, cfg, capturable, fused=True),
-}
+def build_optimizer(model: torch.nn.Module, cfg: Any, capturable: bool = False, lr: Optional[float] = None) -> torch.optim.Optimizer:
+    """capturable: state and lr on the device, so the step can be captured in a CUDA graph.
+    lr: the starting lr (default cfg.lr; set_lr changes it every step)."""
+    return _build(optimizer_class(cfg), _param_groups(model, cfg.weight_decay), cfg.lr if lr is None else lr,
+                  capturable)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Any, capturable: bool = False) -> torch.optim.Optimizer:
-    """capturable: state and lr on the device, so the step can be captured in a CUDA graph."""
-    return OPTIMIZERS[cfg.name](_param_groups(model, cfg.weight_decay), cfg, capturable)
+def check_optimizer(cfg: Any, capturable: bool, device: torch.device = torch.device("cpu")) -> Optional[str]:
+    """Why the option's settings cannot work (None if they can): the class is built over one
+    throw-away parameter on `device`, so its own argument checks speak."""
+    try:
+        factory = optimizer_class(cfg)
+    except Exception as e:  # noqa: BLE001 - Hydra wraps import and argument errors alike
+        return f"optimizer={cfg.name}: optimizer.impl cannot be instantiated: {_first_line(e)}"
+    probe = torch.nn.Parameter(torch.zeros(4, device=device))
+    try:
+        _build(factory, [{"params": [probe], "weight_decay": cfg.weight_decay}], cfg.lr, capturable)
+    except TypeError as e:
+        if capturable and "capturable" in str(e):
+            return (f"optimizer={cfg.name} has no capturable mode, which compile.step_graph=true needs "
+                    "(the step runs inside a CUDA graph)")
+        return f"optimizer={cfg.name}: {_first_line(e)}"
+    except (ValueError, RuntimeError) as e:
+        return f"optimizer={cfg.name}: {_first_line(e)}"
+    return None
 
 
-def lr_factor(schedule: str, step: int, total_steps: int, warmup_ratio: float) -> float:
-    """Multiplier of the base lr at optimizer step `step` (0-based) of `total_steps`."""
+def _first_line(e: BaseException) -> str:
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
+def scaled_lr(cfg: Any, effective_batch: int) -> float:
+    """optimizer.scale_lr=linear: lr x effective batch / base_batch_size (the linear scaling
+    rule, seed 001 eq. 11); none: lr as given."""
+    if cfg.scale_lr == "linear":
+        return cfg.lr * effective_batch / cfg.base_batch_size
+    return cfg.lr
+
+
+def lr_factor(schedule: str, step: int, total_steps: int, warmup_ratio: float, min_lr_ratio: float = 0.0) -> float:
+    """Multiplier of the base lr at optimizer step `step` (0-based) of `total_steps`.
+    min_lr_ratio: cosine's floor, eta_min = min_lr_ratio x base (seed 001 eq. 10: 0.1)."""
     if schedule == "constant":
         return 1.0
     warmup = math.ceil(warmup_ratio * total_steps)
     if step < warmup:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-    if schedule == "cosine":  # seed 001: warm-up, then half a cosine from 1 to 0
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "cosine":  # seed 001: warm-up, then half a cosine from 1 down to the floor
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
     # linear: decay from 1 after warm-up to 0 after the last step
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
 

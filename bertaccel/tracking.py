@@ -15,7 +15,7 @@ import subprocess
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
@@ -135,6 +135,14 @@ class RunTracker:
         """None means "not measured" and is not logged as a number (its tag says why)."""
         now = get_current_time_millis()
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
+        for i in range(0, len(batch), MLFLOW_BATCH):
+            self.client.log_batch(self.run_id, metrics=batch[i:i + MLFLOW_BATCH])
+
+    @_locked
+    def log_series(self, key: str, values: Sequence[float]) -> None:
+        """One metric per step (step = index), in batches: a per-step lr costs a few writes."""
+        now = get_current_time_millis()
+        batch = [Metric(key, float(v), now, i) for i, v in enumerate(values)]
         for i in range(0, len(batch), MLFLOW_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i:i + MLFLOW_BATCH])
 

@@ -26,7 +26,7 @@ from .collectors import CollectorSet
 from .flops import TokenCounts, bert_train_flops
 from .freezing import apply_freezing, count_trainable
 from .isolation import compiled_graph_count, warm_up_device
-from .optim import build_optimizer, lr_factor, set_lr
+from .optim import build_optimizer, lr_factor, scaled_lr, set_lr
 from .profiling import KernelProfile, profile_steps
 from .step_clock import PhaseClock, StepClock, steady_median_ms, steady_phase_medians
 from .step_graph import StepGraphs
@@ -65,6 +65,7 @@ class TrainResult:
     profile: Optional[KernelProfile] = None
     profile_error: Optional[str] = None
     backprop: Optional[layer_timing.BackpropTiming] = None  # layer_timing=true
+    lr_per_step: List[float] = field(default_factory=list)  # the lr each optimizer step used
     compile_time_s: float = 0.0               # warm-up before the first window (warmup.py)
     compile_time_source: str = "nothing compiled"
     compiled_anything: bool = False           # whether the run has compiled/JIT paths at all
@@ -355,6 +356,8 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     trainable_params: List[torch.Tensor] = []
     graphs: Optional[StepGraphs] = None  # compile.step_graph: captured once the optimizer exists
     phases: Optional[PhaseClock] = None  # the current window's one-step breakdown
+    # The linear scaling rule counts the global batch: per-rank batch x accumulation x ranks.
+    base_lr = scaled_lr(cfg.optimizer, cfg.train.batch_size * k * distributed.world_size())
     # compile=reduce-overhead with accumulation: the first micro-batch's gradients would be the
     # CUDA graph's output buffers, overwritten by the next micro-batch's replay before autograd
     # adds to them. Gradients in buffers of our own (zeroed, not freed, per step) make autograd
@@ -408,7 +411,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             apply_freezing(model, cfg.freezing.name, epoch)
             if optimizer is None or cfg.freezing.name != "none":
                 # Rebuilt over the parameters trainable this epoch (seed 000, section 3.2).
-                optimizer = build_optimizer(model, cfg.optimizer, capturable=cfg.compile.step_graph)
+                optimizer = build_optimizer(model, cfg.optimizer, capturable=cfg.compile.step_graph, lr=base_lr)
             if cfg.compile.step_graph and graphs is None:
                 # Part of the warm-up (its time counts in compile_time_s), before the first window.
                 t_capture = time.perf_counter()
@@ -443,8 +446,10 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                         break
                     if result.first_step_started_at is None:
                         result.first_step_started_at = time.time()
-                    set_lr(optimizer, cfg.optimizer.lr * lr_factor(cfg.optimizer.schedule, global_step,
-                                                                   total_steps, cfg.optimizer.warmup_ratio))
+                    lr_now = base_lr * lr_factor(cfg.optimizer.schedule, global_step, total_steps,
+                                                 cfg.optimizer.warmup_ratio, cfg.optimizer.min_lr_ratio)
+                    result.lr_per_step.append(lr_now)
+                    set_lr(optimizer, lr_now)
                     window_loss = optimizer_step(window)
                     clock.mark()
                     n = 0

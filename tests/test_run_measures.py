@@ -6,6 +6,7 @@ import json
 import pytest
 from mlflow import MlflowClient
 
+from bertaccel.optim import lr_factor
 from bertaccel.profiling import CATEGORIES
 from bertaccel.tracking import runs_by_status
 
@@ -45,6 +46,12 @@ def test_profiled_cpu_run_records_measures_sources_and_profile_artifacts(cli):
     client = MlflowClient(tracking_uri=cli.store)
     files = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
     assert files == {"profile/kernels.md", "profile/kernels.json", "profile/trace.json.gz"}
+    # the lr of every optimizer step (linear warm-up then decay), and the one-step breakdown
+    lrs = [h.value for h in sorted(client.get_metric_history(run.info.run_id, "lr"), key=lambda h: h.step)]
+    base = float(run.data.params["optimizer.lr"])
+    assert lrs == pytest.approx([base * lr_factor("linear", i, steps, 0.1) for i in range(steps)])
+    assert lrs[-1] < lrs[0]
+    assert all(m[p] > 0 for p in ("forward_ms", "backward_ms", "optimizer_ms"))
 
 
 def test_unprofiled_run_says_why_profile_is_null(cli):

@@ -1,0 +1,1 @@
+"""Optimizers the thesis and seeds study, one module each."""

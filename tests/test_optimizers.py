@@ -1,0 +1,87 @@
+"""Optimizer options: each YAML builds its class with its own settings; schedules; one-home check."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from bertaccel.config import ConfigError, register_configs, validate
+from bertaccel.optim import build_optimizer, lr_factor, scaled_lr
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+OPTIONS = sorted(p.stem for p in (CONF_DIR / "optimizer").glob("*.yaml"))
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_optimizer_option_builds_and_steps_from_its_yaml(compose_cfg, option):
+    cfg = compose_cfg([f"optimizer={option}"])
+    validate(cfg)
+    model = _model()
+    opt = build_optimizer(model, cfg.optimizer)
+    assert opt.param_groups[0]["lr"] == cfg.optimizer.lr
+    assert [g["weight_decay"] for g in opt.param_groups] == [cfg.optimizer.weight_decay, 0.0]  # no decay on biases/LN
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(16, 4)).pow(2).mean().backward()
+    opt.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_adamw_single_foreach_and_fused_are_the_three_torch_implementations(compose_cfg):
+    impls = {o: build_optimizer(_model(), compose_cfg([f"optimizer={o}"]).optimizer).defaults
+             for o in ("adamw_single", "adamw", "adamw_fused")}
+    assert (impls["adamw_single"]["foreach"], impls["adamw_single"]["fused"]) == (False, False)
+    assert impls["adamw"]["foreach"] is True and impls["adamw_fused"]["fused"] is True
+
+
+def test_an_options_own_class_rejects_its_bad_settings_in_one_line(compose_cfg):
+    with pytest.raises(ConfigError, match=r"^optimizer=adamw: Invalid beta parameter at index 0: 1.5$"):
+        validate(compose_cfg(["optimizer.impl.betas=[1.5,0.999]"]))
+    with pytest.raises(ConfigError, match="optimizer.impl cannot be instantiated"):
+        validate(compose_cfg(["optimizer.impl._target_=torch.optim.NoSuchOptimizer"]))
+
+
+def test_adding_an_optimizer_is_one_yaml_and_one_class(tmp_path):
+    # The class: here torch's SGD with its own setting (momentum); the YAML: its one home.
+    (tmp_path / "optimizer").mkdir()
+    (tmp_path / "optimizer" / "toy_sgd.yaml").write_text(textwrap.dedent("""\
+        name: toy_sgd
+        lr: 0.5
+        weight_decay: 0.0
+        schedule: constant
+        impl:
+          _target_: torch.optim.SGD
+          _partial_: true
+          momentum: 0.9
+        """))
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[f"hydra.searchpath=[file://{tmp_path}]", "optimizer=toy_sgd"])
+    finally:
+        GlobalHydra.instance().clear()
+    validate(cfg)
+    opt = build_optimizer(_model(), cfg.optimizer)
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9 and opt.defaults["lr"] == 0.5
+
+
+def test_cosine_decays_to_its_floor_and_linear_scaling_counts_the_global_batch(compose_cfg):
+    total, warm = 100, 0.1
+    assert lr_factor("cosine", 10, total, warm, 0.1) == pytest.approx(1.0)
+    assert lr_factor("cosine", 55, total, warm, 0.1) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_factor("cosine", 100, total, warm, 0.1) == pytest.approx(0.1)  # eta_min = 0.1 x base (seed 001 eq. 10)
+    assert min(lr_factor("cosine", s, total, warm, 0.1) for s in range(10, 100)) >= 0.1
+    cfg = compose_cfg(["optimizer.scale_lr=linear", "optimizer.base_batch_size=32", "optimizer.lr=1e-4"]).optimizer
+    assert scaled_lr(cfg, 256) == pytest.approx(8e-4)  # seed 001 eq. 11: lr x B / B_base
+    assert scaled_lr(compose_cfg([]).optimizer, 256) == compose_cfg([]).optimizer.lr
+    with pytest.raises(ConfigError, match="min_lr_ratio"):
+        validate(compose_cfg(["optimizer.min_lr_ratio=1.5"]))
