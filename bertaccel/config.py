@@ -130,6 +130,10 @@ class TrainConfig:
     seed: int = 42
     device: str = "auto"
     num_workers: int = 0
+    # Workers kept alive between epochs (num_workers > 0), so each epoch does not pay their start.
+    persistent_workers: bool = True
+    # Batches each worker prepares ahead (null = torch's default of 2; needs num_workers > 0).
+    prefetch_factor: Optional[int] = None
     # Page-locked host batches (null = on a GPU only): a copy from pageable memory makes the host
     # wait for the GPU stream first, so the loop could never run ahead of the GPU.
     pin_memory: Optional[bool] = None
@@ -313,6 +317,10 @@ def validate(cfg: Any) -> None:
     _one_of("train.device", tr.device, DEVICES)
     if tr.num_workers < 0:
         raise ConfigError(f"train.num_workers={tr.num_workers} must be >= 0")
+    _positive("train.prefetch_factor", tr.prefetch_factor, allow_none=True)
+    if tr.prefetch_factor is not None and tr.num_workers == 0:
+        raise ConfigError(f"train.prefetch_factor={tr.prefetch_factor} needs loader workers: set train.num_workers > 0 "
+                          "(without workers batches are made in the training loop, nothing is prefetched)")
     _positive("train.max_steps_per_epoch", tr.max_steps_per_epoch, allow_none=True)
     _positive("train.log_every_steps", tr.log_every_steps)
     _positive("train.pad_to_multiple_of", tr.pad_to_multiple_of)

@@ -318,7 +318,8 @@ class LengthGroupedBatches(Sampler[List[int]]):
 
 def make_loader(split: TokenizedSplit, batch_size: int, pad_token_id: int, shuffle: bool, seed: int,
                 num_workers: int, pin_memory: bool, group_by_length: bool = False,
-                pad_to_multiple_of: int = 1, fixed_rows: bool = False, rank: int = 0, world: int = 1) -> DataLoader:
+                pad_to_multiple_of: int = 1, fixed_rows: bool = False, rank: int = 0, world: int = 1,
+                persistent_workers: bool = True, prefetch_factor: Optional[int] = None) -> DataLoader:
     """fixed_rows: every batch has batch_size rows (PadCollator's filler rows). rank/world: data
     parallel, this rank's share (training: equal batch counts per rank; evaluation: every row
     once over all ranks, the counts are summed afterwards)."""
@@ -326,7 +327,8 @@ def make_loader(split: TokenizedSplit, batch_size: int, pad_token_id: int, shuff
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     common = dict(collate_fn=PadCollator(pad_token_id, pad_to_multiple_of, batch_size if fixed_rows else None),
                   num_workers=num_workers, pin_memory=pin_memory,
-                  persistent_workers=num_workers > 0)
+                  persistent_workers=persistent_workers and num_workers > 0,
+                  **({"prefetch_factor": prefetch_factor} if num_workers > 0 and prefetch_factor else {}))
     if shuffle and group_by_length:
         return DataLoader(split, batch_sampler=LengthGroupedBatches(split.lengths, batch_size, generator, rank, world),
                           **common)

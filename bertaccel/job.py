@@ -180,7 +180,8 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             pin = device.type == "cuda" if cfg.train.pin_memory is None else cfg.train.pin_memory
             loaders = [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,
                                    cfg.train.num_workers, pin, cfg.train.group_by_length,
-                                   cfg.train.pad_to_multiple_of, fixed_rows, distributed.rank(), world)
+                                   cfg.train.pad_to_multiple_of, fixed_rows, distributed.rank(), world,
+                                   cfg.train.persistent_workers, cfg.train.prefetch_factor)
                        for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
                                                   (data.test, cfg.train.eval_batch_size, False))]
             # The shapes this run's batches can have, compiled before the first window (warmup.py).

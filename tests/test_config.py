@@ -57,6 +57,7 @@ def test_hardware_profiles_have_prices_and_datasheet_peaks(compose_cfg):
     ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio=1.5 must be in [0, 1)"),
     ("dataset.max_length=1024", "dataset.max_length=1024 must be in [8, 512]"),
     ("launcher.name=slurm", "launcher.name='slurm' is not one of inline, process"),
+    ("train.prefetch_factor=4", "train.prefetch_factor=4 needs loader workers"),
     ("train.device=tpu", "train.device='tpu' is not one of auto, cpu, cuda"),
 ])
 def test_bad_values_raise_one_clear_line(compose_cfg, override, message):
