@@ -200,7 +200,12 @@ class RunConfig:
     # accumulation and num_gpus are plain integers rather than folders of options: Hydra rejects
     # a group option whose name parses as an int (`accumulation=4` -> "Config group override
     # must be a string"), and as integers any value works: accumulation=1,4 or accumulation=12.
-    accumulation: int = 1  # micro-batches per optimizer step
+    # Micro-batches per optimizer step: an integer, or "adaptive" (seed 001 eq. 6-7: k from the
+    # variance of the last window's micro-batch gradients, in [2, accumulation_max];
+    # bertaccel/adaptive_accumulation.py). Any-typed so both spellings compose; validate() checks.
+    accumulation: Any = 1
+    accumulation_max: int = 8
+    accumulation_target_variance: float = 1.0  # sigma_target^2 of eq. 6 (squared gradient norm)
     freezing: FreezingConfig = field(default_factory=FreezingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -258,7 +263,19 @@ def validate(cfg: Any) -> None:
         why = unsupported(cfg)
         if why:
             raise ConfigError(why)
-    _positive("accumulation", cfg.accumulation)
+    if cfg.accumulation != "adaptive" and (isinstance(cfg.accumulation, bool) or not isinstance(cfg.accumulation, int)
+                                           or cfg.accumulation < 1):
+        raise ConfigError(f"accumulation={cfg.accumulation!r} must be an integer >= 1 or adaptive")
+    if cfg.accumulation == "adaptive":
+        if cfg.accumulation_max < 2:
+            raise ConfigError(f"accumulation_max={cfg.accumulation_max} must be >= 2 (adaptive k is at least 2)")
+        _positive("accumulation_target_variance", cfg.accumulation_target_variance)
+        if cfg.num_gpus > 1:
+            raise ConfigError("accumulation=adaptive needs num_gpus=1: the ranks would measure different "
+                              "variances, and DDP's all-reduce inside the last backward hides each micro-batch's gradient")
+        if cfg.compile.step_graph:
+            raise ConfigError("accumulation=adaptive with compile.step_graph=true: the captured step cannot "
+                              "read each micro-batch's gradient; use compile.step_graph=false")
     _one_of("freezing.name", cfg.freezing.name, FREEZINGS)
     opt = cfg.optimizer
     _positive("optimizer.lr", opt.lr)

@@ -263,6 +263,17 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             "model_weights": weights_note,
         })
         tracker.log_series("lr", result.lr_per_step)
+        if result.accumulation_k:
+            tracker.log_series("accumulation_k", result.accumulation_k)
+            tracker.log_series("grad_variance", [v for v in result.grad_variance if v is not None])
+            metrics["accumulation_mean"] = sum(result.accumulation_k) / len(result.accumulation_k)
+            tracker.log_metrics({"accumulation_mean": metrics["accumulation_mean"]})
+            tracker.set_tags({
+                "accumulation_k_source": "accumulation=adaptive: micro-batches in each optimizer step's window "
+                                         "(seed 001 eq. 6, bounded to [2, accumulation_max]; the first is the max)",
+                "grad_variance_source": "eq. 7 over each window's micro-batch gradients (mean-loss, fp16 scale removed); "
+                                        "MLflow step = the optimizer step it was measured in",
+                "accumulation_mean_source": "mean of accumulation_k over the run's optimizer steps"})
         if result.backprop is not None:
             log_backprop(tracker, result.backprop, metrics, device)
         tracker.log_metrics({k: r.value for k, r in measured.items()}, step=result.epochs[-1].epoch)

@@ -14,13 +14,14 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import distributed, layer_timing
+from .adaptive_accumulation import GradVariance, next_k
 from .attention.warmup import reset_kernel_caches
 from .collectors import CollectorSet
 from .flops import TokenCounts, bert_train_flops
@@ -66,6 +67,8 @@ class TrainResult:
     profile_error: Optional[str] = None
     backprop: Optional[layer_timing.BackpropTiming] = None  # layer_timing=true
     lr_per_step: List[float] = field(default_factory=list)  # the lr each optimizer step used
+    accumulation_k: List[int] = field(default_factory=list)  # accumulation=adaptive: k per step
+    grad_variance: List[Optional[float]] = field(default_factory=list)  # and sigma^2 (eq. 7) per step
     compile_time_s: float = 0.0               # warm-up before the first window (warmup.py)
     compile_time_source: str = "nothing compiled"
     compiled_anything: bool = False           # whether the run has compiled/JIT paths at all
@@ -145,14 +148,18 @@ class Precision:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 
-def windows(batches: Iterable[Dict[str, torch.Tensor]], k: int) -> Iterator[List[Dict[str, torch.Tensor]]]:
-    """Group micro-batches into accumulation windows of k; a final shorter window still steps."""
+def windows(batches: Iterable[Dict[str, torch.Tensor]], k: Union[int, Callable[[], int]]
+            ) -> Iterator[List[Dict[str, torch.Tensor]]]:
+    """Group micro-batches into accumulation windows of k; a final shorter window still steps.
+    k: a number, or a function read at the start of each window (accumulation=adaptive)."""
     window: List[Dict[str, torch.Tensor]] = []
+    size = k() if callable(k) else k
     for batch in batches:
         window.append(batch)
-        if len(window) == k:
+        if len(window) == size:
             yield window
             window = []
+            size = k() if callable(k) else k
     if window:
         yield window
 
@@ -192,7 +199,8 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
                       prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None,
                       drop_full_mask: bool = True,
                       no_sync: Callable[[], Any] = nullcontext,
-                      phases: Optional[PhaseClock] = None) -> torch.Tensor:
+                      phases: Optional[PhaseClock] = None,
+                      grad_variance: Optional[GradVariance] = None) -> torch.Tensor:
     """Forward+backward over one window; returns the window's mean loss (detached).
 
     Each micro-batch's summed loss is divided by the window's sample count n, so the gradient
@@ -205,6 +213,7 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
     Under data parallel n is this rank's count and DDP averages over the ranks: the gradient of
     the global batch when ranks have equal counts (every full step; see data.shard).
     phases: marks the forward/backward boundaries of the one-step breakdown (step_clock.py).
+    grad_variance: accumulation=adaptive, sees each micro-batch's gradient (adaptive_accumulation.py).
     """
     n = sum(real_rows(b) for b in window)
     total = torch.zeros((), device=device)
@@ -221,6 +230,8 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
             precision.scaler.scale(loss).backward()
             if phases is not None:
                 phases.backward_done()
+            if grad_variance is not None:
+                grad_variance.after_backward(real_rows(batch), n)
         total += loss.detach()
     return total
 
@@ -325,7 +336,10 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     collectors = collectors or CollectorSet()
     precision = Precision(cfg.precision.name, device)
     attention_ctx = sdpa_backends(cfg)
-    k = cfg.accumulation
+    adaptive = cfg.accumulation == "adaptive"
+    # adaptive: the first window has accumulation_max micro-batches, later ones what eq. 6 says.
+    k = cfg.accumulation_max if adaptive else cfg.accumulation
+    next_window_k = [k]
     model.to(device)
     if cfg.train.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (layer-wise freezing) and torch.compile.
@@ -347,16 +361,20 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         if dynamic_length:
             mark_length_dynamic(batch)
 
-    steps_per_epoch = math.ceil(len(train_loader) / k)
+    # adaptive: windows have at least 2 micro-batches, so ceil(len/2) bounds the steps; the
+    # schedule then runs over micro-batches, the one count known in advance.
+    steps_per_epoch = math.ceil(len(train_loader) / (2 if adaptive else k))
     if cfg.train.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
-    total_steps = cfg.train.epochs * steps_per_epoch
+    total_steps = cfg.train.epochs * (len(train_loader) if adaptive else steps_per_epoch)
+    micro_batches_done = 0
     global_step = 0
     optimizer = None
     trainable_params: List[torch.Tensor] = []
     graphs: Optional[StepGraphs] = None  # compile.step_graph: captured once the optimizer exists
     phases: Optional[PhaseClock] = None  # the current window's one-step breakdown
     # The linear scaling rule counts the global batch: per-rank batch x accumulation x ranks.
+    # (adaptive: k is accumulation_max here, the window's largest.)
     base_lr = scaled_lr(cfg.optimizer, cfg.train.batch_size * k * distributed.world_size())
     # compile=reduce-overhead with accumulation: the first micro-batch's gradients would be the
     # CUDA graph's output buffers, overwritten by the next micro-batch's replay before autograd
@@ -370,8 +388,20 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             return graphs.step(window, sum(real_rows(b) for b in window))
         if phases is not None:
             phases.begin_step()
+        variance = GradVariance(trainable_params) if adaptive else None
+        if variance is not None:
+            variance.begin()
         window_loss = accumulate_window(step_model, window, precision, device, attention_ctx, prepare, drop_full_mask,
-                                        no_sync, phases)
+                                        no_sync, phases, variance)
+        if variance is not None:
+            # Gradients carry the fp16 loss scale: sigma^2 scales with its square. (A host sync,
+            # which only this mode pays.)
+            sigma2 = variance.sigma2()
+            if sigma2 is not None:
+                sigma2 /= float(precision.scaler.get_scale()) ** 2 if precision.scaler.is_enabled() else 1.0
+                next_window_k[0] = next_k(sigma2, cfg.accumulation_target_variance, cfg.accumulation_max)
+            result.accumulation_k.append(len(window))
+            result.grad_variance.append(sigma2)
         if cfg.optimizer.max_grad_norm:
             precision.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(trainable_params, cfg.optimizer.max_grad_norm)
@@ -431,7 +461,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             tokens = TokenCounts()
             clock = StepClock(device)
             phases = PhaseClock(device)
-            bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="step",
+            bar = tqdm(total=None if adaptive else steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="step",
                        dynamic_ncols=True, mininterval=1.0,
                        disable=distributed.rank() != 0)  # one bar per job, not per rank
             _sync(device)
@@ -441,16 +471,18 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             t0 = time.perf_counter()
             try:
                 clock.mark()
-                for window in windows(train_loader, k):
+                for window in windows(train_loader, lambda: next_window_k[0]):
                     if steps == steps_per_epoch:
                         break
                     if result.first_step_started_at is None:
                         result.first_step_started_at = time.time()
-                    lr_now = base_lr * lr_factor(cfg.optimizer.schedule, global_step, total_steps,
+                    lr_now = base_lr * lr_factor(cfg.optimizer.schedule,
+                                                 micro_batches_done if adaptive else global_step, total_steps,
                                                  cfg.optimizer.warmup_ratio, cfg.optimizer.min_lr_ratio)
                     result.lr_per_step.append(lr_now)
                     set_lr(optimizer, lr_now)
                     window_loss = optimizer_step(window)
+                    micro_batches_done += len(window)
                     clock.mark()
                     n = 0
                     for batch in window:  # shapes and masks are on the host: no device sync

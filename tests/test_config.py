@@ -51,7 +51,7 @@ def test_hardware_profiles_have_prices_and_datasheet_peaks(compose_cfg):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("accumulation=0", "accumulation=0 must be > 0"),
+    ("accumulation=0", "accumulation=0 must be an integer >= 1 or adaptive"),
     ("precision.name=fp8", "precision.name='fp8' is not one of fp32, fp16, bf16"),
     ("optimizer.lr=-1", "optimizer.lr=-1.0 must be > 0"),
     ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio=1.5 must be in [0, 1)"),
@@ -79,7 +79,7 @@ def test_impossible_data_parallel_combinations_raise_one_line(compose_cfg, overr
 
 def test_types_are_enforced_on_composition(compose_cfg):
     with pytest.raises((ConfigCompositionException, ValidationError)):
-        compose_cfg(["accumulation=four"])
+        compose_cfg(["num_gpus=four"])  # (accumulation also takes "adaptive": validate checks it)
     with pytest.raises(ConfigCompositionException):
         compose_cfg(["precision=fp8"])  # not an option of the group
 
@@ -87,7 +87,7 @@ def test_types_are_enforced_on_composition(compose_cfg):
 def test_cli_bad_value_is_one_line_and_nonzero(cli):
     proc = cli(["accumulation=0"])
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: accumulation=0 must be > 0"
+    assert proc.stderr.strip() == "error: accumulation=0 must be an integer >= 1 or adaptive"
     assert not (cli.dir / "mlflow.db").exists(), "a bad value must not write anything to the store"
 
 

@@ -166,6 +166,7 @@ def test_invalid_group_value_raises():
     opt = Lamb([torch.zeros(2, requires_grad=True)])
     with pytest.raises(ValueError, match="lr"):
         opt.add_param_group({"params": [torch.zeros(3, requires_grad=True)], "lr": -0.5})
+    assert len(opt.param_groups) == 1
 
 
 def test_grad_none_is_skipped_and_sparse_grad_raises():
@@ -273,3 +274,25 @@ def test_foreach_op_count_does_not_grow_with_the_tensor_count():
     assert _ops_per_step(3, foreach=True) == _ops_per_step(40, foreach=True)
     loop3, loop40 = _ops_per_step(3, foreach=False), _ops_per_step(40, foreach=False)
     assert loop40 - loop3 == 37 * (loop3 // 3) > 0
+
+
+def test_mixed_dtypes_and_groups_foreach_matches_loop():
+    """Buckets of several dtypes across groups: one host copy of all trust ratios, same result."""
+    torch.manual_seed(5)
+    shapes_dtypes = [((4, 3), torch.float64), ((5,), torch.float32), ((2, 2), torch.float32), ((3,), torch.float64)]
+    init = [torch.randn(s, dtype=d) for s, d in shapes_dtypes]
+    grads = [[torch.randn_like(x) for x in init] for _ in range(5)]
+
+    def run(foreach):
+        ps = [x.clone().requires_grad_(True) for x in init]
+        opt = Lamb([{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.0, "lr": 0.02}], foreach=foreach)
+        for row in grads:
+            for p, g in zip(ps, row):
+                p.grad = g.clone()
+            opt.step()
+        return ps
+
+    for p, q in zip(run(True), run(False)):
+        assert p.dtype == q.dtype
+        tol = 1e-12 if p.dtype == torch.float64 else 1e-6
+        torch.testing.assert_close(p, q, rtol=tol, atol=tol)

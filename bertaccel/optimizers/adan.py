@@ -56,17 +56,22 @@ the thesis' "unfused single tensor" baseline) launches about 15 elementwise kern
 parameter tensor -- thousands per step for BERT's ~200 tensors (the thesis counted 4422 launches
 per optimizer step, 3618 of them compute, with the GPU busy only 18% of the step).  The
 ``foreach=True`` path ("unfused multi tensor", 912 launches in the thesis) issues the same ~15
-operations once per (device, dtype) group with ``torch._foreach_*``: each is one multi-tensor
-kernel over all tensors (split only where a launch's argument block or grid fills, i.e. by total
-size, not by the number of tensors), so the number of operations per step does not depend on the
-parameter count.
+operations once per (device, dtype) group with ``torch._foreach_*``; on CUDA each is a
+multi-tensor kernel that handles many tensors per launch (ATen splits a launch only when its
+argument block -- a few dozen tensors -- or its grid fills), so the operation count per step is
+fixed and the launch count grows only weakly with the parameter count.  The per-tensor bias
+corrections go in as host scalar lists (``step`` stays on the CPU), which keeps the fast path.
 
 ``capturable=True``: ``lr`` may be a 0-dim tensor on the parameters' device, ``state['step']``
 lives on that device (float32, as in torch.optim), and bias corrections/step sizes are computed
 with tensor ops, so a step makes no host syncs and can be captured in a CUDA graph (change the lr
 by writing into the tensor).  The per-tensor scalars are computed in float64 (float32 on MPS) and
 rounded once to the parameters' dtype, like the Python floats of the host path, so with the same
-lr value both paths give the same numbers.  With ``capturable=False`` a tensor ``lr`` is read with
+lr value both paths give the same numbers.  As in ``torch.optim.Adam(capturable=True)`` those
+scalars are lists of 0-dim device tensors, and ATen's foreach fast path needs equally sized
+tensors in all lists, so on CUDA the three ops that apply them (``denom /= bias_correction3_sqrt``,
+``m*step_size``, ``v*step_size_diff``) run per tensor; inside a CUDA graph they cost no host
+launches.  With ``capturable=False`` a tensor ``lr`` is read with
 ``float()`` (a host sync if it lives on a GPU).
 """
 from __future__ import annotations

@@ -53,7 +53,7 @@ is itself one or more launches. Here the update is one elementwise kernel over f
 The kernel reads lr, the bias corrections and weight decay as scalars. Non-capturable mode
 computes the bias corrections on the host in float64 (the step count is a CPU tensor). Capturable
 mode (CUDA graphs) reads the step count from a device tensor, computes the bias corrections from
-it in fp64 inside the kernel and writes k + 1 back: the last program to finish (an atomic counter
+it inside the kernel (beta ** k by fp64 binary exponentiation) and writes k + 1 back: the last program to finish (an atomic counter
 of finished programs, reset by that program) writes it, after every program has read k, so the
 whole step stays one launch with no host sync. lr may be a tensor on the parameters' device,
 read inside the kernel (set_lr fills it; a float lr is frozen into a captured graph, as in torch).
@@ -80,7 +80,7 @@ except Exception as e:  # noqa: BLE001 - ImportError, or a broken install raisin
     tl = None
     _TRITON_ERROR = e
 
-__all__ = ["AdanFused", "kernel_launches_per_step", "BLOCK"]
+__all__ = ["AdanFused", "kernel_launches_per_step", "grad_copies_last_step", "BLOCK"]
 
 BLOCK = 1024       # elements per kernel program; every tensor's segment starts at a multiple of it
 _NUM_WARPS = 4
@@ -111,9 +111,9 @@ def _kernel() -> Any:
 
 def _define_kernel() -> Any:
     @triton.jit(do_not_specialize=["first"])
-    def _adan_step(P, G, M, V, N, PRE, Blocks, Step, Count, Lr,
+    def _adan_step(P, G, M, V, N, PRE, Blocks, Step, Count, Lr, Betas64,
                    lr_f, c1_f, c2_f, bc3s_f, first,
-                   beta1, beta2, beta3, eps, weight_decay, log2_b1, log2_b2, log2_b3,
+                   beta1, beta2, beta3, eps, weight_decay,
                    BLOCK: tl.constexpr, USE_TABLE: tl.constexpr, CAPTURABLE: tl.constexpr,
                    LR_PTR: tl.constexpr):
         pid = tl.program_id(0)
@@ -121,7 +121,7 @@ def _define_kernel() -> Any:
         if USE_TABLE:  # some tensors have no gradient: programs run only the listed blocks
             blk = tl.load(Blocks + pid)
             offs = tl.maximum(blk, 0).to(tl.int64) * BLOCK + lanes
-            mask = (lanes < BLOCK) & (blk >= 0)  # -1: a placeholder program (capturable, no grads)
+            mask = lanes < tl.where(blk >= 0, BLOCK, 0)  # -1: a placeholder program (capturable, no grads)
         else:
             offs = pid.to(tl.int64) * BLOCK + lanes
             mask = None
@@ -131,16 +131,28 @@ def _define_kernel() -> Any:
         else:
             lr = lr_f
         if CAPTURABLE:
-            # k from device memory; bias corrections in fp64 (no host sync, graph-replayable).
-            k_prev = tl.load(Step).to(tl.float64)
-            k = k_prev + 1.0
-            bc1 = 1.0 - tl.exp2(k * log2_b1.to(tl.float64))
-            bc2 = 1.0 - tl.exp2(k * log2_b2.to(tl.float64))
-            bc3 = 1.0 - tl.exp2(k * log2_b3.to(tl.float64))
-            c1 = (1.0 / bc1).to(tl.float32)
-            c2 = (beta2.to(tl.float64) / bc2).to(tl.float32)
-            bc3s = tl.sqrt(bc3).to(tl.float32)
-            is_first = k_prev == 0.0
+            # k from device memory (graph-replayable, no host sync); beta ** k by binary
+            # exponentiation in fp64 on the exact (fp64) betas: only multiplies, no transcendental.
+            k = tl.load(Step) + 1.0
+            ki = k.to(tl.int32)
+            base1 = tl.load(Betas64)
+            base2 = tl.load(Betas64 + 1)
+            base3 = tl.load(Betas64 + 2)
+            pow1 = base1 * 0.0 + 1.0
+            pow2 = pow1
+            pow3 = pow1
+            for i in tl.static_range(31):
+                odd = ((ki >> i) & 1) != 0
+                pow1 = tl.where(odd, pow1 * base1, pow1)
+                pow2 = tl.where(odd, pow2 * base2, pow2)
+                pow3 = tl.where(odd, pow3 * base3, pow3)
+                base1 = base1 * base1
+                base2 = base2 * base2
+                base3 = base3 * base3
+            c1 = (1.0 / (1.0 - pow1)).to(tl.float32)
+            c2 = (tl.load(Betas64 + 1) / (1.0 - pow2)).to(tl.float32)
+            bc3s = tl.sqrt_rn((1.0 - pow3).to(tl.float32))
+            is_first = ki == 1
         else:
             c1 = c1_f
             c2 = c2_f
@@ -208,10 +220,6 @@ def _check_hyperparameters(lr: Any, betas: Any, eps: Any, weight_decay: Any, cap
         raise ValueError(f"AdanFused: capturable must be a bool, got {capturable!r}")
 
 
-def _log2(b: float) -> float:
-    return math.log2(b) if b > 0.0 else float("-inf")
-
-
 class _Stale(Exception):
     """A bucket no longer matches its parameters (storage replaced, params changed): rebuild."""
 
@@ -239,6 +247,8 @@ class _Bucket:
         self.host_k = 0                       # steps this bucket took as far as the host knows
         self.step: torch.Tensor = torch.zeros(())
         self.count: Optional[torch.Tensor] = None  # capturable: programs finished (atomic)
+        self.betas: Tuple[float, ...] = ()
+        self.betas64: Optional[torch.Tensor] = None  # capturable: the betas in fp64, on the device
         self.table_key: Optional[Tuple[bool, ...]] = None
         self.table: Optional[torch.Tensor] = None
 
@@ -347,6 +357,8 @@ class AdanFused(torch.optim.Optimizer):
         if group["capturable"]:
             b.step = torch.full((), k, dtype=torch.float32, device=device)
             b.count = torch.zeros(1, dtype=torch.int32, device=device)
+            b.betas = tuple(group["betas"])
+            b.betas64 = torch.tensor(b.betas, dtype=torch.float64, device=device)
         else:
             b.step = torch.full((), k, dtype=torch.float32)
         for i, p in enumerate(params):
@@ -381,15 +393,13 @@ class AdanFused(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         launches = copies = 0
+        plans = None
         for attempt in range(2):
-            if self._buckets is None or len(self._buckets) != len(self.param_groups):
+            if self._buckets is None:
                 self._build()
-            try:
-                # Checked for every bucket before any runs, so a rebuild never repeats an update.
-                plans = [[self._plan(b) for b in bs] for group, bs in zip(self.param_groups, self._buckets)
-                         if self._same_params(group, bs)]
-                if len(plans) != len(self.param_groups):
-                    raise _Stale()
+            try:  # every bucket checked before any runs, so a rebuild never repeats an update
+                plans = [[self._plan(b) for b in bs] if self._same_params(group, bs) else self._stale()
+                         for group, bs in zip(self.param_groups, self._buckets)]
                 break
             except _Stale:
                 if attempt:
@@ -404,6 +414,10 @@ class AdanFused(torch.optim.Optimizer):
         return loss
 
     @staticmethod
+    def _stale() -> Any:
+        raise _Stale()
+
+    @staticmethod
     def _same_params(group: Dict[str, Any], buckets: List[_Bucket]) -> bool:
         return sum(len(b.params) for b in buckets) == len(group["params"])
 
@@ -412,7 +426,7 @@ class AdanFused(torch.optim.Optimizer):
         """(active per tensor, indices of gradients that are not views of the flat buffer)."""
         active, foreign = [], []
         for i, p in enumerate(b.params):
-            if p.data_ptr() != b.ptrs[i] or p.device != b.device or p.dtype != b.dtype:
+            if p.data_ptr() != b.ptrs[i]:
                 raise _Stale()  # e.g. model.to(...) replaced the storage: copy it into new buffers
             g = p.grad
             if g is None:
@@ -459,6 +473,9 @@ class AdanFused(torch.optim.Optimizer):
         if capturable:
             c1 = c2 = bc3s = 1.0
             first = 0
+            if b.betas != tuple(group["betas"]):  # changed since the buffers were built
+                b.betas = tuple(group["betas"])
+                b.betas64.copy_(torch.tensor(b.betas, dtype=torch.float64))
         else:
             k = int(b.step) + 1
             c1 = 1.0 / (1.0 - beta1 ** k)
@@ -469,10 +486,9 @@ class AdanFused(torch.optim.Optimizer):
         grid = (b.total // BLOCK if all_active else table.numel(),)
         _kernel()[grid](
             b.p, b.g, b.m, b.v, b.n, b.pre, table, b.step if capturable else b.p,
-            b.count if capturable else b.p, lr_t,
+            b.count if capturable else b.p, lr_t, b.betas64 if capturable else b.p,
             lr_f, c1, c2, bc3s, first,
             float(beta1), float(beta2), float(beta3), float(group["eps"]), float(group["weight_decay"]),
-            _log2(beta1), _log2(beta2), _log2(beta3),
             BLOCK=BLOCK, USE_TABLE=not all_active, CAPTURABLE=capturable, LR_PTR=lr_ptr,
             num_warps=_NUM_WARPS)
         if not capturable:
@@ -498,3 +514,73 @@ def grad_copies_last_step(optimizer: torch.optim.Optimizer) -> Optional[int]:
     into the flat buffer, pre_grad of tensors seen for the first time); 0 when gradients stayed
     views. None for other optimizers."""
     return optimizer._copies_last_step if isinstance(optimizer, AdanFused) else None
+
+
+def _bert_base_params(device: str) -> List[Dict[str, Any]]:
+    """BERT-base's parameter shapes (about 200 tensors, 110M values) in its two groups."""
+    h, f, v = 768, 3072, 30522
+    shapes = [(v, h), (512, h), (2, h), (h,), (h,)]
+    for _ in range(12):
+        shapes += [(h, h), (h,)] * 4 + [(h,), (h,), (f, h), (f,), (h, f), (h,), (h,), (h,)]
+    shapes += [(h, h), (h,), (2, h), (2,)]
+    ps = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in shapes]
+    return [{"params": [p for p in ps if p.ndim >= 2], "weight_decay": 0.01},
+            {"params": [p for p in ps if p.ndim < 2], "weight_decay": 0.0}]
+
+
+def _benchmark(steps: int = 20) -> None:
+    """`python -m bertaccel.optimizers.adan_fused` on a GPU: ms and CUDA kernels per optimizer step,
+    AdanFused vs Adan(foreach=True), on BERT-base's parameters (gradients as flat-buffer views, and
+    fresh gradient tensors every step as after zero_grad(set_to_none=True))."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .adan import Adan
+
+    def measure(make: Callable[..., torch.optim.Optimizer], fresh: bool) -> Tuple[float, int]:
+        groups = _bert_base_params("cuda")
+        ps = [p for g in groups for p in g["params"]]
+        grads = [torch.randn_like(p) for p in ps]
+        opt = make(groups)
+
+        def one() -> None:
+            for p, g in zip(ps, grads):
+                if fresh or p.grad is None:
+                    p.grad = g.clone() if fresh else g
+            opt.step()
+
+        for _ in range(3):
+            one()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(steps):
+            if fresh:  # the fresh gradients' allocation is the backward's, not the step's
+                for p, g in zip(ps, grads):
+                    p.grad = g.clone()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            opt.step()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            opt.step()
+            torch.cuda.synchronize()
+        kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                      and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+        del opt, groups, ps, grads
+        torch.cuda.empty_cache()
+        return sorted(times)[len(times) // 2], kernels
+
+    for name, make in [("Adan foreach", lambda g: Adan(g, lr=1e-4, foreach=True)),
+                       ("AdanFused", lambda g: AdanFused(g, lr=1e-4))]:
+        for fresh in (False, True):
+            ms, k = measure(make, fresh)
+            print(f"{name:14s} grads={'fresh' if fresh else 'views'}: {ms:7.3f} ms/step (median of {steps}), "
+                  f"{k} CUDA kernels/step")
+    n = sum(p.numel() for g in _bert_base_params("cpu") for p in g["params"])
+    print(f"{n / 1e6:.1f}M parameters; AdanFused moves >= 44 bytes each: "
+          f"{44 * n / 1e9:.2f} GB per step")
+
+
+if __name__ == "__main__":
+    _benchmark()

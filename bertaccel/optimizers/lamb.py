@@ -45,13 +45,16 @@ step, and does not speed up in mixed precision since the update stays in FP32. S
 bytes moved and kernel launches, not arithmetic. foreach=True runs each of the update's
 operations as one torch._foreach_* call over all tensors of a (device, dtype) bucket, the
 per-tensor norms with torch._foreach_norm and the trust ratios as one vector, so the number of
-launches does not grow with the tensor count the way the per-tensor loop's (foreach=False,
-about 20 ATen calls per tensor) does; a multi-tensor launch covers many tensors, but very many
-tensors (hundreds) can take a few launches per call.
+launches does not grow with the tensor count as the per-tensor loop's (foreach=False, about 20
+ATen calls per tensor) does. (On CUDA one multi-tensor launch takes some tens of tensors and
+some millions of elements, so a call over a large model is a few launches, growing in steps of
+tens of tensors, not per tensor.) The price: the trust ratios are copied to the host once per
+step and device (see _apply_foreach), a synchronisation the loop does not need.
 """
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -63,7 +66,7 @@ def _check_hyperparameters(lr: Any, betas: Any, eps: Any, weight_decay: Any,
                            bias_correction: Any, foreach: Any) -> None:
     """Raise a one-line ValueError for the first invalid hyper-parameter."""
     def real(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
     if not real(lr) or lr < 0.0:
         raise ValueError(f"Lamb: lr must be a finite float >= 0, got {lr!r}")
@@ -107,7 +110,12 @@ class Lamb(torch.optim.Optimizer):
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         super().add_param_group(param_group)
         g = self.param_groups[-1]
-        _check_hyperparameters(g["lr"], g["betas"], g["eps"], g["weight_decay"], g["bias_correction"], g["foreach"])
+        try:
+            _check_hyperparameters(g["lr"], g["betas"], g["eps"], g["weight_decay"], g["bias_correction"],
+                                   g["foreach"])
+        except ValueError:
+            self.param_groups.pop()  # leave the optimizer as it was
+            raise
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
