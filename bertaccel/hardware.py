@@ -147,4 +147,6 @@ def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[
             return reason
     if mode != "off" and not torch._dynamo.is_dynamo_supported():
         return f"compile={mode}: torch.compile does not support this Python/platform"
-    return None
+    from .optim import optimizer_unusable  # the option's own class says (e.g. a GPU-only kernel)
+
+    return optimizer_unusable(cfg.optimizer, device)

@@ -49,14 +49,15 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, capturable: bool = False, 
                   capturable)
 
 
-def check_optimizer(cfg: Any, capturable: bool, device: torch.device = torch.device("cpu")) -> Optional[str]:
-    """Why the option's settings cannot work (None if they can): the class is built over one
-    throw-away parameter on `device`, so its own argument checks speak."""
+def check_optimizer(cfg: Any, capturable: bool) -> Optional[str]:
+    """Why the option's settings are bad input (None if they are not): the class is built over
+    one throw-away CPU parameter, so its own argument checks (ValueError, TypeError) speak. A
+    RuntimeError says "not on this machine" instead: optimizer_unusable, a skip, not bad input."""
     try:
         factory = optimizer_class(cfg)
     except Exception as e:  # noqa: BLE001 - Hydra wraps import and argument errors alike
         return f"optimizer={cfg.name}: optimizer.impl cannot be instantiated: {_first_line(e)}"
-    probe = torch.nn.Parameter(torch.zeros(4, device=device))
+    probe = torch.nn.Parameter(torch.zeros(4))
     try:
         _build(factory, [{"params": [probe], "weight_decay": cfg.weight_decay}], cfg.lr, capturable)
     except TypeError as e:
@@ -64,8 +65,21 @@ def check_optimizer(cfg: Any, capturable: bool, device: torch.device = torch.dev
             return (f"optimizer={cfg.name} has no capturable mode, which compile.step_graph=true needs "
                     "(the step runs inside a CUDA graph)")
         return f"optimizer={cfg.name}: {_first_line(e)}"
-    except (ValueError, RuntimeError) as e:
+    except ValueError as e:
         return f"optimizer={cfg.name}: {_first_line(e)}"
+    except RuntimeError:
+        return None  # the machine, not the settings: optimizer_unusable
+    return None
+
+
+def optimizer_unusable(cfg: Any, device: torch.device) -> Optional[str]:
+    """Why this machine cannot run the option (its class raises RuntimeError when built over a
+    parameter on the run's device, e.g. a GPU-only kernel), or None."""
+    probe = torch.nn.Parameter(torch.zeros(4, device=device))
+    try:
+        _build(optimizer_class(cfg), [{"params": [probe], "weight_decay": cfg.weight_decay}], cfg.lr, False)
+    except RuntimeError as e:
+        return f"optimizer={cfg.name} cannot run on {device.type}: {_first_line(e)}"
     return None
 
 

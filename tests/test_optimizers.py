@@ -85,3 +85,27 @@ def test_cosine_decays_to_its_floor_and_linear_scaling_counts_the_global_batch(c
     assert scaled_lr(compose_cfg([]).optimizer, 256) == compose_cfg([]).optimizer.lr
     with pytest.raises(ConfigError, match="min_lr_ratio"):
         validate(compose_cfg(["optimizer.min_lr_ratio=1.5"]))
+
+
+def test_a_gpu_only_optimizer_is_a_skip_on_the_cpu_not_bad_input(tmp_path):
+    # Without the Triton interpreter, adan_fused cannot run on a CPU: the run is skipped with its
+    # class's reason (skip_reason), while validate() accepts the settings.
+    import os
+    import subprocess
+    import sys
+
+    code = textwrap.dedent(f"""
+        from hydra import compose, initialize_config_dir
+        import torch
+        from bertaccel.config import register_configs, validate
+        from bertaccel.hardware import probe, skip_reason
+        register_configs()
+        with initialize_config_dir(config_dir={str(CONF_DIR)!r}, version_base="1.3"):
+            cfg = compose(config_name="config", overrides=["optimizer=adan_fused", "model=tiny"])
+        validate(cfg)
+        print(skip_reason(cfg, torch.device("cpu"), probe()))
+        """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith("optimizer=adan_fused cannot run on cpu: AdanFused"), out.stdout

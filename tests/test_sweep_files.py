@@ -13,7 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from bertaccel.config import register_configs, validate
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPECTED_RUNS = {"quick": 8, "thesis_grid": 12, "seed000_ablation": 8, "seed001_ablation": 5}
+EXPECTED_RUNS = {"quick": 8, "thesis_grid": 24, "seed000_ablation": 8, "seed001_ablation": 5}
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +59,11 @@ def test_presets_change_what_the_studies_say(conf_with_sweeps):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_with_sweeps), version_base="1.3"):
         c = compose("seed000_ablation", overrides=["preset=seed000_fused"])
-        assert (c.attention.name, c.precision.name, c.compile.mode, c.dataset.max_length) == ("sdpa", "fp16", "default", 50)
+        assert (c.attention.name, c.precision.name, c.compile.mode, c.dataset.max_length) == ("xformers", "fp16", "default", 50)
         top = compose("seed001_ablation", overrides=["preset=seed001_k4_amp_cosine_ckpt"])
         assert (top.accumulation, top.precision.name, top.optimizer.schedule, top.train.gradient_checkpointing) == (
             4, "fp16", "cosine", True)
+        assert (top.optimizer.warmup_ratio, top.optimizer.min_lr_ratio) == (0.05, 0.1)  # seed 001 eq. 10
         base = compose("seed001_ablation", overrides=["preset=none"])
         assert (base.accumulation, base.precision.name, base.optimizer.schedule) == (1, "fp32", "linear")
     GlobalHydra.instance().clear()

@@ -17,7 +17,9 @@ from 1, state m, v, n = 0 and pre_grad = the gradient of the parameter's first s
 As in the official implementation the step count k belongs to the parameter group (it counts
 the group's steps, whatever tensors had a gradient), a parameter whose gradient is None is left
 alone (no update, its state untouched), and a parameter that gets its first gradient at a later
-step starts with pre_grad = g (diff = 0) and the group's bias corrections. The math runs in fp32
+step starts with pre_grad = g (diff = 0) and the group's bias corrections. (bertaccel's Adan keeps
+a step count per tensor instead; the two agree whenever every tensor has a gradient at every
+step, and AdanFused loads Adan's state_dict and vice versa: same state keys.) The math runs in fp32
 whatever the parameter dtype; the state is kept in the parameter's dtype (like zeros_like(p)).
 
 Design: flat buffers, one launch per (param group, device, dtype) "bucket"
@@ -29,12 +31,13 @@ is itself one or more launches. Here the update is one elementwise kernel over f
 * At the first step (and after load_state_dict, add_param_group or a parameter whose storage was
   replaced, e.g. by model.to()), each bucket allocates six flat 1-D buffers, params, grads, m, v,
   n and pre_grad, copies the parameters in and re-points ``p.data`` to views of the flat
-  parameter buffer; ``self.state[p]`` holds views of the flat state buffers. This is what
-  DeepSpeed's contiguous buffers and apex's flat-master-weight optimizers do: the parameter stays
-  the same nn.Parameter object (the module, autograd, hooks and state_dict see nothing
-  different), only its storage moved. Each tensor starts at a multiple of BLOCK elements (the
-  padding is at most BLOCK - 1 elements per tensor, kept at zero), so a kernel program never
-  straddles two tensors: one program = BLOCK elements of exactly one parameter.
+  parameter buffer; ``self.state[p]`` holds views of the flat state buffers. apex's
+  multi_tensor_apply avoids per-tensor launches with tables of tensor pointers; a flat buffer
+  does it with no table at all, as DeepSpeed's contiguous buffers and apex's DistributedFusedAdam
+  do. The parameter stays the same nn.Parameter object (the module, autograd, hooks and
+  state_dict see nothing different), only its storage moved. Each tensor starts at a multiple
+  of BLOCK elements (the padding is at most BLOCK - 1 elements per tensor, kept at zero), so a
+  kernel program never straddles two tensors: one program = BLOCK elements of one parameter.
 * Gradients: after a step, ``p.grad`` is a view of the flat gradient buffer. If the gradient is
   still that view at the next step (zero_grad(set_to_none=False), or the step-graph loop that
   zeroes gradients in place), the kernel reads it where backward accumulated it: no copy at all.
@@ -53,10 +56,13 @@ is itself one or more launches. Here the update is one elementwise kernel over f
 The kernel reads lr, the bias corrections and weight decay as scalars. Non-capturable mode
 computes the bias corrections on the host in float64 (the step count is a CPU tensor). Capturable
 mode (CUDA graphs) reads the step count from a device tensor, computes the bias corrections from
-it inside the kernel (beta ** k by fp64 binary exponentiation) and writes k + 1 back: the last program to finish (an atomic counter
-of finished programs, reset by that program) writes it, after every program has read k, so the
-whole step stays one launch with no host sync. lr may be a tensor on the parameters' device,
-read inside the kernel (set_lr fills it; a float lr is frozen into a captured graph, as in torch).
+it inside the kernel (beta ** k by fp64 binary exponentiation of the fp64 betas) and writes k + 1
+back: the last program to finish (an atomic count of finished programs, which that program resets)
+writes it, after every program has read k, so the step stays one launch with no host sync. lr
+may be a tensor on the parameters' device, read inside the kernel (set_lr fills it; a float lr is
+frozen into a captured graph, as in torch). Capture after one eager step (it builds the buffers
+and compiles the kernel), as bertaccel.step_graph does; zeroing every state tensor, step
+included, makes the next step a first step again.
 
 Cost: 11 fp32 words moved per element (read p, g, m, v, n, pre_grad; write p, m, v, n, pre_grad),
 44 bytes, the minimum for this state; the foreach form moves several times that.
@@ -388,6 +394,11 @@ class AdanFused(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        # Refuses a graph capture of a non-capturable instance (its step count is host state).
+        health_check = getattr(self, "_accelerator_graph_capture_health_check", None) or getattr(
+            self, "_cuda_graph_capture_health_check", None)
+        if health_check is not None:
+            health_check()
         loss = None
         if closure is not None:
             with torch.enable_grad():
