@@ -109,3 +109,22 @@ def test_a_gpu_only_optimizer_is_a_skip_on_the_cpu_not_bad_input(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().startswith("optimizer=adan_fused cannot run on cpu: AdanFused"), out.stdout
+
+
+def test_optimizer_benchmark_prints_every_option_side_by_side():
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "optimizers.py"
+    out = subprocess.run([sys.executable, str(script), "--device", "cpu", "--tiny", "--steps", "2", "--warmup", "1",
+                          "--options", "adamw_single,adamw_fused,adan,lamb"],
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in out.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| option")}
+    assert set(rows) == {"adamw_single", "adamw_fused", "adan", "lamb"}
+    ops = {k: int(v[1]) for k, v in rows.items()}
+    assert all(float(v[0]) > 0 for v in rows.values())
+    # single-tensor: ops per tensor; foreach: a fixed set; fused: a handful
+    assert ops["adamw_single"] > ops["adan"] > ops["adamw_fused"]
