@@ -23,6 +23,7 @@ import logging
 import os
 import queue as queue_module
 import socket
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,6 +37,13 @@ log = logging.getLogger("bertaccel")
 
 POLL_S = 0.2          # how often the launcher looks at its workers
 LAUNCH_TAG = "launch_id"
+
+
+@dataclass
+class BadInput:
+    """A worker's ConfigError / DataError, re-raised in the launching process."""
+    error: Exception
+    status: str = "bad_input"
 
 
 @dataclass
@@ -77,8 +85,9 @@ def _free_port() -> int:
 
 def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: int, timeout_s: float) -> None:
     """One process of a job (torch.multiprocessing entry point: module level, picklable)."""
-    # Hydra configured logging in the launching process only; rank 0 speaks for the job.
-    logging.basicConfig(level=logging.INFO if local_rank == 0 else logging.WARNING,
+    # Hydra configured logging in the launching process only; rank 0 speaks for the job, on
+    # stdout as Hydra's console handler does (stderr stays for errors: "error: ..." one-liners).
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO if local_rank == 0 else logging.WARNING,
                         format=f"[%(asctime)s][%(name)s][%(levelname)s]{'' if world == 1 else f'[rank {local_rank}]'}"
                                " - %(message)s")
     import torch
@@ -93,9 +102,17 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     if world > 1 and not torch.cuda.is_available():
         # CPU ranks share the cores: without this every rank starts a thread per core.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    from .config import ConfigError
+    from .data import DataError
+
     rank = Rank(local_rank, world, init_method, timeout_s) if world > 1 else None
-    outcome = execute(OmegaConf.create(job.cfg), job.choices, job.run_name, job.started_at, job.started_source,
-                      rank=rank, launch_tags={LAUNCH_TAG: job.launch_id})
+    try:
+        outcome = execute(OmegaConf.create(job.cfg), job.choices, job.run_name, job.started_at, job.started_source,
+                          rank=rank, launch_tags={LAUNCH_TAG: job.launch_id})
+    except (ConfigError, DataError) as e:
+        # Bad input, found before anything was written (a malformed CSV): back to the caller,
+        # who decides between "one line, exit 2" and "record it and go on", as inline.
+        outcome = BadInput(e)
     results.put((local_rank, outcome))
 
 
@@ -116,7 +133,7 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
             while not results.empty():
                 r, outcome = results.get()
                 outcomes[r] = outcome
-                if outcome.status == "failed" and r != 0 and failure is None:
+                if outcome.status in ("failed", "bad_input") and r != 0 and failure is None:
                     failure = f"rank {r} of {world}: {outcome.reason}"
             if failure is not None:
                 break
@@ -143,6 +160,8 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
         r, outcome = results.get()
         outcomes[r] = outcome
     main = outcomes.get(0)
+    if isinstance(main, BadInput):
+        raise main.error
     if failure is None and main is not None:
         return main
     failure = failure or "no outcome from rank 0 (its process ended without one)"

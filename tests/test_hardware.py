@@ -30,9 +30,12 @@ def test_auto_on_cpu_says_which_profile(compose_cfg):
 
 
 def test_gpu_count_checks():
-    with pytest.raises(ConfigError, match="this run is on the CPU"):
-        check_gpu_count(2, torch.device("cpu"))
+    # On the CPU num_gpus=N means N gloo processes (the data-parallel logic): allowed.
+    check_gpu_count(2, torch.device("cpu"))
     check_gpu_count(1, torch.device("cpu"))
+    too_many = torch.cuda.device_count() + 1
+    with pytest.raises(ConfigError, match=f"num_gpus={too_many} but only {too_many - 1} GPU"):
+        check_gpu_count(too_many, torch.device("cuda"))
 
 
 CPU_NO_BF16 = Capabilities(cpu_native_bf16=False, cxx_compiler="/usr/bin/g++", triton=False)

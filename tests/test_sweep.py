@@ -73,7 +73,7 @@ def test_bad_value_in_a_sweep_is_recorded_and_the_rest_run(cli):
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = runs_by_status(cli.store, "bertaccel")
     assert {k: len(v) for k, v in runs.items()} == {"finished": 1, "failed": 1}
-    assert runs["failed"][0].data.tags["reason"] == "bad input: accumulation=0 must be > 0"
+    assert runs["failed"][0].data.tags["reason"] == "bad input: accumulation=0 must be an integer >= 1 or adaptive"
 
 
 def test_single_run_prints_accuracy_time_and_run_id(cli):
