@@ -145,8 +145,9 @@ class TrainConfig:
     max_steps_per_epoch: Optional[int] = None
     # The loss is read back (a host sync) every this many optimizer steps: NaN check + progress bar.
     log_every_steps: int = 10
-    # Activation checkpointing (seed 001): recompute encoder activations in backward to save memory.
-    gradient_checkpointing: bool = False
+    # Activation checkpointing (seed 001 III-E): none | every (each encoder layer) | sqrt
+    # (segments of sqrt(L) layers); bertaccel/checkpointing.py.
+    gradient_checkpointing: str = "none"
 
 
 @dataclass
@@ -341,6 +342,9 @@ def validate(cfg: Any) -> None:
     _positive("train.max_steps_per_epoch", tr.max_steps_per_epoch, allow_none=True)
     _positive("train.log_every_steps", tr.log_every_steps)
     _positive("train.pad_to_multiple_of", tr.pad_to_multiple_of)
+    from .checkpointing import MODES as CHECKPOINTING
+
+    _one_of("train.gradient_checkpointing", tr.gradient_checkpointing, CHECKPOINTING)
     _positive("telemetry.interval_s", cfg.telemetry.interval_s)
     if cfg.profile_window.warmup_steps < 0:
         raise ConfigError(f"profile_window.warmup_steps={cfg.profile_window.warmup_steps} must be >= 0")

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from . import distributed, layer_timing
 from .adaptive_accumulation import GradVariance, next_k
 from .attention.warmup import reset_kernel_caches
+from .checkpointing import apply_checkpointing
 from .collectors import CollectorSet
 from .flops import TokenCounts, bert_train_flops
 from .freezing import apply_freezing, count_trainable
@@ -341,9 +342,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     k = cfg.accumulation_max if adaptive else cfg.accumulation
     next_window_k = [k]
     model.to(device)
-    if cfg.train.gradient_checkpointing:
-        # Non-reentrant: works with frozen inputs (layer-wise freezing) and torch.compile.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_checkpointing(model, cfg.train.gradient_checkpointing)
     warm_up_device(device)
     result = TrainResult()
     graphs_at_start = compiled_graph_count()  # dynamo's counters outlive torch.compiler.reset()

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
+from bertaccel.checkpointing import apply_checkpointing
 from bertaccel.optim import lr_factor
 
 
@@ -41,3 +42,59 @@ def test_activation_checkpointing_gives_the_same_gradients():
     assert plain.keys() == ckpt.keys()
     for name in plain:
         torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _grads_and_layer_calls(mode: str, layers: int = 4):
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                     intermediate_size=64, num_labels=3)
+    model = BertForSequenceClassification(cfg)
+    model.train()  # dropout on: the recompute must draw the same masks
+    apply_checkpointing(model, mode)
+    calls = [0] * layers
+    for i, layer in enumerate(model.bert.encoder.layer):
+        # on the layer's attention, with a pre-hook: Hugging Face's every-layer checkpoint
+        # recomputes the layer's forward without the layer's own hooks, and the recompute stops
+        # as soon as the saved tensors are back (torch's early stop), before a forward returns
+        layer.attention.register_forward_pre_hook(lambda m, a, i=i: calls.__setitem__(i, calls[i] + 1))
+    ids = torch.randint(1, 100, (4, 16), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[0, 10:] = 0
+    torch.manual_seed(1)
+    loss = model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1, 2, 0])).loss
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, calls
+
+
+@pytest.mark.parametrize("mode", ["every", "sqrt"])
+def test_checkpointing_modes_give_the_same_gradients_and_really_recompute(mode):
+    plain, plain_calls = _grads_and_layer_calls("none")
+    ckpt, calls = _grads_and_layer_calls(mode)
+    assert plain_calls == [1, 1, 1, 1]
+    assert calls == [2, 2, 2, 2]  # each layer ran again in the backward: checkpointed, not skipped
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_sqrt_checkpointing_keeps_fewer_boundaries_than_every_layer():
+    # Saved activations during the forward, counted by autograd's pack hook: every-layer keeps
+    # each layer's input; sqrt(L) segments keep one input per segment (L=9: 3 vs 9).
+    def saved(mode):
+        torch.manual_seed(0)
+        cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=9, num_attention_heads=4,
+                         intermediate_size=64, num_labels=3)
+        model = BertForSequenceClassification(cfg).train()
+        apply_checkpointing(model, mode)
+        ids = torch.randint(1, 100, (2, 8))
+        count = [0]
+
+        def pack(t):
+            count[0] += 1
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, labels=torch.tensor([0, 1])).loss
+        return count[0]
+
+    none, every, sqrt = saved("none"), saved("every"), saved("sqrt")
+    assert none > every > sqrt

@@ -62,7 +62,7 @@ def test_presets_change_what_the_studies_say(conf_with_sweeps):
         assert (c.attention.name, c.precision.name, c.compile.mode, c.dataset.max_length) == ("xformers", "fp16", "default", 50)
         top = compose("seed001_ablation", overrides=["preset=seed001_k4_amp_cosine_ckpt"])
         assert (top.accumulation, top.precision.name, top.optimizer.schedule, top.train.gradient_checkpointing) == (
-            4, "fp16", "cosine", True)
+            4, "fp16", "cosine", "sqrt")
         assert (top.optimizer.warmup_ratio, top.optimizer.min_lr_ratio) == (0.05, 0.1)  # seed 001 eq. 10
         base = compose("seed001_ablation", overrides=["preset=none"])
         assert (base.accumulation, base.precision.name, base.optimizer.schedule) == (1, "fp32", "linear")

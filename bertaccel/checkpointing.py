@@ -1,0 +1,59 @@
+"""Activation checkpointing (train.gradient_checkpointing; seed 001 section III-E).
+
+- none: every activation kept for the backward.
+- every: each encoder layer is a checkpoint (Hugging Face's gradient_checkpointing_enable): the
+  backward keeps only each layer's input and recomputes the layer.
+- sqrt: the encoder's L layers in segments of round(sqrt(L)) layers, each segment one
+  checkpoint (Chen et al. 2016, the seed's "every sqrt(L) layers"): only sqrt(L) segment inputs
+  are kept, and a segment's internals exist only while it is recomputed.
+Checkpoints are non-reentrant (they work with frozen inputs, layer-wise freezing and
+torch.compile) and restore the RNG state, so dropout draws the same masks in the recompute:
+the gradients equal those without checkpointing.
+"""
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+MODES = ("none", "every", "sqrt")
+
+
+def apply_checkpointing(model: torch.nn.Module, mode: str) -> None:
+    if mode == "none":
+        return
+    if mode == "every":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return
+    encoder = model.bert.encoder
+    size = max(1, round(math.sqrt(len(encoder.layer))))
+    # The encoder's own forward loops over its layers; this one loops over segments. It keeps
+    # the call signature (hidden states, mask, then keyword arguments) that BertModel uses.
+    encoder.forward = types.MethodType(_segmented_forward(size, type(encoder).forward), encoder)
+
+
+def _segmented_forward(size: int, original: Any):
+    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+        if not (self.training and torch.is_grad_enabled()) or args:
+            return original(self, hidden_states, attention_mask, *args, **kwargs)
+        layers = list(self.layer)
+        extra = {k: v for k, v in kwargs.items() if k not in ("use_cache", "past_key_values", "output_hidden_states",
+                                                              "output_attentions", "return_dict")}
+
+        def run(h, mask, segment):
+            for layer in segment:
+                out = layer(h, mask, **extra)
+                h = out[0] if isinstance(out, tuple) else out
+            return h
+
+        for start in range(0, len(layers), size):
+            hidden_states = checkpoint(run, hidden_states, attention_mask, layers[start:start + size],
+                                       use_reentrant=False)
+        from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states)
+
+    return forward
