@@ -98,3 +98,17 @@ def test_sqrt_checkpointing_keeps_fewer_boundaries_than_every_layer():
 
     none, every, sqrt = saved("none"), saved("every"), saved("sqrt")
     assert none > every > sqrt
+
+
+def test_checkpointing_benchmark_prints_the_three_modes():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "checkpointing.py"
+    out = subprocess.run([sys.executable, str(script), "--device", "cpu", "--tiny", "--batch", "4", "--seq", "32",
+                          "--steps", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    saved = {line.split("|")[1].strip(): float(line.split("|")[2]) for line in out.stdout.splitlines()
+             if line.startswith("| ") and not line.startswith("| mode")}
+    assert saved["none"] > saved["every"] > saved["sqrt"] > 0
