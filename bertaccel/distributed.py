@@ -42,6 +42,9 @@ def process_group(rank: Optional[Rank], device_type: str) -> Iterator[None]:
                             world_size=rank.world_size, timeout=datetime.timedelta(seconds=rank.timeout_s))
     try:
         yield
+        # Leave together: rank 0 hosts the rendezvous store, and a rank still tearing down its
+        # group after rank 0 has exited waits on that store for good (seen in a 2-rank CPU test).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -36,6 +36,7 @@ from .distributed import Rank
 log = logging.getLogger("bertaccel")
 
 POLL_S = 0.2          # how often the launcher looks at its workers
+STRAGGLER_GRACE_S = 60.0  # how long the other ranks may take to exit once rank 0 has its outcome
 LAUNCH_TAG = "launch_id"
 
 
@@ -128,6 +129,7 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     deadline = time.monotonic() + cfg.launcher.timeout_s
     outcomes: Dict[int, Any] = {}
     failure: Optional[str] = None
+    main_done: Optional[float] = None  # when rank 0's outcome arrived
     try:
         while True:
             while not results.empty():
@@ -149,6 +151,13 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
                 break
             if time.monotonic() > deadline:
                 failure = f"stopped after launcher.timeout_s={cfg.launcher.timeout_s:g} s"
+                break
+            if 0 in outcomes and main_done is None:
+                main_done = time.monotonic()
+            if main_done is not None and time.monotonic() - main_done > STRAGGLER_GRACE_S:
+                # Rank 0 has recorded the run; a peer still not done is stuck in its teardown.
+                log.warning(f"run {job.run_name}: stopping {sum(p.is_alive() for p in procs.processes)} rank(s) "
+                            f"still running {STRAGGLER_GRACE_S:g} s after rank 0 finished")
                 break
     finally:
         for p in procs.processes:
