@@ -136,7 +136,8 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
                 r, outcome = results.get()
                 outcomes[r] = outcome
                 if outcome.status in ("failed", "bad_input") and r != 0 and failure is None:
-                    failure = f"rank {r} of {world}: {outcome.reason}"
+                    why = outcome.error if isinstance(outcome, BadInput) else outcome.reason
+                    failure = f"rank {r} of {world}: {why}"
             if failure is not None:
                 break
             try:
