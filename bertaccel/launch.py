@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue as queue_module
 import socket
 import sys
 import time
