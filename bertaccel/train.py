@@ -433,6 +433,19 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             what += ["CUDA graphs of the whole step per length"] if cfg.compile.step_graph else []
             result.compile_time_source = (f"wall clock of the warm-up before the first training window "
                                           f"({' + '.join(what)}): {plan.describe()}")
+        elif parallel is not None:
+            # Nothing to compile, but DDP has one-time costs of its own: NCCL creates its
+            # communicators on the first all-reduce and DDP rebuilds its gradient buckets in the
+            # second forward. Two eager steps at the longest length pay them before the window
+            # (measured on 2 H200s: 0.45 s of a 4.4 s window went to such first-step costs).
+            eager = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, plan.train_lengths[-1:], [], repeats=2)
+            result.compile_time_s = run_warmup(
+                model, eager,
+                lambda b: accumulate_window(step_model, [b], precision, device, attention_ctx, prepare, drop_full_mask),
+                lambda b: None, device)
+            result.compile_time_source = (f"nothing compiled (compile=off); wall clock of the data-parallel warm-up "
+                                          f"before the first window (NCCL/gloo communicators, DDP bucket rebuild): "
+                                          f"{eager.describe()}")
         else:
             result.compile_time_source = (f"nothing compiled (compile=off, attention={cfg.attention.name}"
                                           f"{' on CPU: interpreter' if cfg.attention.name == 'triton' else ''})")

@@ -138,6 +138,10 @@ def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path)
     # global batch = 2 x 8: half the optimizer steps of the 1-process run, every train row once
     assert two.data.metrics["optimizer_steps"] == by_world["1"].data.metrics["optimizer_steps"] / 2 == 4
     assert two.data.metrics["throughput_samples_s"] > 0 and 0 <= two.data.metrics["test_accuracy"] <= 1
+    # DDP's one-time costs (communicators, bucket rebuild) are paid in a warm-up, named as such
+    assert two.data.metrics["compile_time_s"] > 0
+    assert "data-parallel warm-up" in two.data.tags["compile_time_s_source"]
+    assert by_world["1"].data.tags["compile_time_s_source"].startswith("nothing compiled (compile=off, ")
     # layer_timing: per-layer times in backward order; all-reduce times only where there are peers
     for world, run in by_world.items():
         m = run.data.metrics

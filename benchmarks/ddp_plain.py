@@ -1,0 +1,139 @@
+"""A plain torch DDP loop on 1 and N GPUs: the reference a bertaccel num_gpus=N run is held to.
+
+    python benchmarks/ddp_plain.py --gpus 2 [--batch 128] [--seq 128] [--steps 50] \
+        [--data .devdata/imdb/train.csv.gz]
+    python benchmarks/ddp_plain.py --device cpu --tiny --gpus 2     # gloo: checks the script
+
+BertForSequenceClassification (BERT-base shape, random init), bf16 autocast + sdpa + fused
+AdamW, per-rank fixed B x S batches of real text already on the device (each rank its own rows),
+no clipping, no data loader, nothing logged per step: what scaling the hardware gives with the
+least code around it. Prints one Markdown table: world size, ms/step, global samples/s, scaling
+vs 1 rank, and NVML energy per sample summed over the ranks' GPUs.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # vs_hf's data and model helpers
+
+from vs_hf import (EnergyMeter, StepClock, bert_config, csv_header, fixed_batches,  # noqa: E402
+                   load_tokenizer_from, package_dir, random_bert, read_rows, shuffled_subset)
+
+from bertaccel.data import encode_labels  # noqa: E402
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, args, queue) -> None:
+    cuda = args.device == "cuda"
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+    try:
+        device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        tokenizer = load_tokenizer_from(package_dir())
+        texts, raw = read_rows(args.data, [c for c in csv_header(args.data) if c != "label"], "label")
+        labels, _, names = encode_labels(raw, raw, args.data)
+        texts, labels = shuffled_subset(texts, labels, None, seed=1000 + rank)  # each rank its own rows
+        model = random_bert(bert_config(args.tiny, len(tokenizer), len(names)), "sdpa").to(device)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if cuda else None) \
+            if world > 1 else model
+        opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=cuda)
+        batches = fixed_batches(tokenizer, texts, labels, args.batch, args.seq, 4, device)
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+
+        def step(b):
+            opt.zero_grad(set_to_none=True)
+            with autocast:
+                loss = ddp(**b).loss
+            loss.backward()
+            opt.step()
+
+        for i in range(args.warmup):
+            step(batches[i % len(batches)])
+        energy = EnergyMeter(device)
+        clock = StepClock(device, args.steps)
+        if cuda:
+            torch.cuda.synchronize(device)
+        if world > 1:
+            dist.barrier()
+        start_mj, t0 = energy.read_mj(), time.perf_counter()
+        for i in range(args.steps):
+            clock.mark(i)
+            step(batches[i % len(batches)])
+        clock.mark(args.steps)
+        if cuda:
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - t0
+        kj = energy.kj(start_mj, energy.read_mj())
+        kj = kj if isinstance(kj, float) else float("nan")
+        stats = torch.tensor([seconds, kj], dtype=torch.float64, device=device)
+        if world > 1:  # the slowest rank's window; energy summed over the GPUs
+            secs = stats[:1].clone()
+            dist.all_reduce(secs, op=dist.ReduceOp.MAX)
+            dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+            stats[0] = secs[0]
+        if rank == 0:
+            queue.put((statistics.median(clock.step_ms()), float(stats[0]), float(stats[1])))
+        if world > 1:
+            dist.barrier()
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def measure(world: int, args) -> tuple:
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_worker, args=(world, _port(), args, queue), nprocs=world, join=True, start_method="spawn")
+    return queue.get()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=128, help="per-rank batch")
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parent.parent / "bertaccel/samples/ag_news/train.csv.gz"))
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer 32-wide BERT (CPU checks of the script)")
+    args = ap.parse_args(argv)
+    if args.device == "cuda":
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < args.gpus:
+            print(f"ddp_plain: --gpus {args.gpus} but this host has {have} CUDA device(s)", file=sys.stderr)
+            return 2
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    rows = [(n, *measure(n, args)) for n in sorted({1, args.gpus})]
+    base = rows[0][1 + 1]
+    print(f"plain DDP, per-rank batch {args.batch} x {args.seq}, {args.steps} steps after {args.warmup}; "
+          f"{torch.cuda.get_device_name(0) if args.device == 'cuda' else 'CPU (gloo)'}, torch {torch.__version__}\n")
+    print("| ranks | ms/step (median, rank 0) | samples/s | scaling | J/sample (all GPUs) |")
+    print("|---|---|---|---|---|")
+    for n, ms, seconds, kj in rows:
+        samples = n * args.batch * args.steps
+        jps = "null (no NVML energy)" if kj != kj else f"{kj * 1e3 / samples:.4f}"
+        print(f"| {n} | {ms:.2f} | {samples / seconds:.0f} | {(samples / seconds) / (args.batch * args.steps / base):.3f}x | {jps} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The data-parallel benchmark scripts run end to end on the CPU (2 gloo processes)."""
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_allreduce_bw_checks_the_sum_and_reports_busbw():
+    proc = _run("benchmarks/allreduce_bw.py", "--device", "cpu", "--gpus", "2", "--sizes-mib", "1,2", "--iters", "3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert [r[1].strip() for r in rows] == ["1", "2"]
+    for r in rows:
+        ms, algbw, busbw = float(r[2]), float(r[3]), float(r[4])
+        assert ms > 0 and busbw == algbw  # 2 ranks: busbw = algbw x 2(N-1)/N = algbw
+        assert r[5].strip() == "yes"
+
+
+def test_allreduce_bw_refuses_one_rank():
+    proc = _run("benchmarks/allreduce_bw.py", "--device", "cpu", "--gpus", "1")
+    assert proc.returncode == 2 and "--gpus must be >= 2" in proc.stderr
+
+
+def test_ddp_plain_measures_one_and_two_ranks():
+    proc = _run("benchmarks/ddp_plain.py", "--device", "cpu", "--tiny", "--gpus", "2", "--batch", "4", "--seq", "32",
+                "--steps", "3", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert [r[1].strip() for r in rows] == ["1", "2"]
+    assert rows[0][4].strip() == "1.000x"
+    for r in rows:
+        assert float(r[2]) > 0 and float(r[3]) > 0
+        assert r[5].strip().startswith("null")  # no NVML on a CPU: null with its reason, never 0
