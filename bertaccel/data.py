@@ -303,17 +303,23 @@ class LengthGroupedBatches(Sampler[List[int]]):
 
     def __iter__(self) -> Iterator[List[int]]:
         perm = torch.randperm(len(self.lengths), generator=self.generator)
-        mega = self.MEGA * self.batch_size
+        # Data parallel: a step's N batches (one per rank) are N neighbours of one sorted
+        # mega-batch, so every rank pads to about the same length. Each step's all-reduce makes
+        # every rank wait for the slowest; batches drawn from unrelated places would make most
+        # steps as slow as the longer one. Mega-batches hold a multiple of N batches for that.
+        mega = -(-self.MEGA // self.world) * self.world * self.batch_size
         batches = []
         for start in range(0, len(perm), mega):
             chunk = perm[start:start + mega]
             chunk = chunk[torch.argsort(self.lengths[chunk], descending=True, stable=True)]
             batches += [chunk[i:i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
-        # A partial batch can only be the last of its mega-batch; the shuffle may place it anywhere,
-        # which is harmless since accumulation weights every sample exactly.
-        order = torch.randperm(len(batches), generator=self.generator).tolist()
-        for i in shard(order, self.rank, self.world, equal=True):
-            yield batches[i]
+        # Steps of N neighbouring batches; the last < N batches are dropped so every rank takes
+        # the same number of steps. A partial batch can only be the last of its mega-batch; the
+        # shuffle may place it anywhere, which is harmless since accumulation weights every
+        # sample exactly. One process (N = 1): one batch per step, the order as before.
+        steps = [batches[i:i + self.world] for i in range(0, len(batches) - self.world + 1, self.world)]
+        for i in torch.randperm(len(steps), generator=self.generator).tolist():
+            yield steps[i][self.rank]
 
 
 def make_loader(split: TokenizedSplit, batch_size: int, pad_token_id: int, shuffle: bool, seed: int,

@@ -113,6 +113,15 @@ def test_ranks_get_disjoint_equal_shares_of_the_same_bucketed_batches():
     # the same buckets as one process: every rank's batch is one of the single-process batches
     as_sets = {frozenset(b) for b in whole}
     assert all(frozenset(b) in as_sets for share in shares for b in share)
+    # each step's batches are neighbours in one sorted mega-batch: their lengths do not interleave,
+    # so no rank waits on a much longer batch of another (several mega-batches; 4 ranks too)
+    many = torch.randint(5, 60, (2000,), generator=torch.Generator().manual_seed(1))
+    for world in (2, 4):
+        per_rank = [list(LengthGroupedBatches(many, 8, torch.Generator().manual_seed(4), rank=r, world=world))
+                    for r in range(world)]
+        for step in zip(*per_rank):
+            spans = sorted((min(many[b].tolist()), max(many[b].tolist())) for b in step)
+            assert all(hi_prev <= lo_next for (_, hi_prev), (lo_next, _) in zip(spans, spans[1:])), spans
     plain = [list(ShuffledBatches(50, 8, torch.Generator().manual_seed(2), rank=r, world=2)) for r in (0, 1)]
     assert len(plain[0]) == len(plain[1]) == 3
     assert not set(i for b in plain[0] for i in b) & set(i for b in plain[1] for i in b)
