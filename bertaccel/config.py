@@ -12,7 +12,6 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-PRECISIONS = ("fp32", "fp16", "bf16")
 ATTENTIONS = ("eager", "sdpa", "xformers", "triton")
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
@@ -36,7 +35,11 @@ class ConfigError(ValueError):
 
 @dataclass
 class PrecisionConfig:
+    """conf/precision/<name>.yaml; meaning, checks and machine check in bertaccel/precision.py."""
     name: str = "fp32"
+    autocast_dtype: Optional[str] = None   # float16 | bfloat16 | null (no autocast)
+    loss_scaling: bool = False             # GradScaler
+    mfu_peak: str = "fp32"                 # MFU divides by the hardware profile's peak_tflops_<this>
 
 
 @dataclass
@@ -252,7 +255,11 @@ def _positive(where: str, value: Optional[float], allow_none: bool = False) -> N
 
 def validate(cfg: Any) -> None:
     """Raise ConfigError with one line naming the first bad value and how to fix it."""
-    _one_of("precision.name", cfg.precision.name, PRECISIONS)
+    from .precision import check_precision  # the option's own settings, checked where they are used
+
+    why = check_precision(cfg.precision)
+    if why:
+        raise ConfigError(why)
     _one_of("attention.name", cfg.attention.name, ATTENTIONS)
     for backend in cfg.attention.sdpa_backends:
         _one_of("attention.sdpa_backends[]", backend, SDPA_BACKENDS)

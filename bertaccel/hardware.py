@@ -119,14 +119,13 @@ def probe() -> Capabilities:
 
 def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[str]:
     """Why this machine cannot run this combination, or None if it can."""
-    precision, mode = cfg.precision.name, cfg.compile.mode
+    mode = cfg.compile.mode
+    from .precision import precision_unusable  # the option's own machine check
+
+    reason = precision_unusable(cfg.precision, device, caps.cpu_native_bf16)
+    if reason:
+        return reason
     if device.type == "cpu":
-        if precision == "fp16":
-            return ("precision=fp16 needs a CUDA GPU: fp16 autocast with GradScaler targets GPU "
-                    "tensor cores, and this run is on the CPU")
-        if precision == "bf16" and not caps.cpu_native_bf16:
-            return ("precision=bf16 on a CPU without native bf16 (no avx512_bf16/amx_bf16 flag): "
-                    "autocast would emulate it, about 20x slower than fp32 (measured here)")
         if mode == "reduce-overhead":
             return ("compile=reduce-overhead means CUDA graphs, which need a CUDA GPU; on the CPU it "
                     "would silently be compile=default")
@@ -135,8 +134,6 @@ def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[
         if mode != "off" and caps.cxx_compiler is None:
             return f"compile={mode} on the CPU needs a C++ compiler (g++/clang++) and none is on PATH"
     else:
-        if precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
-            return f"precision=bf16 needs an Ampere or newer GPU; {torch.cuda.get_device_name(device)} has no bf16"
         if mode != "off" and not caps.triton:
             return f"compile={mode} on a GPU needs triton, which is not importable"
     if cfg.attention.name in ("xformers", "triton"):

@@ -204,7 +204,7 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
                 peak_source += f", the largest over {world} ranks"
             ccache.mark_warmed_up()  # (after training: a compile inside a window also counts as cold)
             cache_state = ccache.state(result.compiled_anything)
-            measured = derived(collectors.results(), result, profile, cfg.precision.name, cfg.num_gpus)
+            measured = derived(collectors.results(), result, profile, cfg.precision.mfu_peak, cfg.num_gpus)
             if result.profile is not None:
                 write_report(result.profile, Path(prof_dir))
                 tracker.log_artifacts(prof_dir, "profile")

@@ -31,7 +31,7 @@ from .warmup import IGNORE_INDEX, synthetic_batch
 
 def unsupported(cfg) -> Optional[str]:
     """Why this configuration cannot have step graphs (None if it can)."""
-    if cfg.precision.name == "fp16":
+    if cfg.precision.loss_scaling:
         return ("compile.step_graph=true needs precision fp32 or bf16: fp16's GradScaler decides on the "
                 "host whether to step (skip on inf), which a CUDA graph cannot")
     if cfg.freezing.name != "none":

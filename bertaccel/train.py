@@ -29,12 +29,12 @@ from .flops import TokenCounts, bert_train_flops
 from .freezing import apply_freezing, count_trainable
 from .isolation import compiled_graph_count, warm_up_device
 from .optim import build_optimizer, lr_factor, scaled_lr, set_lr
+from .precision import Precision
 from .profiling import KernelProfile, profile_steps
 from .step_clock import PhaseClock, StepClock, steady_median_ms, steady_phase_medians
 from .step_graph import StepGraphs
 from .warmup import IGNORE_INDEX, WarmupPlan, compile_event_count, padded_lengths, run_warmup
 
-AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class NonFiniteLoss(RuntimeError):
@@ -131,22 +131,6 @@ def sdpa_backends(cfg: Any):
 
     backends = [getattr(SDPBackend, n) for n in names]
     return lambda: sdpa_kernel(backends)
-
-
-class Precision:
-    """Autocast context and loss scaler for one precision name."""
-
-    def __init__(self, name: str, device: torch.device):
-        dtype = AUTOCAST_DTYPES[name]
-        self.device_type = device.type
-        self.dtype = dtype
-        # Only fp16 needs loss scaling: its 5-bit exponent underflows small gradients.
-        self.scaler = torch.amp.GradScaler(device.type, enabled=(name == "fp16"))
-
-    def autocast(self):
-        if self.dtype is None:
-            return nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
 
 
 def windows(batches: Iterable[Dict[str, torch.Tensor]], k: Union[int, Callable[[], int]]
@@ -335,7 +319,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     trace to profile_dir. warmup_plan: the shapes to compile before the first window (job.py
     builds it from the data); None = derive the lengths from max_length (every multiple)."""
     collectors = collectors or CollectorSet()
-    precision = Precision(cfg.precision.name, device)
+    precision = Precision(cfg.precision, device)
     attention_ctx = sdpa_backends(cfg)
     adaptive = cfg.accumulation == "adaptive"
     # adaptive: the first window has accumulation_max micro-batches, later ones what eq. 6 says.

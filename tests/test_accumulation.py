@@ -5,7 +5,8 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel.data import PadCollator
-from bertaccel.train import Precision, accumulate_window, model_inputs, windows
+from bertaccel.precision import Precision
+from bertaccel.train import accumulate_window, model_inputs, windows
 
 
 def _model():

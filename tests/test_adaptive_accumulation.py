@@ -8,7 +8,8 @@ from transformers import BertConfig, BertForSequenceClassification
 from bertaccel.adaptive_accumulation import GradVariance, next_k
 from bertaccel.config import ConfigError, validate
 from bertaccel.data import PadCollator
-from bertaccel.train import Precision, accumulate_window, windows
+from bertaccel.precision import Precision
+from bertaccel.train import accumulate_window, windows
 
 CPU = torch.device("cpu")
 

@@ -52,7 +52,8 @@ def test_hardware_profiles_have_prices_and_datasheet_peaks(compose_cfg):
 
 @pytest.mark.parametrize("override, message", [
     ("accumulation=0", "accumulation=0 must be an integer >= 1 or adaptive"),
-    ("precision.name=fp8", "precision.name='fp8' is not one of fp32, fp16, bf16"),
+    ("precision.autocast_dtype=float8", "precision fp32: autocast_dtype='float8' is not one of float16, bfloat16"),
+    ("precision.loss_scaling=true", "precision fp32: loss_scaling=true needs autocast_dtype float16"),
     ("optimizer.lr=-1", "optimizer.lr=-1.0 must be > 0"),
     ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio=1.5 must be in [0, 1)"),
     ("dataset.max_length=1024", "dataset.max_length=1024 must be in [8, 512]"),

@@ -19,7 +19,8 @@ from transformers import BertConfig, BertForSequenceClassification
 from bertaccel import distributed
 from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
 from bertaccel.predict_dp import PredictError, predict
-from bertaccel.train import Precision, accumulate_window, data_parallel, evaluate
+from bertaccel.precision import Precision
+from bertaccel.train import accumulate_window, data_parallel, evaluate
 
 
 HANG_S = 240

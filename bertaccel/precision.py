@@ -1,0 +1,70 @@
+"""The `precision` option, in one place: conf/precision/<name>.yaml holds an option's settings,
+this module their meaning (autocast, loss scaling), their validation and the machine check.
+
+Adding a precision is one YAML file: `autocast_dtype` (a torch dtype name, or null for none),
+`loss_scaling` (GradScaler, for dtypes whose narrow exponent underflows small gradients) and
+`mfu_peak` (which `peak_tflops_<mfu_peak>` of the hardware profile MFU divides by).
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+OPTIONS_DIR = Path(__file__).resolve().parent.parent / "conf" / "precision"
+# The dtypes autocast can run in, by the names the YAML files use.
+AUTOCAST_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def load_option(name: str) -> Any:
+    """The settings of conf/precision/<name>.yaml (what Hydra composes for precision=<name>)."""
+    from omegaconf import OmegaConf
+
+    path = OPTIONS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in OPTIONS_DIR.glob("*.yaml")))
+        raise ValueError(f"precision={name!r}: no conf/precision/{name}.yaml (known: {known})")
+    return OmegaConf.load(path)
+
+
+def check_precision(p: Any) -> Optional[str]:
+    """Why these settings cannot work anywhere (one line), or None."""
+    if p.autocast_dtype is not None and p.autocast_dtype not in AUTOCAST_DTYPES:
+        return (f"precision {p.name}: autocast_dtype={p.autocast_dtype!r} is not one of "
+                f"{', '.join(AUTOCAST_DTYPES)} (or null for no autocast)")
+    if p.loss_scaling and p.autocast_dtype != "float16":
+        return (f"precision {p.name}: loss_scaling=true needs autocast_dtype float16 (GradScaler "
+                f"guards fp16's 5-bit exponent; {p.autocast_dtype or 'float32'} does not underflow so)")
+    return None
+
+
+def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool) -> Optional[str]:
+    """Why this machine cannot run the precision (a skip, not bad input), or None."""
+    if device.type == "cpu":
+        if p.autocast_dtype == "float16":
+            return (f"precision={p.name} needs a CUDA GPU: fp16 autocast with GradScaler targets GPU "
+                    "tensor cores, and this run is on the CPU")
+        if p.autocast_dtype == "bfloat16" and not cpu_native_bf16:
+            return (f"precision={p.name} on a CPU without native bf16 (no avx512_bf16/amx_bf16 flag): "
+                    "autocast would emulate it, about 20x slower than fp32 (measured here)")
+    elif p.autocast_dtype == "bfloat16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        return f"precision={p.name} needs an Ampere or newer GPU; {torch.cuda.get_device_name(device)} has no bf16"
+    return None
+
+
+class Precision:
+    """Autocast context and loss scaler of one precision option (its settings, or its name)."""
+
+    def __init__(self, option: Union[str, Any], device: torch.device):
+        p = load_option(option) if isinstance(option, str) else option
+        self.name = p.name
+        self.device_type = device.type
+        self.dtype = AUTOCAST_DTYPES[p.autocast_dtype] if p.autocast_dtype is not None else None
+        self.scaler = torch.amp.GradScaler(device.type, enabled=bool(p.loss_scaling))
+
+    def autocast(self):
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
