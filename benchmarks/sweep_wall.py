@@ -35,11 +35,23 @@ def main(argv=None) -> int:
     # cut off by a time limit still shows how far it got.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith(("[sweep]", "==", "sweep id")) or "run " in line[:12]:
-            print(line, end="", flush=True)
-    proc.wait()
+    interrupted = False
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(("[sweep]", "==", "sweep id")) or "run " in line[:12]:
+                print(line, end="", flush=True)
+        proc.wait()
+    except KeyboardInterrupt:
+        # Cut off (Ctrl-C, `timeout -s INT`): stop the sweep and still report the runs it
+        # finished; measured on a GPU, a sweep past its time limit otherwise left nothing.
+        interrupted = True
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     wall_s = time.time() - t0
     sweep = [line.split("sweep id ")[1].split()[0] for line in lines if "sweep id " in line]
     if not sweep:
@@ -59,6 +71,12 @@ def main(argv=None) -> int:
         cells = [fmt.format(m[k]) if k in m else "-" for k, _, fmt in COLUMNS]
         print(f"| {r.info.run_name} | {t.get('status')} | {t.get('compile_cache', '-')} | " + " | ".join(cells) + " |")
     outside = 1 - train_total / wall_s
+    if interrupted:
+        planned = next((line.split()[1] for line in lines if line.startswith("[sweep]") and " runs; " in line), "?")
+        print(f"\nsweep {sweep[-1]}: INTERRUPTED after {wall_s:.1f} s with {len(runs)} of {planned} runs recorded "
+              f"(the last one may be unfinished); training windows {train_total:.3f} s, outside training windows "
+              f"{100 * outside:.1f}% of the wall time so far")
+        return 130
     print(f"\nsweep {sweep[-1]}: {len(runs)} runs, wall {wall_s:.1f} s (process start to exit), training windows "
           f"{train_total:.3f} s, outside training windows {100 * outside:.1f}% of the wall time")
     return 0 if proc.returncode == 0 else proc.returncode

@@ -26,3 +26,25 @@ def test_sweep_wall_reads_back_every_run_and_the_share_outside_windows(tmp_path)
     # wall is printed to 0.1 s and the share to 0.1 %: allow for both roundings, nothing more
     tolerance = 0.05 + 100 * train * 0.05 / wall ** 2 + 0.01
     assert 0 < train < wall and abs(outside - 100 * (1 - train / wall)) < tolerance
+
+
+def test_an_interrupted_sweep_still_reports_the_runs_it_finished(tmp_path):
+    import signal
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--uri", f"sqlite:///{tmp_path / 'm.db'}", "--",
+                             "model=tiny", "train.device=cpu", "dataset.train_subset=48", "dataset.test_subset=16",
+                             "train.batch_size=16", "train.seed=1,2,3", "launcher.name=inline",
+                             f"cache_dir={tmp_path / 'cache'}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:  # cut it off as `timeout -s INT` would, once the first run is in
+        seen.append(line)
+        if line.startswith("[sweep] run 1 of 3"):
+            proc.send_signal(signal.SIGINT)
+            break
+    out = "".join(seen) + proc.stdout.read()
+    proc.wait(timeout=300)
+    assert proc.returncode == 130, out + proc.stderr.read()[-2000:]
+    assert re.search(r"INTERRUPTED after [\d.]+ s with [123] of 3 runs recorded", out), out
+    assert "| train.seed=1 | finished |" in out
