@@ -12,8 +12,6 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-ATTENTIONS = ("eager", "sdpa", "xformers", "triton")
-SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 COMPILE_CACHES = ("persistent", "fresh")
 FREEZINGS = ("none", "layerwise")
@@ -44,7 +42,10 @@ class PrecisionConfig:
 
 @dataclass
 class AttentionConfig:
+    """conf/attention/<name>.yaml; checks in bertaccel/attention/option.py."""
     name: str = "eager"
+    hf_implementation: str = "eager"   # what Hugging Face builds: eager | sdpa
+    swap: Optional[str] = None         # then every BertSelfAttention swapped (attention/swap.py BACKENDS)
     # sdpa only: the torch SDPA backends allowed, in torch's names (empty = torch's own choice).
     sdpa_backends: List[str] = field(default_factory=list)
 
@@ -260,9 +261,11 @@ def validate(cfg: Any) -> None:
     why = check_precision(cfg.precision)
     if why:
         raise ConfigError(why)
-    _one_of("attention.name", cfg.attention.name, ATTENTIONS)
-    for backend in cfg.attention.sdpa_backends:
-        _one_of("attention.sdpa_backends[]", backend, SDPA_BACKENDS)
+    from .attention.option import check_attention
+
+    why = check_attention(cfg.attention)
+    if why:
+        raise ConfigError(why)
     _one_of("compile.mode", cfg.compile.mode, COMPILE_MODES)
     _one_of("compile.cache", cfg.compile.cache, COMPILE_CACHES)
     if cfg.compile.step_graph:

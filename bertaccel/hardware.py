@@ -136,12 +136,11 @@ def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[
     else:
         if mode != "off" and not caps.triton:
             return f"compile={mode} on a GPU needs triton, which is not importable"
-    if cfg.attention.name in ("xformers", "triton"):
-        from .attention.swap import triton_unusable, xformers_unusable
+    from .attention.option import attention_unusable  # the option's own machine check
 
-        reason = (xformers_unusable if cfg.attention.name == "xformers" else triton_unusable)(device)
-        if reason:
-            return reason
+    reason = attention_unusable(cfg.attention, device)
+    if reason:
+        return reason
     if mode != "off" and not torch._dynamo.is_dynamo_supported():
         return f"compile={mode}: torch.compile does not support this Python/platform"
     from .optim import optimizer_unusable  # the option's own class says (e.g. a GPU-only kernel)

@@ -173,7 +173,7 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
             log.info(f"tokenized {len(data.train)} train / {len(data.test)} test rows "
                      f"(cache {'hit' if data.cache_hit else 'miss'}, {data.tokenize_time_s:.2f} s)")
-            model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention.name,
+            model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention,
                                               len(tokenizer))
             log.info(f"model {cfg.model.name}: {weights_note}")
             fixed_rows = uses_fixed_shapes(cfg)

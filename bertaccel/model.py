@@ -43,18 +43,19 @@ def load_tokenizer(model_cfg: Any) -> Any:
         raise ModelUnavailable(f"tokenizer {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
 
 
-def build_model(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) -> Tuple[Any, str]:
+def build_model(model_cfg: Any, num_labels: int, attention: Any, vocab_size: int) -> Tuple[Any, str]:
     """Returns the model and a short note on where its weights came from.
 
-    attention=xformers/triton: built with eager attention, then every self-attention is swapped
-    for ours (attention/swap.py) with the same weights."""
-    from .attention.swap import BACKENDS, swap_attention
+    `attention` is the option's settings (conf/attention/<name>.yaml): Hugging Face builds
+    `hf_implementation`; with a `swap` (xformers, triton) every self-attention is then replaced
+    by ours (attention/swap.py) with the same weights."""
+    from .attention.swap import swap_attention
 
-    if attention not in BACKENDS:
-        return _build_hf(model_cfg, num_labels, attention, vocab_size)
-    model, note = _build_hf(model_cfg, num_labels, "eager", vocab_size)
-    n = swap_attention(model, attention)
-    return model, f"{note}; {n} self-attention layers swapped for attention={attention}"
+    model, note = _build_hf(model_cfg, num_labels, attention.hf_implementation, vocab_size)
+    if attention.swap is None:
+        return model, note
+    n = swap_attention(model, attention.swap)
+    return model, f"{note}; {n} self-attention layers swapped for attention={attention.name}"
 
 
 def _build_hf(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) -> Tuple[Any, str]:

@@ -124,7 +124,7 @@ class TrainResult:
 
 def sdpa_backends(cfg: Any):
     """Context restricting torch SDPA to the configured backends (no-op when none are set)."""
-    names = list(cfg.attention.sdpa_backends) if cfg.attention.name == "sdpa" else []
+    names = list(cfg.attention.sdpa_backends) if cfg.attention.hf_implementation == "sdpa" else []
     if not names:
         return nullcontext
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -397,7 +397,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
 
     every_length = padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of)
     plan = warmup_plan or WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, every_length, every_length)
-    has_triton = cfg.attention.name == "triton" and device.type == "cuda"
+    has_triton = cfg.attention.swap == "triton" and device.type == "cuda"
     result.compiled_anything = cfg.compile.mode != "off" or has_triton or cfg.compile.step_graph
     with dynamo_settings(cfg, len(plan.train_lengths) + len(plan.eval_lengths)):
         if result.compiled_anything:
@@ -432,7 +432,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                                           f"{eager.describe()}")
         else:
             result.compile_time_source = (f"nothing compiled (compile=off, attention={cfg.attention.name}"
-                                          f"{' on CPU: interpreter' if cfg.attention.name == 'triton' else ''})")
+                                          f"{' on CPU: interpreter' if cfg.attention.swap == 'triton' else ''})")
         for epoch in range(cfg.train.epochs):
             apply_freezing(model, cfg.freezing.name, epoch)
             if optimizer is None or cfg.freezing.name != "none":

@@ -7,13 +7,11 @@ attn_implementation="eager", whose additive 4-D mask becomes a [B, S] key-paddin
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
-
-BACKENDS = ("xformers", "triton")
-
 
 def key_padding_mask(attention_mask: Optional[torch.Tensor], bsz: int, seq: int) -> Optional[torch.Tensor]:
     """[B, S] bool (True = attend) from HF's mask: None; a 2-D 0/1 mask; or 4-D [B, 1, 1|S, S],
@@ -65,17 +63,21 @@ class FusedSelfAttention(nn.Module):
         q, k, v = (proj(hidden_states).view(shape) for proj in (self.query, self.key, self.value))
         keep = key_padding_mask(attention_mask, bsz, seq)
         p = self.dropout_p if self.training else 0.0
-        if self.backend == "triton":
-            from .triton_attention import fused_attention
-
-            out = fused_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keep, p,
-                                  self.scaling).transpose(1, 2)
-        else:
-            import xformers.ops as xops
-
-            bias = None if keep is None else _xformers_bias(keep, self.num_heads, q.dtype)
-            out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, p=p, scale=self.scaling)
+        out = BACKENDS[self.backend].core(q, k, v, keep, p, self.scaling)
         return out.reshape(bsz, seq, -1), None
+
+
+def _triton_core(q, k, v, keep, p: float, scaling: float) -> torch.Tensor:
+    from .triton_attention import fused_attention
+
+    return fused_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keep, p, scaling).transpose(1, 2)
+
+
+def _xformers_core(q, k, v, keep, p: float, scaling: float) -> torch.Tensor:
+    import xformers.ops as xops
+
+    bias = None if keep is None else _xformers_bias(keep, q.shape[2], q.dtype)
+    return xops.memory_efficient_attention(q, k, v, attn_bias=bias, p=p, scale=scaling)
 
 
 def swap_attention(model: nn.Module, backend: str) -> int:
@@ -117,3 +119,16 @@ def triton_unusable(device: torch.device) -> Optional[str]:
         return ("attention=triton needs a CUDA GPU; on a CPU the kernel only runs in Triton's "
                 "interpreter (TRITON_INTERPRET=1), which is for correctness tests, not training")
     return None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One swap backend: its attention core ([B, S, H, D] q/k/v, [B, S] keep mask or None,
+    dropout p, scale -> [B, S, H, D]) and its "can this machine run it" check."""
+    core: Callable[..., torch.Tensor]
+    unusable: Callable[[torch.device], Optional[str]]
+
+
+# The swap backends an attention option may name (conf/attention/*.yaml `swap:`).
+BACKENDS = {"xformers": Backend(_xformers_core, xformers_unusable),
+            "triton": Backend(_triton_core, triton_unusable)}

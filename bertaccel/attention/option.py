@@ -1,0 +1,45 @@
+"""The `attention` option, in one place: conf/attention/<name>.yaml holds an option's settings,
+this module their validation and the machine check (building the model: bertaccel/model.py).
+
+An option says which attention Hugging Face builds (`hf_implementation`: eager or sdpa), which
+of our module swaps then replaces every BertSelfAttention (`swap`: a backend of
+attention/swap.py, or null) and, for sdpa, which torch SDPA backends are allowed. Adding an
+attention option that reuses an implementation is one YAML file; a new kernel is its swap
+backend in attention/swap.py (the forward and the "can this machine run it" check) plus the YAML.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+HF_IMPLEMENTATIONS = ("eager", "sdpa")
+SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+
+
+def check_attention(a: Any) -> Optional[str]:
+    """Why these settings cannot work anywhere (one line), or None."""
+    from .swap import BACKENDS
+
+    if a.hf_implementation not in HF_IMPLEMENTATIONS:
+        return (f"attention {a.name}: hf_implementation={a.hf_implementation!r} is not one of "
+                f"{', '.join(HF_IMPLEMENTATIONS)}")
+    if a.swap is not None:
+        if a.swap not in BACKENDS:
+            return f"attention {a.name}: swap={a.swap!r} is not one of {', '.join(BACKENDS)} (or null for none)"
+        if a.hf_implementation != "eager":
+            return (f"attention {a.name}: swap={a.swap} replaces the eager BertSelfAttention modules; "
+                    f"set hf_implementation=eager")
+    if a.sdpa_backends and a.hf_implementation != "sdpa":
+        return f"attention {a.name}: sdpa_backends apply to hf_implementation=sdpa only; set sdpa_backends=[]"
+    for backend in a.sdpa_backends:
+        if backend not in SDPA_BACKENDS:
+            return f"attention.sdpa_backends[]={backend!r} is not one of {', '.join(SDPA_BACKENDS)}"
+    return None
+
+
+def attention_unusable(a: Any, device: torch.device) -> Optional[str]:
+    """Why this machine cannot run the option (a skip, not bad input), or None."""
+    from .swap import BACKENDS
+
+    return BACKENDS[a.swap].unusable(device) if a.swap is not None else None
