@@ -21,12 +21,6 @@ MODEL_SOURCES = ("package", "hub", "random_init")
 DATASET_SOURCES = ("bundled", "hub", "csv")
 DEVICES = ("auto", "cpu", "cuda")
 LAUNCHERS = ("inline", "process")
-# The config groups, one folder of options each in conf/ (accumulation and num_gpus, also
-# chosen on the command line, are integers: see RunConfig).
-GROUPS = ("precision", "attention", "compile", "freezing", "optimizer", "hardware", "model", "dataset",
-          "preset")  # preset: a bundle of the others' choices for a study (conf/preset/)
-
-
 class ConfigError(ValueError):
     """A config value that cannot work; the message is the one line the user sees."""
 
@@ -231,14 +225,22 @@ class RunConfig:
     layer_timing: bool = False
 
 
+# The config groups, one folder of options each in conf/, and the schema every option of the
+# group is checked against. GROUPS (what a run's choices are read from) and register_configs
+# both read this one list; conf/config.yaml's defaults name the same groups (a test holds them
+# equal). accumulation and num_gpus, also chosen on the command line, are integers: RunConfig.
+GROUP_SCHEMAS = (("precision", PrecisionConfig), ("attention", AttentionConfig), ("compile", CompileConfig),
+                 ("freezing", FreezingConfig), ("optimizer", OptimizerConfig), ("hardware", HardwareConfig),
+                 ("model", ModelConfig), ("dataset", DatasetConfig))
+# preset: a bundle of the other groups' choices for a study (conf/preset/); it has no schema of its own.
+GROUPS = tuple(group for group, _ in GROUP_SCHEMAS) + ("preset",)
+
+
 def register_configs() -> None:
     """Make the schemas known to Hydra; conf/config.yaml lists `run_schema` first."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
-    for group, schema in (("precision", PrecisionConfig), ("attention", AttentionConfig),
-                          ("compile", CompileConfig), ("freezing", FreezingConfig),
-                          ("optimizer", OptimizerConfig), ("hardware", HardwareConfig),
-                          ("model", ModelConfig), ("dataset", DatasetConfig)):
+    for group, schema in GROUP_SCHEMAS:
         cs.store(group=group, name=f"{group}_schema", node=schema)
 
 

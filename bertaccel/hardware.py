@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
-import yaml
 
 from .config import ConfigError
 
@@ -70,11 +69,22 @@ def match_profile(name: str, profiles: List[Dict[str, Any]]) -> Optional[Dict[st
 
 
 def load_profiles() -> List[Dict[str, Any]]:
+    """Every profile of conf/hardware, read through the same schema (HardwareConfig) that Hydra
+    applies to hardware=<name>: hardware=auto cannot accept a profile that hardware=<name> would
+    refuse, or read a field the schema does not know."""
+    from omegaconf import OmegaConf
+
+    from .config import HardwareConfig
+
     profiles = []
     for path in sorted(PROFILES_DIR.glob("*.yaml")):
-        prof = yaml.safe_load(path.read_text())
-        if prof.get("name") != "auto":
-            profiles.append(prof)
+        try:
+            node = OmegaConf.merge(OmegaConf.structured(HardwareConfig), OmegaConf.load(path))
+        except Exception as e:  # noqa: BLE001 - OmegaConf's ValidationError and YAML errors alike
+            key = getattr(e, "full_key", None)
+            raise ConfigError(f"conf/hardware/{path.name}: {f'{key}: ' if key else ''}{str(e).splitlines()[0]}") from None
+        if node.name != "auto":
+            profiles.append(OmegaConf.to_container(node))
     return profiles
 
 

@@ -114,3 +114,13 @@ def test_sdpa_backends_are_validated(compose_cfg):
     validate(cfg)
     with pytest.raises(ConfigError, match="attention.sdpa_backends\\[\\]='FAST'"):
         validate(compose_cfg(["attention=sdpa", "attention.sdpa_backends=[FAST]"]))
+
+
+def test_the_defaults_list_names_exactly_the_groups():
+    # conf/config.yaml is the one list Hydra reads; config.GROUP_SCHEMAS the one the code reads.
+    import yaml
+
+    defaults = yaml.safe_load((CONF_DIR / "config.yaml").read_text())["defaults"]
+    named = [next(iter(d)) for d in defaults if isinstance(d, dict)]
+    assert sorted(named) == sorted(GROUPS)
+    assert all((CONF_DIR / group).is_dir() for group in GROUPS)

@@ -64,3 +64,15 @@ def test_bf16_runs_on_a_cpu_with_native_bf16(compose_cfg):
 def test_compile_without_compiler_is_skipped(compose_cfg):
     caps = Capabilities(cpu_native_bf16=False, cxx_compiler=None, triton=False)
     assert "needs a C++ compiler" in skip_reason(compose_cfg(["compile=default"]), torch.device("cpu"), caps)
+
+
+def test_auto_reads_profiles_through_the_schema_hydra_applies(tmp_path, monkeypatch):
+    import bertaccel.hardware as hw
+
+    profiles = hw.load_profiles()
+    assert {p["name"] for p in profiles} >= {"cpu", "h100", "h200"} and "auto" not in {p["name"] for p in profiles}
+    assert all(isinstance(p["match"], list) for p in profiles)  # the schema's defaults filled in
+    (tmp_path / "fast.yaml").write_text("name: fast\nmatch: [X1]\npeak_tflops_bf16: very fast\n")
+    monkeypatch.setattr(hw, "PROFILES_DIR", tmp_path)
+    with pytest.raises(hw.ConfigError, match=r"^conf/hardware/fast.yaml: .*peak_tflops_bf16"):
+        hw.load_profiles()
