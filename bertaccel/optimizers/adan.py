@@ -94,20 +94,31 @@ __all__ = ["Adan"]
 LR = Union[float, Tensor]
 
 
-def _check_hparams(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> None:
-    if isinstance(lr, Tensor) and lr.numel() != 1:
-        raise ValueError(f"Tensor lr must be 1-element, got shape {tuple(lr.shape)}")
-    if not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr}")
-    if len(betas) != 3:
-        raise ValueError(f"Adan needs 3 betas, got {betas}")
-    for i, beta in enumerate(betas):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
-    if not 0.0 <= eps:
-        raise ValueError(f"Invalid epsilon value: {eps}")
-    if not 0.0 <= weight_decay:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+def _real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_hyperparameters(lr: Any, betas: Any, eps: Any, weight_decay: Any, who: str = "Adan") -> None:
+    """Raise a one-line ValueError for the first invalid Adan hyper-parameter. Shared by Adan and
+    AdanFused (`who` names the class in the message): one set of rules for one algorithm."""
+    if isinstance(lr, Tensor):
+        if lr.numel() != 1 or not lr.is_floating_point():
+            raise ValueError(f"{who}: a tensor lr must be one floating-point element, got shape "
+                             f"{tuple(lr.shape)} {lr.dtype}")
+        # Its value only where reading it costs no device sync (a GPU lr is set by the schedule).
+        if lr.device.type == "cpu" and not float(lr) >= 0.0:
+            raise ValueError(f"{who}: lr must be >= 0, got {float(lr)!r}")
+    elif not _real(lr) or lr < 0.0:
+        raise ValueError(f"{who}: lr must be a finite float >= 0, got {lr!r}")
+    if not isinstance(betas, (tuple, list)) or len(betas) != 3:
+        raise ValueError(f"{who}: betas must be a triple (beta1, beta2, beta3), got {betas!r}")
+    for i, b in enumerate(betas):
+        if not _real(b) or not 0.0 <= b < 1.0:
+            raise ValueError(f"{who}: betas[{i}] must be in [0, 1), got {b!r}")
+    if not _real(eps) or eps <= 0.0:
+        raise ValueError(f"{who}: eps must be a finite float > 0, got {eps!r}")
+    if not _real(weight_decay) or weight_decay < 0.0:
+        raise ValueError(f"{who}: weight_decay must be a finite float >= 0, got {weight_decay!r}")
 
 
 class Adan(Optimizer):
@@ -134,14 +145,14 @@ class Adan(Optimizer):
         foreach: bool = True,
         capturable: bool = False,
     ) -> None:
-        _check_hparams(lr, betas, eps, weight_decay)
+        check_hyperparameters(lr, betas, eps, weight_decay)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         foreach=foreach, capturable=capturable)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
         merged = {**self.defaults, **param_group}
-        _check_hparams(merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"])
+        check_hyperparameters(merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"])
         super().add_param_group(param_group)
 
     def __setstate__(self, state: dict) -> None:

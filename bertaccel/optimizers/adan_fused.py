@@ -77,6 +77,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from .adan import check_hyperparameters
+
 try:  # Triton is optional for the package; only this optimizer needs it.
     import triton
     import triton.language as tl
@@ -201,27 +203,9 @@ def _define_kernel() -> Any:
     return _adan_step
 
 
-def _real(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _check_hyperparameters(lr: Any, betas: Any, eps: Any, weight_decay: Any, capturable: Any) -> None:
-    """Raise a one-line ValueError for the first invalid hyper-parameter."""
-    if isinstance(lr, torch.Tensor):
-        if lr.numel() != 1 or not lr.is_floating_point():
-            raise ValueError(f"AdanFused: a tensor lr must be one floating-point element, got shape "
-                             f"{tuple(lr.shape)} {lr.dtype}")
-    elif not _real(lr) or lr < 0.0:
-        raise ValueError(f"AdanFused: lr must be a finite float >= 0, got {lr!r}")
-    if not isinstance(betas, (tuple, list)) or len(betas) != 3:
-        raise ValueError(f"AdanFused: betas must be a triple (beta1, beta2, beta3), got {betas!r}")
-    for i, b in enumerate(betas):
-        if not _real(b) or not 0.0 <= b < 1.0:
-            raise ValueError(f"AdanFused: betas[{i}] must be in [0, 1), got {b!r}")
-    if not _real(eps) or eps <= 0.0:
-        raise ValueError(f"AdanFused: eps must be a finite float > 0, got {eps!r}")
-    if not _real(weight_decay) or weight_decay < 0.0:
-        raise ValueError(f"AdanFused: weight_decay must be a finite float >= 0, got {weight_decay!r}")
+    """Adan's rules (adan.check_hyperparameters) plus the capturable switch."""
+    check_hyperparameters(lr, betas, eps, weight_decay, who="AdanFused")
     if not isinstance(capturable, bool):
         raise ValueError(f"AdanFused: capturable must be a bool, got {capturable!r}")
 
