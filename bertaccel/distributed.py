@@ -20,7 +20,7 @@ import torch.distributed as dist
 class Rank:
     rank: int
     world_size: int
-    init_method: str            # tcp://127.0.0.1:<port>, chosen by the launcher
+    init_method: str            # file://<job dir>/store (the launcher's), or tcp://host:port
     timeout_s: float            # a collective waiting longer fails (a hung or dead peer)
 
     @property

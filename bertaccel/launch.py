@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -77,12 +78,6 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     return _in_processes(job, cfg)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: int, timeout_s: float) -> None:
     """One process of a job (torch.multiprocessing entry point: module level, picklable)."""
     # Hydra configured logging in the launching process only; rank 0 speaks for the job, on
@@ -122,7 +117,11 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     world = cfg.num_gpus
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    procs = mp.start_processes(_worker, args=(job, results, f"tcp://127.0.0.1:{_free_port()}", world,
+    # The ranks meet through a file store in a directory of the job's own, not a TCP port: a
+    # port probed free here could be taken by another program before rank 0 binds it. (All ranks
+    # are on this host.) The directory goes with the job.
+    rendezvous = tempfile.mkdtemp(prefix="bertaccel-rendezvous-")
+    procs = mp.start_processes(_worker, args=(job, results, f"file://{rendezvous}/store", world,
                                               cfg.launcher.collective_timeout_s),
                                nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + cfg.launcher.timeout_s
@@ -165,6 +164,7 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
                 p.kill()
         for p in procs.processes:
             p.join()
+        shutil.rmtree(rendezvous, ignore_errors=True)
     while not results.empty():  # outcomes sent just before the end
         r, outcome = results.get()
         outcomes[r] = outcome
