@@ -23,8 +23,6 @@ from .sweep_progress import STATE
 
 register_configs()
 
-_jobs_started = 0
-
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig):
@@ -32,13 +30,12 @@ def main(cfg: DictConfig):
     multirun = hc.mode == RunMode.MULTIRUN
     name = run_label(hc.overrides.task, STATE.swept if multirun else ())
     choices = group_choices(hc.runtime.choices, GROUPS)
-    global _jobs_started
     # The first job pays the interpreter and import start-up, later jobs of a sweep do not.
-    if _jobs_started == 0:
+    # (Hydra numbers a multirun's jobs from 0 in launch order; no counter of our own.)
+    if not multirun or hc.job.num == 0:
         started_at, started_source = psutil.Process().create_time(), "process start"
     else:
         started_at, started_source = time.time(), "job start (later job of a multirun)"
-    _jobs_started += 1
     try:
         outcome = launch(cfg, choices, name, started_at, started_source)
     except (ConfigError, DataError) as e:

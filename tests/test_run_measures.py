@@ -60,3 +60,21 @@ def test_unprofiled_run_says_why_profile_is_null(cli):
     (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
     assert "profile_gemm_share" not in run.data.metrics
     assert run.data.tags["profile_gemm_share_source"].startswith("null: profile=false")
+
+
+def test_only_the_first_job_of_a_sweep_is_charged_the_interpreter_start(cli):
+    # Hydra's job number says which job is first; later jobs of the same process start their
+    # clock at their own start, not at the process's.
+    proc = cli(["-m", "model=tiny", "train.device=cpu", "dataset.train_subset=32", "dataset.test_subset=16",
+                "train.batch_size=16", "train.seed=1,2", "launcher.name=inline"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(cli.store)
+    exp = client.get_experiment_by_name("bertaccel")
+    runs = sorted((r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("bertaccel.role") != "sweep"),
+                  key=lambda r: r.info.start_time)
+    sources = [r.data.tags["startup_overhead_s_source"] for r in runs]
+    assert len(sources) == 2
+    assert sources[0].endswith("minus process start"), sources
+    assert sources[1].endswith("minus job start (later job of a multirun)"), sources
