@@ -21,6 +21,8 @@ MODEL_SOURCES = ("package", "hub", "random_init")
 DATASET_SOURCES = ("bundled", "hub", "csv")
 DEVICES = ("auto", "cpu", "cuda")
 LAUNCHERS = ("inline", "process")
+
+
 class ConfigError(ValueError):
     """A config value that cannot work; the message is the one line the user sees."""
 

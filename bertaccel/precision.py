@@ -19,14 +19,17 @@ AUTOCAST_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def load_option(name: str) -> Any:
-    """The settings of conf/precision/<name>.yaml (what Hydra composes for precision=<name>)."""
+    """The settings of conf/precision/<name>.yaml, typed by the same schema (PrecisionConfig)
+    Hydra applies when it composes precision=<name>."""
     from omegaconf import OmegaConf
+
+    from .config import PrecisionConfig
 
     path = OPTIONS_DIR / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in OPTIONS_DIR.glob("*.yaml")))
         raise ValueError(f"precision={name!r}: no conf/precision/{name}.yaml (known: {known})")
-    return OmegaConf.load(path)
+    return OmegaConf.merge(OmegaConf.structured(PrecisionConfig), OmegaConf.load(path))
 
 
 def check_precision(p: Any) -> Optional[str]:

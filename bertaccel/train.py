@@ -36,7 +36,6 @@ from .step_graph import StepGraphs
 from .warmup import IGNORE_INDEX, WarmupPlan, compile_event_count, padded_lengths, run_warmup
 
 
-
 class NonFiniteLoss(RuntimeError):
     pass
 

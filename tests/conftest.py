@@ -31,9 +31,11 @@ def compose_cfg():
     register_configs()
     GlobalHydra.instance().clear()
 
-    def _compose(overrides: List[str] = ()):
+    def _compose(overrides: List[str] = (), searchpath=None):
+        # searchpath: a directory of extra options (e.g. <dir>/precision/new.yaml), as a user adds them
+        extra = [f"hydra.searchpath=[file://{searchpath}]"] if searchpath else []
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides))
+            return compose(config_name="config", overrides=extra + list(overrides))
 
     yield _compose
     GlobalHydra.instance().clear()

@@ -3,28 +3,13 @@ import textwrap
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-
 from bertaccel.attention.option import attention_unusable
-from bertaccel.config import ConfigError, register_configs, validate
-from conftest import CONF_DIR
+from bertaccel.config import ConfigError, validate
 
 CPU = torch.device("cpu")
 
 
-def _compose(overrides, searchpath=None):
-    register_configs()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            extra = [f"hydra.searchpath=[file://{searchpath}]"] if searchpath else []
-            return compose(config_name="config", overrides=extra + overrides)
-    finally:
-        GlobalHydra.instance().clear()
-
-
-def test_adding_an_attention_option_is_one_yaml(tmp_path):
+def test_adding_an_attention_option_is_one_yaml(compose_cfg, tmp_path):
     # SDPA held to its math kernel (a reference point in a sweep): nothing but the file.
     (tmp_path / "attention").mkdir()
     (tmp_path / "attention" / "sdpa_math.yaml").write_text(textwrap.dedent("""\
@@ -33,7 +18,7 @@ def test_adding_an_attention_option_is_one_yaml(tmp_path):
         swap: null
         sdpa_backends: [MATH]
         """))
-    cfg = _compose(["attention=sdpa_math", "model=tiny"], tmp_path)
+    cfg = compose_cfg(["attention=sdpa_math", "model=tiny"], searchpath=tmp_path)
     validate(cfg)
     assert attention_unusable(cfg.attention, CPU) is None
     from bertaccel.model import build_model
@@ -50,16 +35,16 @@ def test_adding_an_attention_option_is_one_yaml(tmp_path):
     (["attention=eager", "attention.sdpa_backends=[MATH]"], "sdpa_backends apply to hf_implementation=sdpa only"),
     (["attention=sdpa", "attention.sdpa_backends=[FAST]"], "attention.sdpa_backends[]='FAST' is not one of"),
 ])
-def test_impossible_attention_settings_fail_in_one_line(overrides, message):
+def test_impossible_attention_settings_fail_in_one_line(compose_cfg, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
-        validate(_compose(overrides))
+        validate(compose_cfg(overrides))
 
 
-def test_the_machine_check_is_the_swap_backends_own():
+def test_the_machine_check_is_the_swap_backends_own(compose_cfg):
     import os
 
-    cfg = _compose(["attention=triton"])
+    cfg = compose_cfg(["attention=triton"])
     why = attention_unusable(cfg.attention, CPU)
     if os.environ.get("TRITON_INTERPRET") != "1":
         assert why.startswith("attention=triton needs")
-    assert attention_unusable(_compose(["attention=eager"]).attention, CPU) is None
+    assert attention_unusable(compose_cfg(["attention=eager"]).attention, CPU) is None

@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
-from bertaccel.config import ConfigError, register_configs, validate
+from bertaccel.config import ConfigError, validate
 from bertaccel.optim import build_optimizer, lr_factor, scaled_lr
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -49,7 +47,7 @@ def test_an_options_own_class_rejects_its_bad_settings_in_one_line(compose_cfg):
         validate(compose_cfg(["optimizer.impl._target_=torch.optim.NoSuchOptimizer"]))
 
 
-def test_adding_an_optimizer_is_one_yaml_and_one_class(tmp_path):
+def test_adding_an_optimizer_is_one_yaml_and_one_class(compose_cfg, tmp_path):
     # The class: here torch's SGD with its own setting (momentum); the YAML: its one home.
     (tmp_path / "optimizer").mkdir()
     (tmp_path / "optimizer" / "toy_sgd.yaml").write_text(textwrap.dedent("""\
@@ -62,13 +60,7 @@ def test_adding_an_optimizer_is_one_yaml_and_one_class(tmp_path):
           _partial_: true
           momentum: 0.9
         """))
-    register_configs()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=[f"hydra.searchpath=[file://{tmp_path}]", "optimizer=toy_sgd"])
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = compose_cfg(["optimizer=toy_sgd"], searchpath=tmp_path)
     validate(cfg)
     opt = build_optimizer(_model(), cfg.optimizer)
     assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9 and opt.defaults["lr"] == 0.5

@@ -3,13 +3,10 @@ import textwrap
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
-from bertaccel.config import ConfigError, register_configs, validate
+from bertaccel.config import ConfigError, validate
 from bertaccel.hardware import Capabilities, skip_reason
 from bertaccel.precision import Precision, load_option, precision_unusable
-from conftest import CONF_DIR
 
 CPU = torch.device("cpu")
 
@@ -33,7 +30,7 @@ def test_machine_checks_follow_the_dtype_not_the_name():
     assert precision_unusable(load_option("fp32"), CPU, cpu_native_bf16=False) is None
 
 
-def test_adding_a_precision_is_one_yaml(tmp_path):
+def test_adding_a_precision_is_one_yaml(compose_cfg, tmp_path):
     # fp16 autocast without loss scaling (say, to measure what the GradScaler costs): nothing but the file.
     (tmp_path / "precision").mkdir()
     (tmp_path / "precision" / "fp16_unscaled.yaml").write_text(textwrap.dedent("""\
@@ -42,14 +39,7 @@ def test_adding_a_precision_is_one_yaml(tmp_path):
         loss_scaling: false
         mfu_peak: fp16
         """))
-    register_configs()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config",
-                          overrides=[f"hydra.searchpath=[file://{tmp_path}]", "precision=fp16_unscaled"])
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = compose_cfg(["precision=fp16_unscaled"], searchpath=tmp_path)
     validate(cfg)
     p = Precision(cfg.precision, CPU)
     assert p.dtype is torch.float16 and not p.scaler.is_enabled()

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
+
 def key_padding_mask(attention_mask: Optional[torch.Tensor], bsz: int, seq: int) -> Optional[torch.Tensor]:
     """[B, S] bool (True = attend) from HF's mask: None; a 2-D 0/1 mask; or 4-D [B, 1, 1|S, S],
     additive float (0 = attend) or bool (True = attend). BERT's masks are key-padding masks, so
