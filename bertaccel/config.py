@@ -23,6 +23,17 @@ DEVICES = ("auto", "cpu", "cuda")
 LAUNCHERS = ("inline", "process")
 
 
+def uses_cuda_graphs(mode: str) -> bool:
+    """Whether this torch.compile mode replays CUDA graphs (reduce-overhead, max-autotune): read
+    from Inductor's own table of modes, so a mode that gains or drops graphs is followed here."""
+    if mode in ("off", "default"):
+        return False
+    from torch._inductor import list_mode_options
+
+    return bool(list_mode_options(mode).get("triton.cudagraphs", False))
+
+
+
 class ConfigError(ValueError):
     """A config value that cannot work; the message is the one line the user sees."""
 

@@ -136,9 +136,11 @@ def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[
     if reason:
         return reason
     if device.type == "cpu":
-        if mode == "reduce-overhead":
-            return ("compile=reduce-overhead means CUDA graphs, which need a CUDA GPU; on the CPU it "
-                    "would silently be compile=default")
+        from .config import uses_cuda_graphs
+
+        if uses_cuda_graphs(mode):
+            return (f"compile={mode} means CUDA graphs, which need a CUDA GPU; on the CPU it "
+                    "would silently run without them")
         if cfg.compile.step_graph:
             return "compile.step_graph=true replays CUDA graphs, which need a CUDA GPU"
         if mode != "off" and caps.cxx_compiler is None:

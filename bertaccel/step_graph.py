@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from .config import uses_cuda_graphs
 from .warmup import IGNORE_INDEX, synthetic_batch
 
 
@@ -40,7 +41,7 @@ def unsupported(cfg) -> Optional[str]:
     if cfg.num_gpus > 1:
         return ("compile.step_graph=true needs num_gpus=1: DDP's gradient all-reduce runs from autograd "
                 "hooks on the host, outside anything a captured step could replay")
-    if cfg.compile.mode in ("reduce-overhead", "max-autotune"):  # both turn on Inductor's own CUDA graphs
+    if uses_cuda_graphs(cfg.compile.mode):  # Inductor's own CUDA graphs
         return (f"compile.step_graph=true with compile={cfg.compile.mode} would capture CUDA graphs inside "
                 "CUDA graphs; use compile=default (or off) with compile.step_graph=true")
     return None

@@ -24,6 +24,7 @@ from . import distributed, layer_timing
 from .adaptive_accumulation import GradVariance, next_k
 from .attention.warmup import reset_kernel_caches
 from .checkpointing import apply_checkpointing
+from .config import uses_cuda_graphs
 from .collectors import CollectorSet
 from .flops import TokenCounts, bert_train_flops
 from .freezing import apply_freezing, count_trainable
@@ -33,7 +34,7 @@ from .precision import Precision
 from .profiling import KernelProfile, profile_steps
 from .step_clock import PhaseClock, StepClock, steady_median_ms, steady_phase_medians
 from .step_graph import StepGraphs
-from .warmup import IGNORE_INDEX, WarmupPlan, compile_event_count, padded_lengths, run_warmup
+from .warmup import IGNORE_INDEX, WarmupPlan, compile_events, new_events, padded_lengths, run_warmup
 
 
 class NonFiniteLoss(RuntimeError):
@@ -332,10 +333,10 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     parallel = data_parallel(model, device)
     step_model = compile_model(parallel or model, cfg)
     no_sync = parallel.no_sync if parallel is not None else nullcontext
-    cuda_graphs = cfg.compile.mode == "reduce-overhead"
-    # reduce-overhead records a CUDA graph per concrete shape anyway; a dynamic-length graph
+    cuda_graphs = uses_cuda_graphs(cfg.compile.mode)
+    # A CUDA-graph mode records a graph per concrete shape anyway; a dynamic-length graph
     # underneath only adds symbolic-size kernels (and failed in cudagraph trees on an H200).
-    dynamic_length = cfg.compile.mode not in ("off", "reduce-overhead") and cfg.compile.dynamic_length
+    dynamic_length = cfg.compile.mode != "off" and not cuda_graphs and cfg.compile.dynamic_length
 
     drop_full_mask = cfg.compile.mode == "off"  # model_inputs: why compiled runs keep the mask
 
@@ -460,7 +461,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                        dynamic_ncols=True, mininterval=1.0,
                        disable=distributed.rank() != 0)  # one bar per job, not per rank
             _sync(device)
-            compiles_before = compile_event_count(device)
+            compiles_before = compile_events(device)
             collectors.start()
             window_start_unix = time.time()
             t0 = time.perf_counter()
@@ -503,7 +504,8 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             finally:
                 collectors.stop()  # also when the window ends in an exception: no sampler left running
                 bar.close()
-            compiles_in_window = compile_event_count(device) - compiles_before
+            in_window = new_events(compiles_before, compile_events(device))
+            compiles_in_window = sum(in_window.values())
             if distributed.active():
                 # Whole-job figures: the slowest rank's window, every rank's samples and tokens.
                 (train_time_s,) = distributed.max_across([train_time_s], device)
@@ -513,8 +515,9 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
                 loss_sum = torch.tensor(loss_total)
                 tokens = TokenCounts(*(int(v) for v in totals[2:]))
             if compiles_in_window:
-                log(f"warning: {compiles_in_window} compile(s) inside the training window of epoch {epoch + 1}: "
-                    "its time includes compilation (a shape the warm-up did not cover)")
+                kinds = ", ".join(f"{n} {kind}" for kind, n in in_window.items())
+                log(f"warning: {compiles_in_window} compile(s) inside the training window of epoch {epoch + 1} "
+                    f"({kinds}): its time includes compilation (a shape the warm-up did not cover)")
             epoch_loss = float(loss_sum) / max(samples, 1)
             if not math.isfinite(epoch_loss):
                 raise NonFiniteLoss(f"non-finite training loss ({epoch_loss}) in epoch {epoch + 1}")

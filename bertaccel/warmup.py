@@ -105,16 +105,20 @@ def run_warmup(model: nn.Module, plan: WarmupPlan, train_micro: Callable[[Dict[s
     return time.perf_counter() - t0
 
 
-def compile_event_count(device: torch.device) -> int:
-    """Compiles so far in this process since the run's reset: dynamo graphs, compiled variants of
-    our Triton attention kernels, and CUDA-graph recordings (reduce-overhead). Inside a training
-    window this must not move."""
+def compile_events(device: torch.device) -> Dict[str, int]:
+    """Compiles so far in this process since the run's reset, by kind: dynamo graphs, compiled
+    variants of our Triton attention kernels, and CUDA-graph recordings (reduce-overhead,
+    max-autotune). Inside a training window none may move; by kind, a warning can say which."""
     from torch._dynamo.utils import counters
 
-    total = int(counters["stats"]["unique_graphs"])
-    total += _triton_attention_variants()
-    total += _cudagraph_recordings(device)
-    return total
+    return {"dynamo graphs": int(counters["stats"]["unique_graphs"]),
+            "Triton attention variants": _triton_attention_variants(),
+            "CUDA-graph recordings": _cudagraph_recordings(device)}
+
+
+def new_events(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, int]:
+    """The kinds that moved between two compile_events readings, and by how much."""
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
 
 
 def _triton_attention_variants() -> int:

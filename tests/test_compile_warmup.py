@@ -58,8 +58,13 @@ def test_without_the_warmup_the_window_counts_its_compiles(compose_cfg, tmp_path
     cfg, model, (tr, te), plan = _setup(compose_cfg, tmp_path, ["compile=default", "train.max_steps_per_epoch=2"])
     torch.compiler.reset()
     with compile_caches(cfg.cache_dir, "fresh", CPU):
-        result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=WarmupPlan(16, 32, [], []))
+        lines = []
+        result = train(model, tr, te, cfg, CPU, log=lines.append, warmup_plan=WarmupPlan(16, 32, [], []))
     assert result.recompiles_in_window >= 1
+    # The warning says which kind compiled (here dynamo's graphs), so a report from a GPU run
+    # tells a missed shape apart from a CUDA-graph re-recording.
+    warning = next(m for m in lines if "inside the training window" in m)
+    assert f"{result.recompiles_in_window} dynamo graphs" in warning
 
 
 def test_eager_run_compiles_nothing(compose_cfg, tmp_path):

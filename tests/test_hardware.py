@@ -45,6 +45,8 @@ CPU_NO_BF16 = Capabilities(cpu_native_bf16=False, cxx_compiler="/usr/bin/g++", t
     (["precision=fp16"], "precision=fp16 needs a CUDA GPU"),
     (["precision=bf16"], "precision=bf16 on a CPU without native bf16"),
     (["compile=reduce-overhead"], "compile=reduce-overhead means CUDA graphs"),
+    # max-autotune replays CUDA graphs too (Inductor's mode table): without them on a CPU it is a different mode
+    (["compile=max-autotune"], "compile=max-autotune means CUDA graphs"),
     (["compile=default"], None),
     (["precision=fp32", "attention=sdpa"], None),
 ])
