@@ -1,12 +1,17 @@
 """Check a sweep's NVML energy against nvidia-smi, read independently, and print its metrics.
 
     python benchmarks/energy_check.py --out energy_check -- precision=fp32,bf16 profile=true ...
+    python benchmarks/energy_check.py --out energy_check --table-only     # no GPU needed
 
 Starts `nvidia-smi` logging power every 100 ms, runs `python -m bertaccel.run -m <overrides>`
 into its own MLflow store (<out>/mlflow.db), then integrates the nvidia-smi power samples over
 each run's training windows (the `train_windows_unix` tag) and compares that with the run's
 `energy_kwh` (NVML energy counter). Prints one side-by-side table (also <out>/energy_check.md),
 and the change in energy per sample of each precision against fp32.
+
+--table-only builds the table from a store already there (<out>/mlflow.db, and the nvidia-smi
+log if <out> has one) without running or logging anything: the part a CPU can run. A value that
+could not be had is null, with why in the last column, never 0.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 SMI_FIELDS = ("power.draw.instant", "power.draw")  # newer drivers have the instant reading
 
@@ -64,69 +69,133 @@ def fmt(v, spec=".3g") -> str:
     return "null" if v is None else format(v, spec)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="energy_check", help="folder for the store, the log and the table")
-    ap.add_argument("--gpu", type=int, default=0)
-    ap.add_argument("overrides", nargs="*", help="bertaccel.run overrides (after --)")
-    args = ap.parse_args()
-    if shutil.which("nvidia-smi") is None:
-        sys.exit("error: nvidia-smi not found: this check needs an NVIDIA GPU and its driver tools")
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    uri = f"sqlite:///{out / 'mlflow.db'}"
-    smi, field = start_smi(out / "nvidia_smi.csv", args.gpu)
-    try:
-        run = subprocess.run([sys.executable, "-m", "bertaccel.run", "-m", *args.overrides,
-                              f"tracking.uri={uri}", "tracking.experiment=energy_check"])
-    finally:
-        time.sleep(1.0)
-        smi.terminate()
-        smi.wait()
-    samples = read_smi(out / "nvidia_smi.csv")
+SHARES = ("gemm", "attention", "elementwise", "optimizer", "other")
+SMI_COLUMNS = ("kWh nvidia-smi", "diff %", "smi mean W")
 
+
+def run_rows(uri: str, experiment: str) -> List:
+    """The training runs of the experiment, oldest first: a sweep's parent run (tag
+    bertaccel.role=sweep, bertaccel/sweep_runs.py) holds no measurements and is left out."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("energy_check")
+    exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"]) if exp else []
-    cols = ["run", "status", "train_time_s", "samples/s", "energy_kwh NVML", f"kWh nvidia-smi ({field})",
+    return [r for r in runs if r.data.tags.get("bertaccel.role") != "sweep"]
+
+
+def smi_energy(samples: Optional[List[Tuple[float, float]]], windows_tag: Optional[str],
+               no_log: str) -> Tuple[Optional[float], Optional[float], str]:
+    """(joules, seconds) nvidia-smi saw over the run's training windows, or (None, None, why)."""
+    if samples is None:
+        return None, None, no_log
+    if windows_tag is None:
+        return None, None, "no train_windows_unix tag on the run"
+    joules = seconds = 0.0
+    try:
+        for t0, t1 in json.loads(windows_tag):
+            joules += integrate(samples, t0, t1)[0]
+            seconds += t1 - t0
+    except ValueError as e:
+        return None, None, str(e)
+    if seconds <= 0:
+        return None, None, "training windows of 0 s"
+    return joules, seconds, ""
+
+
+def energy_table(uri: str, experiment: str, samples: Optional[List[Tuple[float, float]]], field: str,
+                 no_log: str) -> str:
+    """The side-by-side table of the experiment's runs and the energy-per-sample lines.
+    samples: nvidia-smi's (unix time, W), None without a log (no_log says why)."""
+    cols = ["run", "status", "train_time_s", "samples/s", "energy_kwh (run)", f"kWh nvidia-smi ({field})",
             "diff %", "avg_power_w", "smi mean W", "J/sample", "occupancy_pct", "sm_active_pct",
-            "tensor_active_pct", "dram_bw_util_pct", "mfu", "gemm/attn/elem/opt/other %", "peak GiB"]
+            "tensor_active_pct", "dram_bw_util_pct", "mfu", "gemm/attn/elem/opt/other %", "peak GiB", "null: why"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    per_sample = {}
-    for r in runs:
+    per_sample: Dict[str, Tuple[Optional[float], str]] = {}
+    for r in run_rows(uri, experiment):
         m, tags = r.data.metrics, r.data.tags
         if tags.get("status") != "finished":
             lines.append(f"| {r.info.run_name} | {tags.get('status')}: {tags.get('reason', '')} |")
             continue
-        windows = json.loads(tags["train_windows_unix"])
-        smi_j = smi_s = 0.0
-        for t0, t1 in windows:
-            j, _, _ = integrate(samples, t0, t1)
-            smi_j += j
-            smi_s += t1 - t0
-        e = m.get("energy_kwh")
-        diff = None if e is None else (e * 3.6e6 - smi_j) / smi_j * 100
-        shares = "/".join(fmt(m.get(f"profile_{c}_share", float("nan")) * 100, ".0f")
-                          for c in ("gemm", "attention", "elementwise", "optimizer", "other"))
-        per_sample[r.data.params.get("precision", r.info.run_name)] = m.get("energy_per_sample_j")
-        lines.append("| " + " | ".join([
-            r.info.run_name, "finished", fmt(m.get("train_time_s"), ".2f"), fmt(m.get("throughput_samples_s"), ".0f"),
-            fmt(e, ".5f"), fmt(smi_j / 3.6e6, ".5f"), fmt(diff, "+.1f"), fmt(m.get("avg_power_w"), ".0f"),
-            fmt(smi_j / smi_s, ".0f"), fmt(m.get("energy_per_sample_j"), ".3f"), fmt(m.get("occupancy_pct"), ".1f"),
-            fmt(m.get("sm_active_pct"), ".1f"), fmt(m.get("tensor_active_pct"), ".1f"),
-            fmt(m.get("dram_bw_util_pct"), ".1f"), fmt(m.get("mfu"), ".3f"), shares,
-            fmt(m.get("peak_memory_gib"), ".2f")]) + " |")
-    if "fp32" in per_sample and per_sample["fp32"]:
-        for p, v in per_sample.items():
-            if p != "fp32" and v:
-                lines.append(f"\nenergy per sample, {p} vs fp32: {(v / per_sample['fp32'] - 1) * 100:+.1f}% "
-                             "(thesis Table 4.7, fp16 vs fp32 on a V100: -66% energy)")
-    text = "\n".join(lines)
+        why: Dict[str, List[str]] = {}  # reason -> the columns it nulls: each reason said once per run
+
+        def get(metric: str, column: str = "") -> Optional[float]:
+            value = m.get(metric)
+            if value is None:
+                why.setdefault(tags.get(f"{metric}_source", "not logged"), []).append(column or metric)
+            return value
+
+        smi_j, smi_s, smi_why = smi_energy(samples, tags.get("train_windows_unix"), no_log)
+        if smi_j is None:
+            why.setdefault(smi_why, []).extend(SMI_COLUMNS)
+        e = get("energy_kwh")
+        if e is None and smi_j is not None:  # nothing to compare nvidia-smi with, for the same reason
+            why[tags.get("energy_kwh_source", "not logged")].append("diff %")
+        diff = None if e is None or not smi_j else (e * 3.6e6 - smi_j) / smi_j * 100
+        share_values = [get(f"profile_{c}_share", "shares") for c in SHARES]
+        shares = "null" if None in share_values else "/".join(format(v * 100, ".0f") for v in share_values)
+        precision = r.data.params.get("precision", r.info.run_name)
+        per_sample[precision] = (get("energy_per_sample_j", "J/sample"),
+                                 tags.get("energy_per_sample_j_source", "not logged"))
+        cells = [
+            r.info.run_name, "finished", fmt(get("train_time_s"), ".2f"), fmt(get("throughput_samples_s"), ".0f"),
+            fmt(e, ".5f"), fmt(None if smi_j is None else smi_j / 3.6e6, ".5f"), fmt(diff, "+.1f"),
+            fmt(get("avg_power_w"), ".0f"), fmt(None if smi_j is None else smi_j / smi_s, ".0f"),
+            fmt(per_sample[precision][0], ".3f"), fmt(get("occupancy_pct"), ".1f"), fmt(get("sm_active_pct"), ".1f"),
+            fmt(get("tensor_active_pct"), ".1f"), fmt(get("dram_bw_util_pct"), ".1f"), fmt(get("mfu"), ".3f"),
+            shares, fmt(get("peak_memory_gib"), ".2f"),
+            "; ".join(f"{', '.join(dict.fromkeys(c))}: {reason}" for reason, c in why.items())]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    fp32, fp32_why = per_sample.get("fp32", (None, ""))
+    for p, (v, _) in per_sample.items():
+        if p == "fp32":
+            continue
+        if fp32 and v:
+            lines.append(f"\nenergy per sample, {p} vs fp32: {(v / fp32 - 1) * 100:+.1f}% "
+                         "(thesis Table 4.7, fp16 vs fp32 on a V100: -66% energy)")
+        elif "fp32" in per_sample:
+            whys = {"fp32": fp32_why, p: per_sample[p][1]}
+            said = (f"both: {fp32_why}" if len(set(whys.values())) == 1
+                    else "; ".join(f"{k}: {w}" for k, w in whys.items()))
+            lines.append(f"\nenergy per sample, {p} vs fp32: null ({said})")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="energy_check", help="folder for the store, the log and the table")
+    ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--table-only", action="store_true",
+                    help="build the table from <out>/mlflow.db (and <out>/nvidia_smi.csv if there); run nothing")
+    ap.add_argument("overrides", nargs="*", help="bertaccel.run overrides (after --)")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    log = out / "nvidia_smi.csv"
+    returncode = 0
+    if args.table_only:
+        if not (out / "mlflow.db").is_file():
+            sys.exit(f"error: --table-only: no {out / 'mlflow.db'}; run the check first (without --table-only)")
+        field = (out / "nvidia_smi.field").read_text().strip() if (out / "nvidia_smi.field").is_file() else "log"
+    else:
+        if shutil.which("nvidia-smi") is None:
+            sys.exit("error: nvidia-smi not found: this check needs an NVIDIA GPU and its driver tools "
+                     "(--table-only builds the table of a store already there)")
+        out.mkdir(parents=True, exist_ok=True)
+        smi, field = start_smi(log, args.gpu)
+        (out / "nvidia_smi.field").write_text(field + "\n")
+        try:
+            returncode = subprocess.run([sys.executable, "-m", "bertaccel.run", "-m", *args.overrides,
+                                         f"tracking.uri={uri}", "tracking.experiment=energy_check"]).returncode
+        finally:
+            time.sleep(1.0)
+            smi.terminate()
+            smi.wait()
+    samples = read_smi(log) if log.is_file() else None
+    text = energy_table(uri, "energy_check", samples, field, f"no nvidia-smi log ({log.name}) in {out}")
     (out / "energy_check.md").write_text(text + "\n")
     print(text)
-    sys.exit(run.returncode)
+    sys.exit(returncode)
 
 
 if __name__ == "__main__":
