@@ -217,6 +217,7 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             "eval_time_s": result.eval_time_s,
             "test_accuracy": result.test_accuracy,
             "throughput_samples_s": result.samples / result.train_time_s,
+            "train_samples": result.samples,
             "peak_memory_gib": peak_gib,
             "cost_usd": None if price is None else result.train_time_s / 3600 * price * cfg.num_gpus,
             "optimizer_steps": result.optimizer_steps,
@@ -237,6 +238,8 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
         tracker.set_tags({
             "train_time_s_source": TIMER_SOURCE, "eval_time_s_source": TIMER_SOURCE,
             "throughput_samples_s_source": "samples trained / train_time_s",
+            # max_steps_per_epoch caps optimizer steps: with accumulation k a capped run trains k x the rows.
+            "train_samples_source": "rows of every trained micro-batch, summed over epochs and ranks",
             "peak_memory_gib_source": peak_source,
             "cost_usd_source": (f"train_time_s / 3600 x {price} USD/h ({profile.get('price_source') or 'profile'})"
                                 f" x num_gpus={cfg.num_gpus}") if price is not None else

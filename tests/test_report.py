@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import csv
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +133,84 @@ def test_cli_unknown_baseline_and_bad_weights(tmp_path):
     assert r.returncode == 2 and "--baseline 'nope'" in r.stderr
     r = _cli(["--csv", str(THESIS_CSV), "--weights", "1,2,3"], tmp_path)
     assert r.returncode == 2 and "four numbers" in r.stderr
+
+
+HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy"
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("a,-10,1,1,50,0.9", "line 2 column time_s: '-10' must be > 0"),
+    ("a,0,1,1,50,0.9", "line 2 column time_s: '0' must be > 0"),
+    ("a,10,-1,1,50,0.9", "line 2 column cost_usd: '-1' must be >= 0"),
+    ("a,10,1,-0.5,50,0.9", "line 2 column energy_kwh: '-0.5' must be >= 0"),
+    ("a,10,1,1,150,0.9", "line 2 column occupancy_pct: '150' must be in [0, 100]"),
+    ("a,10,1,1,50,1.7", "line 2 column accuracy: '1.7' must be in [0, 1]"),
+    ("a,10,1,1,50,85%", "line 2 column accuracy: '85%' must be in [0, 1]"),
+])
+def test_cli_out_of_range_value_is_one_line_exit_2_nothing_written(tmp_path, line, expected):
+    (tmp_path / "bad.csv").write_text(f"{HEADER}\n{line}\n")
+    r = _cli(["--csv", "bad.csv", "--out", "rep"], tmp_path)
+    assert r.returncode == 2, r.stdout
+    assert r.stderr.strip().count("\n") == 0 and expected in r.stderr, r.stderr
+    assert r.stderr.startswith("error: --csv bad.csv line 2 column ")
+    assert not (tmp_path / "rep").exists() and not list(tmp_path.glob(".report-*"))
+
+
+def test_cli_report_folder_has_the_users_umask_permissions(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--csv", str(THESIS_CSV), "--out", "rep"],
+                       cwd=tmp_path, capture_output=True, text=True, preexec_fn=lambda: os.umask(0o022))
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE((tmp_path / "rep").stat().st_mode) == 0o755  # as mkdir would make it, not mkdtemp's 0700
+    assert stat.S_IMODE((tmp_path / "rep" / "plots").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "rep" / "report.md").stat().st_mode) == 0o644
+
+
+def test_cli_time_only_ranking_is_said_once_and_a_shared_null_reason_printed_once(tmp_path):
+    # No energy, no occupancy, cost = time x one rate: every strategy ranks by time alone.
+    (tmp_path / "runs.csv").write_text(f"{HEADER}\nslow,100,0.1,,,0.9\nfast,50,0.05,,,0.89\nmid,80,0.08,,,0.91\n")
+    r = _cli(["--csv", "runs.csv", "--out", "rep"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    best = [line for line in r.stdout.splitlines() if "best:" in line]
+    assert len(best) == 1 and best[0].split("best:")[1].strip().startswith("fast"), r.stdout
+    assert "all 7 strategies" in best[0]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert md.count("every strategy ranks the runs by time alone") == 1
+    best_table = md.split("## Best configuration per strategy")[1].split("##")[0]
+    assert [row for row in best_table.splitlines() if row.startswith("| all 7 strategies | fast |")]
+    assert len([row for row in best_table.splitlines() if row.startswith("| ") and "---" not in row]) == 2
+    # energy and occupancy share their reason: one note, and one row of the fewer-metrics table.
+    assert "energy (energy_kwh) and occupancy (occupancy_pct) are null for 3 of 3 rows: empty in the input" in md
+    fewer = md.split("## Rows scored over fewer metrics")[1].split("##")[0]
+    assert fewer.count("empty in the input") == 1 and "| all 3 runs | energy_kwh, occupancy_pct |" in fewer
+
+    # With energy measured the strategies differ again: one best line each.
+    (tmp_path / "runs2.csv").write_text(f"{HEADER}\nslow,100,0.1,0.001,,0.9\nfast,50,0.05,0.004,,0.89\n")
+    r = _cli(["--csv", "runs2.csv", "--out", "rep2"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len([line for line in r.stdout.splitlines() if "best:" in line]) == 7
+    assert "by time alone" not in (tmp_path / "rep2" / "report.md").read_text()
+
+
+def test_plot_labels_of_coinciding_and_close_points_do_not_overlap():
+    from bertaccel.report.plots import scatter_figure
+
+    # Three runs at one point, two a hair apart, one far off: every row number is shown once, and
+    # no two labels cover each other (as drawn: the extents come from matplotlib's renderer).
+    rows = [Row("a", 10, 1.0), Row("b", 10, 1.0), Row("c", 10, 1.0), Row("d", 10.05, 1.005), Row("e", 10.1, 1.0),
+            Row("f", 30, 3.0)]
+    fig, drawn = scatter_figure(rows, "time_s", "cost_usd", "time", "cost", "t")
+    try:
+        assert drawn == len(rows)
+        renderer = fig.canvas.get_renderer()
+        (ax,) = fig.axes
+        labels = [t for t in ax.texts if t.get_text()]
+        shown = sorted(int(i) for t in labels for i in t.get_text().split(","))
+        assert shown == list(range(len(rows)))
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1:]:
+                assert not a.overlaps(b), [t.get_text() for t in labels]
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

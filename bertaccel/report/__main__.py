@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -16,7 +17,7 @@ from pathlib import Path
 from . import load_rows
 from .data import OPTIONAL_COLUMNS, ReportInputError
 from .plots import all_plots
-from .render import build, to_html, to_markdown
+from .render import build, to_html, to_markdown, unequal_work
 from .scoring import STRATEGIES, parse_weights, score_rows
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view
 
@@ -42,6 +43,13 @@ def _args(argv=None) -> argparse.Namespace:
                          "(steps x step_time_ms; energy, cost at the run's average rate)")
     ap.add_argument("--out", default="report", help="output folder (report.md, report.html, plots/)")
     return ap.parse_args(argv)
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set back at once)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def main(argv=None) -> int:
@@ -79,16 +87,25 @@ def main(argv=None) -> int:
     out = Path(a.out)
     # Written to a temp folder first, then moved: an interrupted report leaves nothing half-written.
     tmp = Path(tempfile.mkdtemp(prefix=".report-", dir=out.parent if out.parent.exists() else None))
-    (tmp / "plots").mkdir()
-    for p in report.plots:
-        (tmp / "plots" / f"{p['stem']}.png").write_bytes(p["png"])
-    (tmp / "report.md").write_text(to_markdown(report))
-    (tmp / "report.html").write_text(to_html(report))
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.move(str(tmp), str(out))
-    for s, b in scored.best.items():
-        print(f"{s:18s} best: {rows[b].name if b is not None else 'none eligible'}")
+    try:
+        # mkdtemp makes its folder private (0700); the report is a folder like any other the user
+        # makes, so it gets what mkdir would give it under the user's umask (0755 under 022).
+        os.chmod(tmp, 0o777 & ~_umask())
+        (tmp / "plots").mkdir()
+        for p in report.plots:
+            (tmp / "plots" / f"{p['stem']}.png").write_bytes(p["png"])
+        (tmp / "report.md").write_text(to_markdown(report))
+        (tmp / "report.html").write_text(to_html(report))
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(str(tmp), str(out))
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    for label, _, b in scored.best_lines():
+        print(f"{label:18s} best: {rows[b].name if b is not None else 'none eligible'}")
+    for note in filter(None, (scored.one_ranking and scored.one_ranking.reason, unequal_work(rows))):
+        print(f"note: {note}")
     print(f"report: {out / 'report.md'}, {out / 'report.html'}")
     return 0
 

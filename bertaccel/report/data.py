@@ -4,36 +4,12 @@ from __future__ import annotations
 import csv
 import io
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .scoring import Row
 from .timing import COMPILE_MODES, pairing_key
-
-CSV_COLUMNS = ("name", "time_s", "cost_usd", "energy_kwh", "occupancy_pct", "accuracy")
-# Optional timing columns (--time total, --project-epochs, break-even): CSV column -> Row field.
-# time_s stays the training windows; compile_time_s is the one-time warm-up before them.
-# epochs and train_rows (rows per epoch trained) only say what a projected run was measured on,
-# optimizer_steps whether a compiled run lasted past its break-even.
-TIMING_COLUMNS = {"compile_time_s": "compile_time_s", "step_time_ms": "step_time_ms",
-                  "train_rows_full": "train_rows_full", "batch_size": "batch_size", "accumulation": "accumulation",
-                  "num_gpus": "num_gpus", "compile": "compile_mode", "config": "config_key", "epochs": "epochs",
-                  "train_rows": "train_rows", "optimizer_steps": "optimizer_steps"}
-COUNT_COLUMNS = ("train_rows_full", "batch_size", "accumulation", "num_gpus", "train_rows", "optimizer_steps")
-# A CSV without these columns is of runs on one device without accumulation (the thesis' own
-# Table 5.1 names its multi-GPU runs instead); an empty cell is still "not measured".
-COUNT_DEFAULTS = {"accumulation": 1, "num_gpus": 1}
-OPTIONAL_COLUMNS = ("hardware", "precision") + tuple(TIMING_COLUMNS)
-# MLflow metric for each report column.
-MLFLOW_METRICS = {"time_s": "train_time_s", "cost_usd": "cost_usd", "energy_kwh": "energy_kwh",
-                  "occupancy_pct": "occupancy_pct", "accuracy": "test_accuracy"}
-# Row field -> (MLflow metric, whole number?) for the timing inputs (report/timing.py).
-MLFLOW_TIMING_METRICS = {"compile_time_s": ("compile_time_s", False), "step_time_ms": ("step_time_ms", False),
-                         "optimizer_steps": ("optimizer_steps", True), "train_rows": ("dataset_train_rows", True),
-                         "train_rows_full": ("dataset_train_rows_full", True)}
-# Row field -> (MLflow param, whole number?): params are stored as strings.
-MLFLOW_TIMING_PARAMS = {"batch_size": ("train.batch_size", True), "accumulation": ("accumulation", True),
-                        "num_gpus": ("num_gpus", True), "epochs": ("train.epochs", False)}
 
 
 class ReportInputError(ValueError):
@@ -53,45 +29,121 @@ def _number(text: str, where: str) -> Optional[float]:
     return value
 
 
-def _count(text: str, where: str) -> Optional[int]:
-    value = _number(text, where)
-    if value is None:
-        return None
-    if value <= 0 or value != int(value):
-        raise ReportInputError(f"{where}: {text.strip()!r} is not a whole number > 0")
-    return int(value)
+@dataclass(frozen=True)
+class Column:
+    """One CSV column, its one home: the Row field it fills, its type, the values it may take and
+    what it means (the meaning ends every out-of-range error, as the hint to fix the cell)."""
+    name: str
+    meaning: str
+    kind: str = "number"              # number | count (whole number > 0) | compile (a mode) | text
+    low: Optional[float] = None       # smallest value allowed
+    low_open: bool = False            # low itself not allowed (> low)
+    high: Optional[float] = None      # largest value allowed
+    field: str = ""                   # Row field, when it is not the column's name
+    required: bool = False            # one of the six columns every CSV has
+    default: Optional[int] = None     # taken when the column is absent (not when a cell is empty)
 
+    @property
+    def attr(self) -> str:
+        return self.field or self.name
 
-def _timing_fields(rec: Dict[str, str], header: Sequence[str], where: str) -> Dict[str, Any]:
-    """Row fields from the optional timing columns, with why each absent one is null (or filled)."""
-    fields: Dict[str, Any] = {}
-    extra: Dict[str, str] = {}
-    for col, attr in TIMING_COLUMNS.items():
-        if col not in header:
-            if col in COUNT_DEFAULTS:
-                fields[attr] = COUNT_DEFAULTS[col]
-                extra[attr] = f"no {col} column: taken as {COUNT_DEFAULTS[col]}"
-            else:
-                extra[attr] = f"no {col} column in the CSV"
-            continue
-        text, here = rec[col], f"{where} column {col}"
-        if col == "compile":
+    @property
+    def allowed(self) -> str:
+        """'> 0', '>= 0', 'in [0, 1]', or '' when any number goes."""
+        if self.kind == "count":
+            return "a whole number > 0"
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return ""
+
+    def parse(self, text: str, where: str) -> Any:
+        """The cell's value (None = empty: not measured); ReportInputError names where and why."""
+        if self.kind == "text":
+            return text.strip()
+        if self.kind == "compile":
             mode = text.strip().lower()
             if mode and mode not in COMPILE_MODES:
-                raise ReportInputError(f"{here}: {text.strip()!r} is not a compile mode ({', '.join(COMPILE_MODES)})")
-            fields[attr] = mode
-        elif col == "config":
-            fields[attr] = text.strip()
-        elif col in COUNT_COLUMNS:
-            fields[attr] = _count(text, here)
-        else:
-            value = _number(text, here)
-            positive = col in ("step_time_ms", "epochs")  # a warm-up may be 0, a step or an epoch not
-            if value is not None and (value < 0 or (positive and value == 0)):
-                raise ReportInputError(f"{here}: {text.strip()!r} must be {'> 0' if positive else '>= 0'}")
-            fields[attr] = value
-        if fields[attr] in (None, ""):
-            extra[attr] = "empty in the input"
+                raise ReportInputError(f"{where}: {text.strip()!r} is not a compile mode ({', '.join(COMPILE_MODES)})")
+            return mode
+        value = _number(text, where)
+        if value is None:
+            return None
+        if self.kind == "count":
+            if value <= 0 or value != int(value):
+                raise ReportInputError(f"{where}: {text.strip()!r} is not {self.allowed} ({self.meaning})")
+            return int(value)
+        low_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        if not low_ok or (self.high is not None and value > self.high):
+            raise ReportInputError(f"{where}: {text.strip()!r} must be {self.allowed} ({self.meaning})")
+        return value
+
+
+NOT_MEASURED_HINT = "leave the cell empty if not measured"
+COLUMNS = (
+    Column("name", "the run's name", kind="text", required=True),
+    Column("time_s", f"the training windows in seconds; {NOT_MEASURED_HINT}", low=0, low_open=True, required=True),
+    Column("cost_usd", f"US dollars; {NOT_MEASURED_HINT}", low=0, required=True),
+    Column("energy_kwh", f"kilowatt-hours; {NOT_MEASURED_HINT}", low=0, required=True),
+    Column("occupancy_pct", f"SM occupancy as a percentage, 0 to 100; {NOT_MEASURED_HINT}", low=0, high=100,
+           required=True),
+    Column("accuracy", f"test accuracy as a fraction, 0.85 for 85%; {NOT_MEASURED_HINT}", low=0, high=1,
+           required=True),
+    Column("hardware", "what ran it, for the plots' colours", kind="text"),
+    Column("precision", "fp32, bf16, ..., for the plots' markers", kind="text"),
+    # Timing inputs (--time total, --project-epochs, break-even): time_s stays the training
+    # windows; compile_time_s is the one-time warm-up before them (0 = nothing compiled).
+    Column("compile_time_s", "the one-time warm-up in seconds, 0 when nothing was compiled", low=0),
+    Column("step_time_ms", "the steady-state milliseconds per optimizer step", low=0, low_open=True),
+    Column("train_rows_full", "rows of the full train split", kind="count"),
+    Column("batch_size", "rows per micro-batch and device", kind="count"),
+    # A CSV without these two columns is of runs on one device without accumulation (the
+    # thesis' own Table 5.1 names its multi-GPU runs instead); an empty cell is still "not measured".
+    Column("accumulation", "micro-batches per optimizer step", kind="count", default=1),
+    Column("num_gpus", "devices of the run", kind="count", default=1),
+    Column("compile", "the torch.compile mode", kind="compile", field="compile_mode"),
+    Column("config", "a name for the configuration, to pair compiled and uncompiled runs", kind="text",
+           field="config_key"),
+    # What a run was measured on (a projection's input), and whether a compiled run lasted
+    # past its break-even.
+    Column("epochs", "epochs the run trained", low=0, low_open=True),
+    Column("train_rows", "rows trained per epoch", kind="count"),
+    Column("optimizer_steps", "optimizer steps the run took", kind="count"),
+    # How much the run trained in all: times of runs that trained different amounts are
+    # compared per sample (render.py).
+    Column("train_samples", "samples trained in all, over epochs and devices", kind="count"),
+)
+CSV_COLUMNS = tuple(c.name for c in COLUMNS if c.required)
+OPTIONAL_COLUMNS = tuple(c.name for c in COLUMNS if not c.required)
+
+# MLflow metric for each report column.
+MLFLOW_METRICS = {"time_s": "train_time_s", "cost_usd": "cost_usd", "energy_kwh": "energy_kwh",
+                  "occupancy_pct": "occupancy_pct", "accuracy": "test_accuracy"}
+# Row field -> (MLflow metric, whole number?) for the timing inputs (report/timing.py).
+MLFLOW_TIMING_METRICS = {"compile_time_s": ("compile_time_s", False), "step_time_ms": ("step_time_ms", False),
+                         "optimizer_steps": ("optimizer_steps", True), "train_rows": ("dataset_train_rows", True),
+                         "train_rows_full": ("dataset_train_rows_full", True), "train_samples": ("train_samples", True)}
+# Row field -> (MLflow param, whole number?): params are stored as strings.
+MLFLOW_TIMING_PARAMS = {"batch_size": ("train.batch_size", True), "accumulation": ("accumulation", True),
+                        "num_gpus": ("num_gpus", True), "epochs": ("train.epochs", False)}
+
+
+def _csv_fields(rec: Dict[str, str], header: Sequence[str], where: str) -> Dict[str, Any]:
+    """Row fields from one CSV record, with why each absent or empty one is null (or filled)."""
+    fields: Dict[str, Any] = {}
+    extra: Dict[str, str] = {}
+    for col in COLUMNS:
+        if col.name not in header:
+            if col.default is not None:
+                fields[col.attr] = col.default
+                extra[col.attr] = f"no {col.name} column: taken as {col.default}"
+            else:
+                extra[col.attr] = f"no {col.name} column in the CSV"
+            continue
+        fields[col.attr] = col.parse(rec[col.name], f"{where} column {col.name}")
+        if fields[col.attr] in (None, ""):
+            extra[col.attr] = "empty in the input"
     fields["extra"] = extra
     return fields
 
@@ -116,13 +168,9 @@ def rows_from_csv(path: str, require: Sequence[Tuple[str, str]] = ()) -> List[Ro
         if None in raw or any(v is None for v in raw.values()):  # DictReader's marks for extra / missing fields
             raise ReportInputError(f"--csv {path} line {lineno}: expected {len(header)} fields")
         rec = {k.strip(): v for k, v in raw.items()}
-        name = rec["name"].strip()
-        if not name:
+        if not rec["name"].strip():
             raise ReportInputError(f"--csv {path} line {lineno}: empty name")
-        where = f"--csv {path} line {lineno}"
-        rows.append(Row(name=name, **{c: _number(rec[c], f"{where} column {c}") for c in CSV_COLUMNS[1:]},
-                        hardware=rec.get("hardware", "").strip(), precision=rec.get("precision", "").strip(),
-                        **_timing_fields(rec, header, where)))
+        rows.append(Row(**_csv_fields(rec, header, f"--csv {path} line {lineno}")))
     if not rows:
         raise ReportInputError(f"--csv {path}: no data rows")
     return rows
@@ -139,6 +187,12 @@ def _mlflow_timing(metrics: Mapping[str, float], params: Mapping[str, str], tags
         if value is None:
             extra[attr] = tags.get(f"{metric}_source", "not logged")
         fields[attr] = int(value) if whole and value is not None else value
+    # A run logged before train_samples was: its samples are throughput_samples_s x train_time_s
+    # (throughput is samples trained / train_time_s), to the nearest whole sample.
+    rate, seconds = metrics.get("throughput_samples_s"), metrics.get("train_time_s")
+    if fields["train_samples"] is None and rate is not None and seconds is not None:
+        fields["train_samples"] = round(rate * seconds)
+        extra["train_samples"] = "throughput_samples_s x train_time_s (train_samples not logged)"
     for attr, (param, whole) in MLFLOW_TIMING_PARAMS.items():
         text = params.get(param)
         try:

@@ -2,13 +2,22 @@
 from __future__ import annotations
 
 import io
+import math
 import textwrap
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .scoring import Row
 from .timing import Basis
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+MARKER_AREA = 60       # points^2, as matplotlib's scatter `s`
+LABEL_FONT = 7
+MERGE_PX = 3.0         # points closer than this on the canvas share one label ("2,5")
+# Where a label may go, in points from its point, nearest first: the eight directions at three
+# distances; a label takes the first place where it covers no other label, no marker, not the
+# legend, and stays inside the axes.
+LABEL_PLACES = tuple((d * dx, d * dy) for d in (5, 11, 18)
+                     for dx, dy in ((1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1)))
 PLOTS = [  # (file stem, x, y, x label, y label, title)
     ("time_vs_cost", "time_s", "cost_usd", "train time (s)", "cost (USD)", "Time vs cost"),
     ("time_vs_energy", "time_s", "energy_kwh", "train time (s)", "energy (kWh)",
@@ -17,8 +26,8 @@ PLOTS = [  # (file stem, x, y, x label, y label, title)
 ]
 
 
-def scatter_png(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, title: str) -> Tuple[bytes, int]:
-    """(PNG bytes, points drawn). Rows missing x or y are left out (and counted by the caller)."""
+def scatter_figure(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, title: str) -> Tuple[Any, int]:
+    """(matplotlib figure, points drawn); the caller closes the figure. Rows missing x or y are left out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,7 +38,7 @@ def scatter_png(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, t
     colours = {h: plt.get_cmap("tab10")(i % 10) for i, h in enumerate(hardware)}
     markers = {p: MARKERS[i % len(MARKERS)] for i, p in enumerate(precisions)}
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=110)
-    drawn = 0
+    points: List[Tuple[int, float, float]] = []  # (row number, x, y) of the runs drawn
     seen = set()
     for i, r in enumerate(rows):
         xv, yv = r.get(x), r.get(y)
@@ -38,19 +47,80 @@ def scatter_png(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, t
         h, p = r.hardware or "unknown", r.precision or "unknown"
         label = f"{h}, {p}" if (h, p) not in seen else None
         seen.add((h, p))
-        ax.scatter([xv], [yv], color=colours[h], marker=markers[p], s=60, label=label, edgecolors="black",
+        ax.scatter([xv], [yv], color=colours[h], marker=markers[p], s=MARKER_AREA, label=label, edgecolors="black",
                    linewidths=0.5)
-        # The row number of the report's tables: run names are too long to print beside points.
-        ax.annotate(str(i), (xv, yv), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        drawn += 1
+        points.append((i, xv, yv))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(textwrap.fill(title if drawn else f"{title}: no run has both values", 60))  # long basis notes
+    ax.set_title(textwrap.fill(title if points else f"{title}: no run has both values", 60))  # long basis notes
     ax.grid(True, alpha=0.3)
-    if drawn:
-        ax.legend(fontsize=7, title="hardware, precision", title_fontsize=7)
+    if points:
+        legend_args = dict(fontsize=7, title="hardware, precision", title_fontsize=7)
+        ax.legend(**legend_args)
+        fig.tight_layout()
+        fig.canvas.draw()  # final limits and layout: labels are placed on the canvas as it will be saved
+        # "best" would move the legend again once the labels are there: kept where it was put.
+        box = ax.get_legend().get_window_extent().transformed(ax.transAxes.inverted())
+        ax.legend(loc=(box.x0, box.y0), **legend_args)
+        place_labels(fig, ax, points)
+    else:
+        fig.tight_layout()
+    return fig, len(points)
+
+
+def place_labels(fig, ax, points: Sequence[Tuple[int, float, float]]) -> list:
+    """Each point's row number (the '#' of the report's tables; run names are too long to print)
+    beside it. Points that coincide on the canvas share one label, "2,5"; every label takes the
+    first of LABEL_PLACES where it covers nothing (see there), else the first place: in a cloud
+    too dense for that the tables still give every row. Returns the labels."""
+    from matplotlib.transforms import Bbox
+
+    renderer = fig.canvas.get_renderer()
+    groups: List[Tuple[Tuple[float, float], Tuple[float, float], List[int]]] = []  # (pixel, data xy, rows)
+    for i, xv, yv in points:
+        px, py = ax.transData.transform((xv, yv))
+        for (gx, gy), _, rows in groups:
+            if abs(gx - px) <= MERGE_PX and abs(gy - py) <= MERGE_PX:
+                rows.append(i)
+                break
+        else:
+            groups.append(((px, py), (xv, yv), [i]))
+    r = math.sqrt(MARKER_AREA) / 2 * fig.dpi / 72  # a marker's half width in pixels
+    taken = [Bbox.from_extents(px - r, py - r, px + r, py + r) for (px, py), _, _ in groups]
+    legend = ax.get_legend()
+    if legend is not None:
+        taken.append(legend.get_window_extent(renderer))
+    inside = ax.get_window_extent(renderer)
+    labels = []
+    for _, xy, rows in groups:
+        text = ",".join(str(i) for i in rows)
+        chosen = None
+        for dx, dy in LABEL_PLACES:
+            label = ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", fontsize=LABEL_FONT,
+                                ha="left" if dx > 0 else "right" if dx < 0 else "center",
+                                va="bottom" if dy > 0 else "top" if dy < 0 else "center")
+            box = label.get_window_extent(renderer)
+            fits = (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+                    and not any(box.overlaps(t) for t in taken))
+            if fits or chosen is None:
+                if chosen is not None:
+                    chosen[0].remove()
+                chosen = (label, box)
+                if fits:
+                    break
+            else:
+                label.remove()
+        taken.append(chosen[1])
+        labels.append(chosen[0])
+    return labels
+
+
+def scatter_png(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, title: str) -> Tuple[bytes, int]:
+    """(PNG bytes, points drawn). Rows missing x or y are left out (and counted by the caller)."""
+    import matplotlib.pyplot as plt
+
+    fig, drawn = scatter_figure(rows, x, y, xlabel, ylabel, title)
     buf = io.BytesIO()
-    fig.tight_layout()
     fig.savefig(buf, format="png")
     plt.close(fig)
     return buf.getvalue(), drawn

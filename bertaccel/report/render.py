@@ -5,7 +5,7 @@ import base64
 import html
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from .scoring import METRICS, Row, Scored
 from .timing import Basis, TimeView
@@ -85,6 +85,56 @@ def break_even_table(view: TimeView) -> Table:
              "pays off", "note"], cells)
 
 
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _samples_range(rows: Sequence[Row]) -> Optional[str]:
+    """'32 to 128' when the runs' known sample counts differ, else None."""
+    known = sorted({r.train_samples for r in rows if r.train_samples is not None})
+    return f"{known[0]} to {known[-1]}" if len(known) > 1 else None
+
+
+def unequal_work(rows: Sequence[Row]) -> Optional[str]:
+    """The note that the scored runs trained different amounts, or None when they did not."""
+    spread = _samples_range(rows)
+    if spread is None:
+        return None
+    return (f"the runs trained different numbers of samples ({spread}, train_samples): their time, cost and energy, "
+            "and so the scores, are of unequal work; the baseline table compares time per sample, and "
+            "--project-epochs N puts every run on N epochs of its full train split")
+
+
+def baseline_table(rows: Sequence[Row], baseline: int, lab: Any = Basis().label, sfx: str = "") -> Table:
+    """Speedup and accuracy change against one run. Times of runs that trained different numbers
+    of samples are never divided as they are: then every speedup is of time per sample."""
+    b = rows[baseline]
+    spread = _samples_range(rows)
+    unknown = [r for r in rows if r.train_samples is None]
+    cells = []
+    for r in rows:
+        if spread is not None:
+            known = b.time_s and r.time_s and b.train_samples and r.train_samples
+            speedup = (b.time_s / b.train_samples) / (r.time_s / r.train_samples) if known else None
+        else:
+            speedup = b.time_s / r.time_s if b.time_s and r.time_s else None
+        delta = r.accuracy - b.accuracy if r.accuracy is not None and b.accuracy is not None else None
+        cells.append([r.name, _f(r.time_s, ".2f"), "null" if r.train_samples is None else str(r.train_samples),
+                      _f(r.accuracy, ".4f"), _f(speedup, ".3f"), _f(delta, "+.4f")])
+    why_unknown = "; ".join(sorted({r.extra.get("train_samples", "not measured") for r in unknown}))
+    if spread is not None:
+        note = (f"speedup = (baseline time / its train_samples) / (time / train_samples): the runs trained "
+                f"different numbers of samples ({spread}), so time per sample is compared, not time"
+                + (f"; null without train_samples ({why_unknown})" if unknown else ""))
+    elif unknown:
+        note = (f"speedup = baseline time / time, taking the runs to have trained as much: train_samples unknown "
+                f"for {len(unknown)} of {len(rows)} runs ({why_unknown})")
+    else:
+        note = f"speedup = baseline time / time; every run trained {b.train_samples} samples"
+    return (f"Against the baseline '{b.name}' (seed 000 Table 1 form{sfx})", note,
+            ["run", lab("time_s"), "train_samples", lab("accuracy"), "speedup", "accuracy change"], cells)
+
+
 def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[int],
           accuracy_floor: Optional[float], plots: List[Dict], view: Optional[TimeView] = None) -> Report:
     """rows: the scored rows (view.rows when a view is given); view: --time / --project-epochs /
@@ -96,11 +146,21 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     rep = Report("bertaccel report", source)
     rep.notes.extend(basis.notes())
     n = len(rows)
+    # Metrics null in as many rows for the same reasons share one note: each reason said once.
+    null_notes: Dict[tuple, List[str]] = {}
     for col, label in zip(METRICS, ("time", "cost", "energy", "occupancy")):
         nulls = [r for r in rows if r.get(col) is None]
         if nulls:
-            reasons = sorted({r.extra.get(col, "empty in the input") for r in nulls})
-            rep.notes.append(f"{label} ({col}) is null for {len(nulls)} of {n} rows: " + "; ".join(reasons[:3]))
+            reasons = tuple(sorted({r.extra.get(col, "empty in the input") for r in nulls}))
+            null_notes.setdefault((len(nulls), reasons), []).append(f"{label} ({col})")
+    for (k, reasons), cols in null_notes.items():
+        rep.notes.append(f"{_and(cols)} {'is' if len(cols) == 1 else 'are'} null for {k} of {n} rows: "
+                         + "; ".join(reasons[:3]))
+    if scored.one_ranking is not None:
+        rep.notes.append(scored.one_ranking.reason)
+    work = unequal_work(rows)
+    if work:
+        rep.notes.append(work)
 
     if view is not None and view.basis.projected:
         rep.tables.append(projection_table(view))
@@ -128,29 +188,30 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     floor_note = f"; accuracy floor {accuracy_floor}" if accuracy_floor is not None else ""
     rep.tables.append((f"Scores (thesis Table 5.4 form{sfx})", f"bold = best per strategy{floor_note}",
                        ["run", lab("accuracy")] + names + ["note"], score_rows))
+    best_rows = []
+    for label, group, b in scored.best_lines():
+        # Strategies that rank alike (see the notes) share one row, and its score if they agree on it.
+        if b is None:
+            best_rows.append([label, "none eligible", "", ""])
+            continue
+        agreed = {_f(scored.scores[s][b]) for s in group}
+        best_rows.append([label, rows[b].name, agreed.pop() if len(agreed) == 1 else "", _f(rows[b].accuracy, ".4f")])
     rep.tables.append((f"Best configuration per strategy{own}", "",
-                       ["strategy", "best run", "score", lab("accuracy")],
-                       [[s, rows[b].name if b is not None else "none eligible",
-                         _f(scored.scores[s][b]) if b is not None else "", _f(rows[b].accuracy, ".4f") if b is not None else ""]
-                        for s, b in scored.best.items()]))
+                       ["strategy", "best run", "score", lab("accuracy")], best_rows))
     if scored.affected:
+        # Rows left short of the same metrics for the same reasons share one line.
+        groups: Dict[tuple, List[int]] = {}
+        for i, ms in sorted(scored.affected.items()):
+            why = "; ".join(dict.fromkeys(rows[i].extra.get(m, "empty in the input") for m in ms))
+            groups.setdefault((", ".join(ms), why), []).append(i)
         rep.tables.append((f"Rows scored over fewer metrics{own}",
                            "weights of the present metrics scaled up to the "
                            "strategy's total; a missing metric is never taken as 0",
-                           ["run", "left out", "why"],
-                           [[rows[i].name, ", ".join(ms),
-                             "; ".join(dict.fromkeys(rows[i].extra.get(m, "empty in the input") for m in ms))]
-                            for i, ms in sorted(scored.affected.items())]))
+                           ["runs", "left out", "why"],
+                           [[f"all {n} runs" if len(idx) == n else ", ".join(rows[i].name for i in idx), ms, why]
+                            for (ms, why), idx in groups.items()]))
     if baseline is not None:
-        b = rows[baseline]
-        cmp_rows = []
-        for r in rows:
-            speedup = b.time_s / r.time_s if b.time_s and r.time_s else None
-            delta = r.accuracy - b.accuracy if r.accuracy is not None and b.accuracy is not None else None
-            cmp_rows.append([r.name, _f(r.time_s, ".2f"), _f(r.accuracy, ".4f"), _f(speedup, ".3f"), _f(delta, "+.4f")])
-        rep.tables.append((f"Against the baseline '{b.name}' (seed 000 Table 1 form{sfx})",
-                           "speedup = baseline time / time",
-                           ["run", lab("time_s"), lab("accuracy"), "speedup", "accuracy change"], cmp_rows))
+        rep.tables.append(baseline_table(rows, baseline, lab, sfx))
     if view is not None and view.break_even:
         rep.tables.append(break_even_table(view))
     if view is not None and view.unpaired:

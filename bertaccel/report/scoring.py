@@ -7,6 +7,7 @@ missing value were 0), and the row is listed as affected.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -49,6 +50,7 @@ class Row:
     batch_size: Optional[int] = None         # per device
     accumulation: Optional[int] = None
     num_gpus: Optional[int] = None
+    train_samples: Optional[int] = None      # samples trained in all (epochs x rows, or fewer under a step cap)
     compile_mode: str = ""                   # off | default | max-autotune | reduce-overhead; "" = unknown
     compile_cache: str = ""                  # cold | warm | fresh | none: a warm cache shortens compile_time_s
     config_key: str = ""                     # same key = same configuration but for compile; "" = unknown
@@ -100,6 +102,41 @@ def score(norm: Mapping[str, Optional[float]], weights: Sequence[float]) -> Tupl
     return scale * sum(SIGNS[i] * weights[i] * norm[METRICS[i]] for i in present), missing
 
 
+@dataclass(frozen=True)
+class OneRanking:
+    """Strategies that rank the runs alike, so one best run stands for them all, and why."""
+    strategies: List[str]
+    reason: str
+
+
+def time_ranking(rows: Sequence[Row], strategies: Mapping[str, Sequence[float]],
+                 best: Mapping[str, Optional[int]]) -> Optional[OneRanking]:
+    """When no run has energy or occupancy and cost is time times one rate for every run (one
+    price per device-second), each strategy's score is its weight sum x time / max time: every
+    strategy weighing time or cost ranks by time alone. None when that does not hold (or when
+    ties let two of them pick different runs)."""
+    if any(r.energy_kwh is not None or r.occupancy_pct is not None for r in rows):
+        return None
+    costs = any(r.cost_usd is not None for r in rows)
+    if not costs:
+        cause = "no run has energy_kwh, occupancy_pct or cost_usd"
+    else:
+        if any((r.cost_usd is None) != (r.time_s is None) or r.time_s == 0 for r in rows):
+            return None
+        rates = [r.cost_usd / r.time_s for r in rows if r.time_s is not None]
+        if not all(math.isclose(x, rates[0], rel_tol=1e-9) for x in rates):
+            return None
+        cause = (f"no run has energy_kwh or occupancy_pct, and every run's cost_usd is time_s x one rate "
+                 f"({rates[0]:.4g} USD/s)")
+    group = [s for s, w in strategies.items() if w[0] > 0 or (costs and w[1] > 0)]
+    if len(group) < 2 or len({best[s] for s in group}) != 1:
+        return None
+    who = "every strategy" if len(group) == len(strategies) else "every strategy that weighs time" + (
+        " or cost" if costs else "")
+    return OneRanking(group, f"{cause}, so {who} ranks the runs by time alone (score = its weight sum x time_s / "
+                             f"the largest time_s): one best run for all {len(group)}")
+
+
 @dataclass
 class Scored:
     strategies: Dict[str, Tuple[float, float, float, float]]
@@ -109,6 +146,20 @@ class Scored:
     eligible: List[bool]                                # passes the accuracy floor
     ineligible_reason: Dict[int, str]
     best: Dict[str, Optional[int]]                      # strategy -> row index
+    one_ranking: Optional[OneRanking] = None            # strategies that rank alike (time_ranking)
+
+    def best_lines(self) -> List[Tuple[str, List[str], Optional[int]]]:
+        """(label, strategies, best row) to print: strategies that rank alike share one line."""
+        one = self.one_ranking
+        lines = []
+        for s, b in self.best.items():
+            if one is None or s not in one.strategies:
+                lines.append((s, [s], b))
+            elif s == one.strategies[0]:
+                label = f"all {len(one.strategies)} strategies" if len(one.strategies) == len(self.best) \
+                    else ", ".join(one.strategies)
+                lines.append((label, list(one.strategies), b))
+        return lines
 
 
 def score_rows(rows: Sequence[Row], strategies: Mapping[str, Sequence[float]],
@@ -139,4 +190,4 @@ def score_rows(rows: Sequence[Row], strategies: Mapping[str, Sequence[float]],
     for name, values in scores.items():
         candidates = [(v, i) for i, v in enumerate(values) if v is not None and eligible[i]]
         best[name] = min(candidates)[1] if candidates else None
-    return Scored(dict(strategies), norm, scores, affected, eligible, why, best)
+    return Scored(dict(strategies), norm, scores, affected, eligible, why, best, time_ranking(rows, strategies, best))

@@ -174,10 +174,17 @@ def project(row: Row, epochs: int) -> ProjectedRun:
 
 
 def with_projection(rows: Sequence[Row], projections: Sequence[ProjectedRun]) -> List[Row]:
-    """Rows whose time, energy and cost are the projected ones (occupancy, accuracy: measured)."""
-    return [dataclasses.replace(r, time_s=p.time_s, energy_kwh=p.energy_kwh, cost_usd=p.cost_usd,
-                                extra={**r.extra, **p.why})
-            for r, p in zip(rows, projections)]
+    """Rows whose time, energy and cost are the projected ones (occupancy, accuracy: measured),
+    and whose train_samples is what the projection trains: its epochs of the full split."""
+    out = []
+    for r, p in zip(rows, projections):
+        extra = {**r.extra, **p.why}
+        samples = None if p.steps is None else p.epochs * r.train_rows_full
+        if samples is None:
+            extra["train_samples"] = p.why["time_s"]
+        out.append(dataclasses.replace(r, time_s=p.time_s, energy_kwh=p.energy_kwh, cost_usd=p.cost_usd,
+                                       train_samples=samples, extra=extra))
+    return out
 
 
 def break_even_steps(warmup_off_s: float, warmup_compiled_s: float, step_ms_off: float,
