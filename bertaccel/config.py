@@ -103,6 +103,10 @@ class HardwareConfig:
     peak_tflops_bf16: Optional[float] = None
     peak_tflops_fp16: Optional[float] = None
     peak_tflops_fp32: Optional[float] = None
+    # true: use this profile on a device it does not match (hardware.py profile_mismatch), on
+    # purpose: "what would this run cost there". The record says so (tag hardware_what_if, and
+    # hardware_profile "<name> (what-if)", which the report shows). Not for hardware=auto.
+    what_if: bool = False
 
 
 @dataclass
@@ -111,12 +115,18 @@ class ModelConfig:
     source: str = MISSING
     # package: an importable package holding the weights in <package>/model; hub: a hub id.
     pretrained: Optional[str] = None
-    # random_init only: a BERT shape, with the tokenizer taken from `tokenizer_package`.
+    # random_init only: a BERT shape, with the tokenizer taken from `tokenizer_package`. Null for
+    # a pretrained model, whose weights bring their own shape: a run logs the built model's shape
+    # as params model.<field> (job.py), never a default that was not used.
     tokenizer_package: Optional[str] = None
-    hidden_size: int = 32
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 2
-    intermediate_size: int = 64
+    hidden_size: Optional[int] = None
+    num_hidden_layers: Optional[int] = None
+    num_attention_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+
+
+# The ModelConfig fields that give a random-init model its shape (also its Hugging Face config's names).
+MODEL_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 
 @dataclass
@@ -337,9 +347,21 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"model={cfg.model.name} (source={cfg.model.source}) needs model.pretrained")
     if cfg.model.source == "random_init" and not cfg.model.tokenizer_package:
         raise ConfigError(f"model={cfg.model.name} (random_init) needs model.tokenizer_package")
-    if cfg.model.source == "random_init" and cfg.model.hidden_size % cfg.model.num_attention_heads:
-        raise ConfigError(f"model.hidden_size={cfg.model.hidden_size} must be divisible by "
-                          f"model.num_attention_heads={cfg.model.num_attention_heads}")
+    if cfg.model.source == "random_init":
+        for k in MODEL_SHAPE_FIELDS:
+            if cfg.model[k] is None:
+                raise ConfigError(f"model={cfg.model.name} (random_init) needs model.{k}: a random-init model's "
+                                  "shape comes from the config")
+            _positive(f"model.{k}", cfg.model[k])
+        if cfg.model.hidden_size % cfg.model.num_attention_heads:
+            raise ConfigError(f"model.hidden_size={cfg.model.hidden_size} must be divisible by "
+                              f"model.num_attention_heads={cfg.model.num_attention_heads}")
+    else:
+        for k in MODEL_SHAPE_FIELDS:
+            if cfg.model[k] is not None:
+                raise ConfigError(f"model.{k}={cfg.model[k]}: model={cfg.model.name} is pretrained and its weights "
+                                  f"fix the shape; drop model.{k}, or use a random_init model (model=tiny, "
+                                  "model=bert_base_random)")
     ds = cfg.dataset
     _one_of("dataset.source", ds.source, DATASET_SOURCES)
     if ds.source == "hub" and not ds.hub_id:
@@ -377,3 +399,8 @@ def validate(cfg: Any) -> None:
     _positive("profile_window.top_k", cfg.profile_window.top_k)
     if not cfg.tracking.uri:
         raise ConfigError("tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db")
+    # Last, as it may wait on the network (a few seconds at most): a tracking server that cannot be
+    # reached is bad input too, said before any work instead of after minutes of MLflow's retries.
+    from .tracking import check_store
+
+    check_store(cfg.tracking.uri)

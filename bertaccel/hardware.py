@@ -11,7 +11,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
@@ -88,12 +88,42 @@ def load_profiles() -> List[Dict[str, Any]]:
     return profiles
 
 
+def profile_mismatch(prof: Mapping[str, Any], name: str, device_type: str) -> Optional[str]:
+    """Why a profile does not describe the device a run uses (device_name()), or None if it does:
+    one of its `match` entries is a token of the device name, or, on a CPU, it is the profile
+    hardware=auto takes there ('cpu'). Its price and peaks would misstate cost and MFU otherwise."""
+    if match_profile(name, [dict(prof)]) is not None or (device_type == "cpu" and prof["name"] == "cpu"):
+        return None
+    match = list(prof.get("match") or [])
+    meant = "/".join(match) if match else ("a CPU" if prof["name"] == "cpu" else "no device (its match list is empty)")
+    if device_type == "cpu":
+        fits = "hardware=cpu"
+    else:
+        found = match_profile(name, load_profiles())
+        fits = (f"hardware={found['name']}" if found else
+                "a profile in conf/hardware whose match names this GPU")
+    return (f"hardware={prof['name']} is a profile for {meant}, but this run uses {name!r}: its price and peak "
+            f"FLOP/s would misstate cost_usd and mfu; use hardware=auto or {fits}, or hardware.what_if=true to "
+            f"price this run as {prof['name']} on purpose (recorded as a what-if)")
+
+
 def resolve_profile(hw_cfg: Any, device: torch.device) -> tuple[Dict[str, Any], str]:
-    """Returns the profile as a dict and a line saying how it was chosen."""
+    """Returns the profile as a dict and a line saying how it was chosen. A named profile that
+    does not match the device is a ConfigError, unless hardware.what_if=true. The dict's
+    `what_if` says whether the run is one: true only for a profile used on a device it does not match."""
+    name = device_name(device)
     if hw_cfg.name != "auto":
         prof = {k: hw_cfg[k] for k in hw_cfg}
-        return prof, f"hardware={hw_cfg.name} (as configured)"
-    name = device_name(device)
+        why = profile_mismatch(prof, name, device.type)
+        if why is None:
+            prof["what_if"] = False  # the profile describes this device: what_if=true changed nothing
+            return prof, f"hardware={hw_cfg.name} (as configured)"
+        if not hw_cfg.what_if:
+            raise ConfigError(why)
+        return prof, f"hardware={hw_cfg.name} as a what-if (hardware.what_if=true) on {name!r}"
+    if hw_cfg.what_if:
+        raise ConfigError("hardware.what_if=true needs a named profile (hardware=h100 hardware.what_if=true): "
+                          "hardware=auto always matches the device")
     if device.type == "cpu":
         prof = next(p for p in load_profiles() if p["name"] == "cpu")
         return prof, f"hardware=auto: no GPU, using profile 'cpu' for {name}"

@@ -23,13 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 from . import distributed
 from .collectors import build_collectors
 from .compile_cache import compile_caches
-from .config import validate
+from .config import MODEL_SHAPE_FIELDS, validate
 from .data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
 from .hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from .isolation import isolated_run
 from .measures import derived
 from .memory import PeakMemory
-from .model import ModelUnavailable, build_model, load_tokenizer
+from .model import ModelUnavailable, build_model, built_shape, load_tokenizer
 from .profiling import write_report
 from .sweep_runs import context_from_env, previous_outcome
 from .tracking import RunTracker, config_hash, flatten, git_sha
@@ -57,9 +57,17 @@ def cfg_hash(cfg: DictConfig) -> str:
 
 
 def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
-                 extra_tags: Mapping[str, str]) -> RunTracker:
+                 extra_tags: Mapping[str, str], profile: Optional[Mapping[str, Any]] = None) -> RunTracker:
+    """profile: the hardware profile the run resolved (hardware.resolve_profile); params and
+    config.yaml then say `hardware.*` as used (hardware=auto: the profile it picked), while the
+    `hardware` param keeps the choice as typed and config_hash the configuration as typed."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    params = flatten(resolved)
+    logged = dict(resolved)
+    if profile is not None:
+        logged["hardware"] = OmegaConf.to_container(OmegaConf.create(dict(profile)))
+    # A pretrained model's shape is null in the config; its params are the built model's (_run).
+    unset_shape = {f"model.{k}" for k in MODEL_SHAPE_FIELDS if cfg.model[k] is None}
+    params = {k: v for k, v in flatten(logged).items() if k not in unset_shape}
     params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
     # host + pid let a later sweep tell a run whose process died (SIGKILL) from a live one.
     tags = {"config_hash": config_hash(resolved), "git_sha": git_sha(), "status": "running",
@@ -68,7 +76,7 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     if sweep is not None:
         tags.update({"sweep_id": sweep.sweep_id, "mlflow.parentRunId": sweep.parent_run_id})
     return RunTracker(cfg.tracking.uri, cfg.tracking.experiment, run_name, params, tags,
-                      OmegaConf.to_yaml(cfg, resolve=True))
+                      OmegaConf.to_yaml(OmegaConf.create(logged)))
 
 
 def resumed(cfg: DictConfig, run_name: str) -> Optional[Outcome]:
@@ -105,6 +113,9 @@ class RankTracker:
         pass
 
     def log_series(self, key: str, values: Any) -> None:
+        pass
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
         pass
 
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
@@ -150,10 +161,14 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
         raw, unavailable = None, str(e)
 
     world = 1 if rank is None else rank.world_size
+    what_if = {"hardware_what_if": f"hardware={profile['name']} priced and peaked a run that used "
+                                   f"{device_name(device)} (hardware.what_if=true)"} if profile["what_if"] else {}
     tracker = open_tracker(cfg, choices, run_name, {
-        "device_name": device_name(device), "hardware_profile": profile["name"], "world_size": str(world),
+        "device_name": device_name(device), "world_size": str(world),
+        # the report's hardware column: a what-if run is not mistaken for one on that hardware
+        "hardware_profile": profile["name"] + (" (what-if)" if what_if else ""), **what_if,
         "backend": distributed.backend_for(device.type) if world > 1 else "none (one process)",
-        **(launch_tags or {})}) if is_main else RankTracker()
+        **(launch_tags or {})}, profile) if is_main else RankTracker()
     outcome = Outcome("running", run_name, run_id=tracker.run_id)
     with distributed.process_group(rank, device.type):
         return _run(cfg, run_name, started_at, started_source, device, profile, raw, unavailable, tracker,
@@ -176,6 +191,8 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention,
                                               len(tokenizer))
             log.info(f"model {cfg.model.name}: {weights_note}")
+            # What was built, where the config has no shape of its own (a pretrained model).
+            tracker.log_params({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None})
             fixed_rows = uses_fixed_shapes(cfg)
             pin = device.type == "cuda" if cfg.train.pin_memory is None else cfg.train.pin_memory
             loaders = [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,
@@ -212,6 +229,8 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             tracker.log_metrics({"train_loss": e.train_loss, "test_accuracy": e.test_accuracy,
                                  "trainable_params": e.trainable_params}, step=e.epoch)
         price = profile.get("price_per_gpu_hour_usd")
+        what_if_note = (f"; what-if: profile {profile['name']} on {device_name(device)}, not the device's own"
+                        if profile["what_if"] else "")
         metrics = {
             "train_time_s": result.train_time_s,
             "eval_time_s": result.eval_time_s,
@@ -242,7 +261,7 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             "train_samples_source": "rows of every trained micro-batch, summed over epochs and ranks",
             "peak_memory_gib_source": peak_source,
             "cost_usd_source": (f"train_time_s / 3600 x {price} USD/h ({profile.get('price_source') or 'profile'})"
-                                f" x num_gpus={cfg.num_gpus}") if price is not None else
+                                f" x num_gpus={cfg.num_gpus}{what_if_note}") if price is not None else
                                f"null: hardware profile '{profile['name']}' has no price_per_gpu_hour_usd",
             "compile_graphs_source": ("torch._dynamo counters['stats']['unique_graphs'] since the run's reset"
                                       if result.compile_graphs is not None else "null: compile=off"),
@@ -280,7 +299,8 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
         if result.backprop is not None:
             log_backprop(tracker, result.backprop, metrics, device)
         tracker.log_metrics({k: r.value for k, r in measured.items()}, step=result.epochs[-1].epoch)
-        tracker.set_tags({f"{k}_source": r.source for k, r in measured.items()})
+        tracker.set_tags({f"{k}_source": r.source + (what_if_note if k == "mfu" and r.value is not None else "")
+                          for k, r in measured.items()})
         tracker.set_tags({"train_windows_unix": json.dumps([list(e.window_unix) for e in result.epochs])})
         metrics.update({k: r.value for k, r in measured.items()})
         outcome.metrics = {k: v for k, v in metrics.items() if v is not None}

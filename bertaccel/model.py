@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Tuple
+from typing import Any, Dict, Tuple
 
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
                           BertForSequenceClassification)
@@ -41,6 +41,16 @@ def load_tokenizer(model_cfg: Any) -> Any:
         return AutoTokenizer.from_pretrained(str(source))
     except OSError as e:
         raise ModelUnavailable(f"tokenizer {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
+
+
+def built_shape(model: Any) -> Dict[str, int]:
+    """The shape of a built model, read from its Hugging Face config, under the schema's names
+    (config.MODEL_SHAPE_FIELDS; for BERT the same names). A field its config does not have is
+    left out rather than guessed."""
+    from .config import MODEL_SHAPE_FIELDS
+
+    values = {k: getattr(model.config, k, None) for k in MODEL_SHAPE_FIELDS}
+    return {k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def build_model(model_cfg: Any, num_labels: int, attention: Any, vocab_size: int) -> Tuple[Any, str]:

@@ -14,6 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
 from .sweep_runs import SweepContext, close_parent, open_parent, set_env, sweep_identity
+from .tracking import exit_if_store_unusable
 
 STATUSES = ("finished", "skipped", "failed", "already_finished", "not_retried")
 
@@ -86,6 +87,7 @@ class SweepProgress(Callback):
         except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us "of N" and short names
             STATE.total, STATE.swept = None, set()
         STATE.uri = config.tracking.uri
+        exit_if_store_unusable(STATE.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides)
         parent = open_parent(STATE.uri, config.tracking.experiment, sweep_id, overrides, STATE.total)
         STATE.context = SweepContext(sweep_id, parent)

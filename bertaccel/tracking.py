@@ -11,16 +11,22 @@ import functools
 import hashlib
 import json
 import logging
+import os
+import socket
 import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
+from urllib.parse import urlparse
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
+
+from .config import ConfigError
 
 # Values that say where results go, not what was run: left out of the config hash.
 HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep")
@@ -58,12 +64,81 @@ def git_sha() -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
-def _artifact_location(uri: str, experiment: str) -> Optional[str]:
-    """Keep artifacts beside a SQLite store instead of in whatever directory the run started from."""
+def sqlite_file(uri: str) -> Optional[Path]:
+    """The database file of a `sqlite:///` URI (relative to the working directory), else None."""
     if not uri.startswith("sqlite:///"):
         return None
-    db = Path(uri[len("sqlite:///"):]).expanduser().resolve()
-    return (db.parent / "mlartifacts" / experiment).as_uri()
+    return Path(uri[len("sqlite:///"):]).expanduser().resolve()
+
+
+def _artifact_location(uri: str, experiment: str) -> Optional[str]:
+    """Keep artifacts beside a SQLite store instead of in whatever directory the run started from."""
+    db = sqlite_file(uri)
+    return None if db is None else (db.parent / "mlartifacts" / experiment).as_uri()
+
+
+CHECK_TIMEOUT_S = 5.0  # how long the store check waits on a tracking server
+
+
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def server_problem(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> Optional[str]:
+    """Why the MLflow tracking server of an http(s) URI cannot be used ("unreachable (...)"), or
+    None; None for any other kind of URI. Takes at most about 2 x timeout_s: without it a dead
+    server costs minutes of MLflow's retries and then a long traceback."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https"):
+        return None
+    host = parsed.hostname or ""
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except (OSError, ValueError) as e:  # refused, timed out, unknown host; ValueError: a bad port
+        why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        return f"unreachable ({why})"
+    # Something listens: one request of MLflow's own API, with MLflow's own settings for no retries
+    # and a short timeout, set for this call only (the runs keep MLflow's retries for a blip).
+    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+
+    with _environ(**{MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0",
+                     MLFLOW_HTTP_REQUEST_TIMEOUT.name: str(max(1, round(timeout_s)))}):
+        try:
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        except Exception as e:  # noqa: BLE001 - any answer but a good one: not a usable MLflow server
+            text = str(e).strip().splitlines()
+            return f"unreachable as an MLflow tracking server ({(text[0] if text else type(e).__name__)[:300]})"
+    return None
+
+
+def check_store(uri: str) -> None:
+    """A run's tracking.uri: ConfigError (one line) if it is a tracking server that cannot be used.
+    (A sqlite:/// store that does not exist yet is fine here: the first run creates it.)"""
+    why = server_problem(uri)
+    if why:
+        raise ConfigError(f"tracking.uri={uri}: {why}; start the tracking server (mlflow server --host ... "
+                          "--port ...) or use tracking.uri=sqlite:///mlflow.db (a local file, no server)")
+
+
+def exit_if_store_unusable(uri: str) -> None:
+    """check_store for a sweep, before its parent run is opened: one line on stderr and exit 2
+    (an exception there would reach Hydra, which prints a traceback)."""
+    try:
+        check_store(uri)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
@@ -95,7 +170,7 @@ def store_lock(uri: str) -> Iterator[None]:
         finally:
             _held.depth -= 1
         return
-    db = Path(uri[len("sqlite:///"):]).expanduser().resolve()
+    db = sqlite_file(uri)
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -129,6 +204,13 @@ class RunTracker:
             for i in range(0, len(items), MLFLOW_BATCH):
                 self.client.log_batch(self.run_id, params=items[i:i + MLFLOW_BATCH])
             self.client.log_text(self.run_id, config_yaml, "config.yaml")
+
+    @_locked
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Params known only once the run has started (the built model's shape)."""
+        items = [Param(k, str(v)) for k, v in params.items()]
+        for i in range(0, len(items), MLFLOW_BATCH):
+            self.client.log_batch(self.run_id, params=items[i:i + MLFLOW_BATCH])
 
     @_locked
     def log_metrics(self, metrics: Mapping[str, Optional[float]], step: int = 0) -> None:

@@ -46,8 +46,9 @@ def cli(tmp_path):
     """Run `python -m bertaccel.run ARGS` in tmp_path with its own MLflow store and cache."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
-    def _run(args: List[str], timeout: int = 600) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "bertaccel.run", *args, f"tracking.uri={store}",
+    def _run(args: List[str], timeout: int = 600, uri: str = store) -> subprocess.CompletedProcess:
+        # uri: another tracking URI than the temp store (e.g. one that cannot be reached)
+        cmd = [sys.executable, "-m", "bertaccel.run", *args, f"tracking.uri={uri}",
                f"cache_dir={tmp_path / 'cache'}"]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
         return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)

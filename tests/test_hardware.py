@@ -7,6 +7,9 @@ import torch
 from bertaccel.config import ConfigError
 from bertaccel.hardware import (Capabilities, check_gpu_count, load_profiles, match_profile,
                                 resolve_profile, skip_reason)
+from bertaccel.report import rows_from_mlflow
+from bertaccel.tracking import runs_by_status
+from conftest import TINY
 
 
 @pytest.mark.parametrize("device_name, profile", [
@@ -25,8 +28,30 @@ def test_unknown_gpu_matches_nothing():
 def test_auto_on_cpu_says_which_profile(compose_cfg):
     prof, note = resolve_profile(compose_cfg([]).hardware, torch.device("cpu"))
     assert prof["name"] == "cpu" and "using profile 'cpu'" in note
-    prof, note = resolve_profile(compose_cfg(["hardware=a100"]).hardware, torch.device("cpu"))
-    assert prof["name"] == "a100" and prof["peak_tflops_bf16"] == 312
+    prof, note = resolve_profile(compose_cfg(["hardware=cpu"]).hardware, torch.device("cpu"))
+    assert prof["name"] == "cpu" and note == "hardware=cpu (as configured)"
+
+
+def test_a_profile_for_another_device_is_refused_unless_what_if(compose_cfg):
+    with pytest.raises(ConfigError, match=r"^hardware=a100 is a profile for A100, but this run uses .cpu: "):
+        resolve_profile(compose_cfg(["hardware=a100"]).hardware, torch.device("cpu"))
+    prof, note = resolve_profile(compose_cfg(["hardware=a100", "hardware.what_if=true"]).hardware, torch.device("cpu"))
+    assert prof["name"] == "a100" and prof["peak_tflops_bf16"] == 312 and "what-if" in note
+    # what_if with auto means nothing (auto always matches): refused rather than ignored
+    with pytest.raises(ConfigError, match=r"^hardware.what_if=true needs a named profile"):
+        resolve_profile(compose_cfg(["hardware.what_if=true"]).hardware, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("device_name, profile, ok", [
+    ("NVIDIA H100 80GB HBM3", "h100", True), ("NVIDIA H100 80GB HBM3", "h200", False),
+    ("NVIDIA A100-SXM4-80GB", "a10", False), ("NVIDIA A10", "a10", True), ("NVIDIA A10", "cpu", False),
+])
+def test_profile_mismatch_on_a_gpu(device_name, profile, ok):
+    from bertaccel.hardware import profile_mismatch
+
+    prof = next(p for p in load_profiles() if p["name"] == profile)
+    why = profile_mismatch(prof, device_name, "cuda")
+    assert (why is None) == ok, why
 
 
 def test_gpu_count_checks():
@@ -78,3 +103,38 @@ def test_auto_reads_profiles_through_the_schema_hydra_applies(tmp_path, monkeypa
     monkeypatch.setattr(hw, "PROFILES_DIR", tmp_path)
     with pytest.raises(hw.ConfigError, match=r"^conf/hardware/fast.yaml: .*peak_tflops_bf16"):
         hw.load_profiles()
+
+
+def test_profile_for_another_device_is_one_line_before_any_work(cli):
+    r = cli([*TINY, "hardware=h100", "train.max_steps_per_epoch=2"])
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("error: hardware=h100 is a profile for ") and "but this run uses 'cpu: " in lines[0]
+    assert "hardware=auto" in lines[0] and "hardware=cpu" in lines[0] and "hardware.what_if=true" in lines[0]
+    assert not (cli.dir / "cache").exists()  # nothing tokenized, nothing trained
+    assert runs_by_status(cli.store, "bertaccel") == {}
+
+
+def test_what_if_profile_is_shown_by_the_record_and_the_report(cli):
+    r = cli([*TINY, "hardware=h100", "hardware.what_if=true", "train.max_steps_per_epoch=2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
+    tags, m = run.data.tags, run.data.metrics
+    assert run.data.params["hardware.what_if"] == "True"
+    assert tags["hardware_profile"] == "h100 (what-if)"
+    assert tags["hardware_what_if"].startswith("hardware=h100 priced and peaked a run that used cpu: ")
+    assert "what-if" in tags["cost_usd_source"]
+    assert m["cost_usd"] == pytest.approx(m["train_time_s"] / 3600 * 2.99)
+    (row,) = rows_from_mlflow(cli.store, "bertaccel")
+    assert row.hardware == "h100 (what-if)"  # the report's hardware column and plot colour
+
+
+def test_a_mismatching_profile_in_a_sweep_is_recorded_and_the_sweep_goes_on(cli):
+    r = cli(["-m", *TINY, "hardware=h100,auto", "train.max_steps_per_epoch=2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 runs: finished=1 skipped=0 failed=1" in r.stdout
+    runs = runs_by_status(cli.store, "bertaccel")
+    assert runs["finished"][0].data.params["hardware"] == "auto"
+    (failed,) = runs["failed"]
+    assert failed.data.tags["reason"].startswith("bad input: hardware=h100 is a profile for ")

@@ -52,6 +52,22 @@ def _umask() -> int:
     return mask
 
 
+def _check_store(uri: str) -> None:
+    """Before reading: a store that does not exist or cannot be reached is one line. (MLflow
+    would create an empty database for a sqlite:/// path, or retry a dead server for minutes.)"""
+    from ..tracking import server_problem, sqlite_file
+
+    db = sqlite_file(uri)
+    if db is not None and not db.is_file():
+        raise ReportInputError(f"--uri {uri}: {db} does not exist (the report reads a store, it creates none); "
+                               "give the tracking.uri your runs wrote to, e.g. --uri sqlite:///mlflow.db "
+                               "from the directory they ran in")
+    why = server_problem(uri)
+    if why:
+        raise ReportInputError(f"--uri {uri}: {why}; start the tracking server or give another store, "
+                               "e.g. --uri sqlite:///mlflow.db")
+
+
 def main(argv=None) -> int:
     a = _args(argv)
     try:
@@ -64,6 +80,8 @@ def main(argv=None) -> int:
         require = [("compile_time_s", "--time total")] if a.time == "total" else []
         if a.project_epochs is not None:
             require += [(c, "--project-epochs") for c in ("step_time_ms", "train_rows_full", "batch_size")]
+        if not a.csv:
+            _check_store(a.uri)
         measured = load_rows(a.uri, a.experiment, a.sweep, a.csv, require)
         view = time_view(measured, a.time, a.project_epochs)
         rows = view.rows
