@@ -79,6 +79,18 @@ def max_across(values: Sequence[float], device: torch.device) -> List[float]:
     return _reduce(values, dist.ReduceOp.MAX if dist.is_available() else None, device)
 
 
+def start_together(device: torch.device) -> None:
+    """Every rank here before any goes on (nothing in a 1-process run). Called just before a
+    training window starts: rank 0 alone logs to MLflow between epochs, and a rank that entered
+    its window first would otherwise count rank 0's logging, as a wait in its first all-reduce,
+    in the window whose maximum over ranks is train_time_s."""
+    if not active():
+        return
+    # A small all-reduce rather than dist.barrier(): on NCCL it is ordered on the device's stream
+    # like the training collectives, and it does not need the rank-to-GPU guess barrier() makes.
+    _reduce([0.0], dist.ReduceOp.SUM, device)
+
+
 def shard(items: Sequence, rank: int, world: int, equal: bool) -> list:
     """Rank `rank`'s share of a list every rank built identically: items r, r+N, r+2N, ...
     equal=True drops the last len % N items so every rank gets the same count (training: each

@@ -460,6 +460,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             bar = tqdm(total=None if adaptive else steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="step",
                        dynamic_ncols=True, mininterval=1.0,
                        disable=distributed.rank() != 0)  # one bar per job, not per rank
+            distributed.start_together(device)
             _sync(device)
             compiles_before = compile_events(device)
             collectors.start()
