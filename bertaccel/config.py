@@ -212,6 +212,9 @@ class LauncherConfig:
     timeout_s: float = 86400.0
     # num_gpus > 1: a collective waiting longer on a peer fails (a dead or hung rank ends the job).
     collective_timeout_s: float = 300.0
+    # A sweep (-m) runs this many configurations at a time, each in processes of its own and, on
+    # a GPU host, on num_gpus GPUs of its own (hydra_plugins/bertaccel_launcher). 1: one by one.
+    runs_at_once: int = 1
 
 
 @dataclass
@@ -339,6 +342,12 @@ def validate(cfg: Any) -> None:
     _one_of("launcher.name", cfg.launcher.name, LAUNCHERS)
     _positive("launcher.timeout_s", cfg.launcher.timeout_s)
     _positive("launcher.collective_timeout_s", cfg.launcher.collective_timeout_s)
+    if int(cfg.launcher.runs_at_once) < 1:
+        raise ConfigError(f"launcher.runs_at_once={cfg.launcher.runs_at_once}: give 1 (one run at a time) or more")
+    if cfg.launcher.runs_at_once > 1 and cfg.launcher.name == "inline":
+        raise ConfigError(f"launcher.runs_at_once={cfg.launcher.runs_at_once} runs configurations side by side, each "
+                          "in processes of its own: launcher=inline would run them in one process; use "
+                          "launcher=process (the default)")
     if cfg.num_gpus > 1 and cfg.launcher.name == "inline":
         raise ConfigError(f"num_gpus={cfg.num_gpus} needs a process per rank: launcher=inline runs in the sweep's "
                           "own process; use launcher=process (the default)")

@@ -27,7 +27,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -56,12 +56,15 @@ class Job:
     started_at: float
     started_source: str
     launch_id: str
+    # The GPUs (CUDA_VISIBLE_DEVICES names) this job's processes see; None: whatever the sweep sees.
+    devices: Optional[List[str]] = None
 
 
 def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
-           started_source: str) -> Any:
+           started_source: str, devices: Optional[Sequence[str]] = None) -> Any:
     """Run one configuration where cfg.launcher says; returns its job.Outcome. Bad input
-    (ConfigError, DataError) is raised here, in the caller's process, before anything starts."""
+    (ConfigError, DataError) is raised here, in the caller's process, before anything starts.
+    devices: the GPUs the job's processes may see (the sweep launcher's share for this run)."""
     from .config import validate
     from .hardware import check_gpu_count, resolve_device
     from .job import execute, resumed
@@ -74,7 +77,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     if earlier is not None:
         return earlier
     job = Job(OmegaConf.to_container(cfg, resolve=True), dict(choices), run_name, started_at,
-              started_source, uuid.uuid4().hex)
+              started_source, uuid.uuid4().hex, list(devices) if devices is not None else None)
     return _in_processes(job, cfg)
 
 
@@ -85,6 +88,10 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     logging.basicConfig(stream=sys.stdout, level=logging.INFO if local_rank == 0 else logging.WARNING,
                         format=f"[%(asctime)s][%(name)s][%(levelname)s]{'' if world == 1 else f'[rank {local_rank}]'}"
                                " - %(message)s")
+    if job.devices is not None:
+        # Before anything touches CUDA in this process (torch reads the variable when it first
+        # initializes CUDA): this job's GPUs only, numbered from 0 as the run expects.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.devices)
     import torch
 
     from .job import execute
@@ -103,12 +110,17 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     rank = Rank(local_rank, world, init_method, timeout_s) if world > 1 else None
     try:
         outcome = execute(OmegaConf.create(job.cfg), job.choices, job.run_name, job.started_at, job.started_source,
-                          rank=rank, launch_tags={LAUNCH_TAG: job.launch_id})
+                          rank=rank, launch_tags={LAUNCH_TAG: job.launch_id, **_device_tag(job)})
     except (ConfigError, DataError) as e:
         # Bad input, found before anything was written (a malformed CSV): back to the caller,
         # who decides between "one line, exit 2" and "record it and go on", as inline.
         outcome = BadInput(e)
     results.put((local_rank, outcome))
+
+
+def _device_tag(job: Job) -> Dict[str, str]:
+    """The GPUs a run was given by the sweep launcher (launcher.runs_at_once), for the record."""
+    return {} if job.devices is None else {"cuda_visible_devices": ",".join(job.devices)}
 
 
 def _in_processes(job: Job, cfg: DictConfig) -> Any:

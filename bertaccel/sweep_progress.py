@@ -1,8 +1,9 @@
 """A multirun's frame: its MLflow parent run, a line per run ("run k of N"), the summary.
 
-Hydra calls this callback in the launching process; with the basic launcher every job runs
-there too, so the outcomes collected here are all the sweep's runs. The parent run's id
-reaches the jobs through an environment variable (sweep_runs.SWEEP_ENV).
+Hydra calls this callback in the launching process; bertaccel's launcher runs every job's
+Hydra side there (also with launcher.runs_at_once > 1), so the outcomes collected here are
+all the sweep's runs. The parent run's id and the swept keys reach the jobs through an
+environment variable (sweep_runs.SWEEP_ENV).
 """
 from __future__ import annotations
 
@@ -73,37 +74,46 @@ class SweepState:
         return 0 if self.count("finished") + self.count("already_finished") > 0 else 1
 
 
-STATE = SweepState()
-
-
 class SweepProgress(Callback):
+    """The sweep's frame. Hydra makes one instance per multirun and calls it in the launching
+    process (bertaccel's launcher runs every job's Hydra side there, also with runs_at_once > 1),
+    so the sweep's bookkeeping is this instance's, not module state shared between sweeps."""
+
+    def __init__(self) -> None:
+        self.state = SweepState()
+
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        STATE.outcomes.clear()
+        state = self.state = SweepState()
         overrides = list(config.hydra.overrides.task)
         params = config.hydra.sweeper.get("params") or {}
         overrides += [f"{k}={v}" for k, v in params.items()]
         try:
-            STATE.total, STATE.swept = count_jobs(overrides), swept_keys(overrides)
+            state.total, state.swept = count_jobs(overrides), swept_keys(overrides)
         except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us "of N" and short names
-            STATE.total, STATE.swept = None, set()
-        STATE.uri = config.tracking.uri
-        exit_if_store_unusable(STATE.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
+            state.total, state.swept = None, set()
+        state.uri = config.tracking.uri
+        exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides)
-        parent = open_parent(STATE.uri, config.tracking.experiment, sweep_id, overrides, STATE.total)
-        STATE.context = SweepContext(sweep_id, parent)
-        set_env(STATE.context)
-        print(f"[sweep] {STATE.total or '?'} runs; sweep id {sweep_id}", flush=True)
+        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total)
+        state.context = SweepContext(sweep_id, parent, sorted(state.swept))
+        set_env(state.context)
+        print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         outcome = job_return.return_value if job_return.status.name == "COMPLETED" else None
         if outcome is None or not hasattr(outcome, "status"):
             return
-        STATE.outcomes.append(outcome)
+        self.state.outcomes.append(outcome)
         if config.hydra.mode is not None and config.hydra.mode.name == "MULTIRUN":
-            print(STATE.progress_line(), flush=True)
+            print(self.state.progress_line(), flush=True)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        if STATE.context is not None:
-            close_parent(STATE.uri, STATE.context.parent_run_id, {s: STATE.count(s) for s in STATUSES})
-        print(STATE.table(), flush=True)
+        state = self.state
+        if state.context is not None:
+            close_parent(state.uri, state.context.parent_run_id, {s: state.count(s) for s in STATUSES})
+        print(state.table(), flush=True)
         set_env(None)
+        if state.outcomes and state.exit_code():
+            # The sweep's exit status, said here: Hydra returns nothing of a multirun to the
+            # caller of main(), and this instance is where the outcomes are.
+            raise SystemExit(state.exit_code())

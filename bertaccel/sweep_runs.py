@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence
 
 import psutil
@@ -24,13 +24,14 @@ from mlflow.tracking import MlflowClient
 
 from .tracking import experiment_id, search_runs, store_lock
 
-SWEEP_ENV = "BERTACCEL_SWEEP"  # JSON {sweep_id, parent_run_id}: reaches jobs of other launchers too
+SWEEP_ENV = "BERTACCEL_SWEEP"  # JSON {sweep_id, parent_run_id, swept}: reaches jobs of other launchers too
 
 
 @dataclass
 class SweepContext:
     sweep_id: str
     parent_run_id: str
+    swept: List[str] = field(default_factory=list)  # keys the sweep varies: they name its runs
 
 
 def sweep_identity(config_name: str, overrides: Sequence[str]) -> str:
@@ -118,11 +119,12 @@ def context_from_env() -> Optional[SweepContext]:
     if not raw:
         return None
     d = json.loads(raw)
-    return SweepContext(d["sweep_id"], d["parent_run_id"])
+    return SweepContext(d["sweep_id"], d["parent_run_id"], list(d.get("swept", [])))
 
 
 def set_env(ctx: Optional[SweepContext]) -> None:
     if ctx is None:
         os.environ.pop(SWEEP_ENV, None)
     else:
-        os.environ[SWEEP_ENV] = json.dumps({"sweep_id": ctx.sweep_id, "parent_run_id": ctx.parent_run_id})
+        os.environ[SWEEP_ENV] = json.dumps({"sweep_id": ctx.sweep_id, "parent_run_id": ctx.parent_run_id,
+                                            "swept": sorted(ctx.swept)})

@@ -1,0 +1,156 @@
+"""bertaccel's Hydra launcher: the basic launcher's job order and bookkeeping, plus
+`launcher.runs_at_once=G` to run G configurations of a sweep at a time, each in processes of
+its own (launcher.name=process) and, on a GPU host, on GPUs of its own.
+
+Hydra finds launchers only in the `hydra_plugins` package, hence this module's place; the run
+itself is bertaccel's (bertaccel.run.run_one). conf/config.yaml selects it
+(`override hydra/launcher: bertaccel`).
+
+Why threads around Hydra's run_job: the job set-up (the HydraConfig singleton, the job's
+output directory and logging, the callbacks) is process-global and not thread-safe, so it runs
+under one lock; only the run itself (which waits on its worker processes) runs concurrently.
+Every callback, SweepProgress's "run k of N" line among them, is therefore called in this
+process and one at a time, whatever G is.
+"""
+# No `from __future__ import annotations`: Hydra executes plugin modules outside sys.modules,
+# where dataclasses cannot resolve string annotations.
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BertaccelLauncherConf:
+    _target_: str = "hydra_plugins.bertaccel_launcher.bertaccel_launcher.BertaccelLauncher"
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="bertaccel", node=BertaccelLauncherConf,
+                             provider="bertaccel")
+
+
+def visible_gpus() -> List[str]:
+    """The GPUs this process may hand out, as CUDA_VISIBLE_DEVICES names: the user's own
+    CUDA_VISIBLE_DEVICES list if set, else every GPU NVML sees. Read without creating a CUDA
+    context in the sweep's process (its runs are in other processes)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()]
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML (a CPU host): no GPUs to hand out
+        return []
+
+
+class GpuPool:
+    """Free GPUs; a run takes num_gpus of them and waits until that many are free."""
+
+    def __init__(self, gpus: Sequence[str]) -> None:
+        self.free = list(gpus)
+        self.size = len(self.free)
+        self._cond = threading.Condition()
+
+    def take(self, n: int) -> List[str]:
+        with self._cond:
+            self._cond.wait_for(lambda: len(self.free) >= n)
+            taken, self.free = self.free[:n], self.free[n:]
+            return taken
+
+    def give_back(self, gpus: Sequence[str]) -> None:
+        with self._cond:
+            self.free.extend(gpus)
+            self._cond.notify_all()
+
+
+class BertaccelLauncher(Launcher):
+    def __init__(self) -> None:
+        self.config: Optional[DictConfig] = None
+        self.task_function: Optional[TaskFunction] = None
+        self.hydra_context: Optional[HydraContext] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        at_once = int(self.config.launcher.runs_at_once)
+        jobs = [(initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
+        if at_once <= 1:
+            return [self._run(idx, overrides, self.task_function) for idx, overrides in jobs]
+        return self._concurrently(jobs, at_once)
+
+    def _sweep_config(self, idx: int, overrides: List[str]) -> DictConfig:
+        log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(cfg):
+            cfg.hydra.job.id = idx
+            cfg.hydra.job.num = idx
+        return cfg
+
+    def _run(self, idx: int, overrides: List[str], task: TaskFunction) -> JobReturn:
+        ret = run_job(hydra_context=self.hydra_context, task_function=task, config=self._sweep_config(idx, overrides),
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return ret
+
+    def _concurrently(self, jobs: List[Any], at_once: int) -> List[JobReturn]:
+        from bertaccel.run import job_info, run_one
+
+        gpus = visible_gpus()
+        pool = GpuPool(gpus) if gpus else None
+        hydra_side = threading.Lock()  # Hydra's job set-up and tear-down: one job at a time
+
+        def one(idx: int, overrides: List[str]) -> JobReturn:
+            with hydra_side:
+                sweep_cfg = self._sweep_config(idx, overrides)
+                info = job_info(sweep_cfg.hydra)
+                need = int(sweep_cfg.num_gpus)
+
+                def task(cfg: DictConfig) -> Any:
+                    # Entered with hydra_side held (run_job's set-up); the run itself goes
+                    # without it, and the lock is held again for run_job's tear-down.
+                    hydra_side.release()
+                    try:
+                        devices = None
+                        if pool is not None:
+                            if need > pool.size:
+                                return run_one(cfg, info)  # launch refuses it: one recorded line
+                            devices = pool.take(need)
+                        try:
+                            return run_one(cfg, info, devices=devices)
+                        finally:
+                            if devices is not None:
+                                pool.give_back(devices)
+                    finally:
+                        hydra_side.acquire()
+
+                ret = run_job(hydra_context=self.hydra_context, task_function=task, config=sweep_cfg,
+                              job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+                configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+                return ret
+
+        log.info(f"Launching {len(jobs)} jobs, {at_once} at a time"
+                 + (f" on GPUs {','.join(gpus)}" if gpus else " (no GPUs: they share this host's CPUs)"))
+        with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="bertaccel-job") as ex:
+            futures = [ex.submit(one, idx, overrides) for idx, overrides in jobs]
+            return [f.result() for f in futures]
