@@ -1,9 +1,11 @@
-"""Per-run state, so that runs of one sweep process do not change each other's numbers.
+"""Per-run state, so that runs do not change each other's numbers.
 
-Hydra's basic launcher runs every job of a multirun in one process. Without this, a later run
-would inherit the earlier runs' dynamo caches and recompile budget (8 recompiles per code
-object: past it, new shapes silently run eager), cached allocator blocks and a consumed RNG
-stream. The on-disk compile caches are shared on purpose, and labelled (compile_cache.py).
+With launcher.name=process (the default) every run has a fresh process, and only the seeds are
+left to set. With launcher.name=inline the runs of a sweep share the sweep's process, and a
+later run would inherit the earlier runs' dynamo caches and recompile budget (8 recompiles per
+code object: past it, new shapes silently run eager), cached allocator blocks and a consumed
+RNG stream: those are reset around the run. The on-disk compile caches are shared on purpose,
+and labelled (compile_cache.py).
 """
 from __future__ import annotations
 
@@ -22,30 +24,24 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-@contextmanager
-def isolated_run(seed: int) -> Iterator[None]:
+def _reset_shared_process() -> None:
     torch.compiler.reset()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+@contextmanager
+def isolated_run(seed: int, shared_process: bool) -> Iterator[None]:
+    """shared_process: the run is not alone in its process (launcher.name=inline)."""
+    if shared_process:
+        _reset_shared_process()
     seed_everything(seed)
     try:
         yield
     finally:
-        torch.compiler.reset()
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-def compiled_graph_count() -> int:
-    """Graphs dynamo compiled since the last reset (recompiles for new shapes included)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-_warmed_up = set()
+        if shared_process:
+            _reset_shared_process()
 
 
 def warm_up_device(device: torch.device) -> None:
@@ -53,9 +49,10 @@ def warm_up_device(device: torch.device) -> None:
     outside any training window, so the first run of a sweep is not charged for it.
 
     Measured on an H200: without this, the same configuration took 9.4 s as the first job of a
-    multirun and 6.6 s as the second.
+    multirun and 6.6 s as the second. Every run does it (in a process where it already happened
+    it takes milliseconds), so nothing is remembered between runs.
     """
-    if device.type != "cuda" or device in _warmed_up:
+    if device.type != "cuda":
         return
     x = torch.randn(256, 256, device=device, requires_grad=True)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -63,4 +60,3 @@ def warm_up_device(device: torch.device) -> None:
             (x @ x).float().sum().backward()
     torch.nn.functional.cross_entropy(torch.randn(8, 4, device=device), torch.zeros(8, dtype=torch.long, device=device))
     torch.cuda.synchronize(device)
-    _warmed_up.add(device)

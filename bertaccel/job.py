@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -141,6 +142,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     """started_at: wall time the run's overhead counts from (see run.py). rank: this process's
     place in a data-parallel job (launch.py), None for a single process. launch_tags: tags the
     launcher finds the run by if its process dies."""
+    marks = {"entered": time.time()}  # where the start-up goes: startup_phases()
     # Bad input first, before anything is written (raises ConfigError / DataError).
     validate(cfg)
     device = resolve_device(cfg.train.device)
@@ -159,6 +161,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
         raw, unavailable = load_raw(cfg.dataset, cfg.train.seed), None
     except DatasetUnavailable as e:
         raw, unavailable = None, str(e)
+    marks["data read"] = time.time()
 
     world = 1 if rank is None else rank.world_size
     what_if = {"hardware_what_if": f"hardware={profile['name']} priced and peaked a run that used "
@@ -172,25 +175,44 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     outcome = Outcome("running", run_name, run_id=tracker.run_id)
     with distributed.process_group(rank, device.type):
         return _run(cfg, run_name, started_at, started_source, device, profile, raw, unavailable, tracker,
-                    outcome, world)
+                    outcome, world, marks)
+
+
+def startup_phases(marks: Mapping[str, float], started_at: float, result: Any) -> Dict[str, float]:
+    """Where startup_overhead_s went, in order (seconds, summing to it): what a user waits for
+    before the first step, and which part each lever (forkserver, caches, warm-up) can touch."""
+    to_first_step = result.first_step_started_at - marks["train called"]
+    phases = {
+        "process start-up and imports (job start to the run's code)": marks["entered"] - started_at,
+        "checks, device, MLflow run lookup, dataset read": marks["data read"] - marks["entered"],
+        "MLflow run opened, tokenizer, tokenize (or cache read)": marks["tokenized"] - marks["data read"],
+        "model build": marks["model built"] - marks["tokenized"],
+        "data loaders, telemetry collectors": marks["train called"] - marks["model built"],
+        "warm-up: compile / CUDA graphs / DDP first steps (compile_time_s)": result.compile_time_s,
+        "model to device, CUDA and cuBLAS start-up, optimizer": to_first_step - result.compile_time_s,
+    }
+    return {k: round(v, 3) for k, v in phases.items()}
 
 
 def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str, device: torch.device,
          profile: Mapping[str, Any], raw: Any, unavailable: Optional[str], tracker: Any, outcome: Outcome,
-         world: int) -> Outcome:
+         world: int, marks: Dict[str, float]) -> Outcome:
     try:
         reason = unavailable or skip_reason(cfg, device, probe())
         if reason:
             return _end(tracker, outcome, "skipped", reason)
-        with isolated_run(cfg.train.seed), tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
+        with isolated_run(cfg.train.seed, shared_process=cfg.launcher.name == "inline"), \
+                tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
                 compile_caches(cfg.cache_dir, cfg.compile.cache, device) as ccache:
             tokenizer = load_tokenizer(cfg.model)
             data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
             log.info(f"tokenized {len(data.train)} train / {len(data.test)} test rows "
                      f"(cache {'hit' if data.cache_hit else 'miss'}, {data.tokenize_time_s:.2f} s)")
+            marks["tokenized"] = time.time()
             model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention,
                                               len(tokenizer))
             log.info(f"model {cfg.model.name}: {weights_note}")
+            marks["model built"] = time.time()
             # What was built, where the config has no shape of its own (a pretrained model).
             tracker.log_params({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None})
             fixed_rows = uses_fixed_shapes(cfg)
@@ -211,6 +233,7 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             memory = PeakMemory(device)
             memory.reset()
             peak = []  # read before the profiler window, whose event buffers would count on a CPU
+            marks["train called"] = time.time()
             result = train(model, loaders[0], loaders[1], cfg, device, log=log.info,
                            collectors=collectors, profile_dir=Path(prof_dir),
                            after_training=lambda: peak.append(memory.read()), warmup_plan=plan)
@@ -231,6 +254,8 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
         price = profile.get("price_per_gpu_hour_usd")
         what_if_note = (f"; what-if: profile {profile['name']} on {device_name(device)}, not the device's own"
                         if profile["what_if"] else "")
+        phases = startup_phases(marks, started_at, result)
+        log.info("start-up before the first step: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
         metrics = {
             "train_time_s": result.train_time_s,
             "eval_time_s": result.eval_time_s,
@@ -283,6 +308,9 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
                           f" x schedule {cfg.optimizer.schedule}"),
             "tokenize_cache": "hit" if data.cache_hit else "miss",
             "model_weights": weights_note,
+            "startup_phases_s": json.dumps(phases),
+            "startup_phases_s_source": ("time.time() marks in the run (job.execute / train): the phases sum to "
+                                        "startup_overhead_s"),
         })
         tracker.log_series("lr", result.lr_per_step)
         if result.accumulation_k:

@@ -4,8 +4,10 @@ where it runs.
 - `inline`: in the calling process (the sweep's own). Cheapest; runs share the process, so
   isolation.py resets what it can between them, and a crash ends the sweep.
 - `process` (default): a fresh Python process per run, and for num_gpus=N one per rank, started
-  by torch.multiprocessing (spawn). Nothing of dynamo, the CUDA allocator, cuDNN or the RNGs
-  carries from one run to the next, and a segfault, abort or OOM-kill costs that run only.
+  by torch.multiprocessing: forked from a server process that imported the libraries once
+  (launcher.start_method=forkserver, the default) or spawned. Nothing of dynamo, the CUDA
+  allocator, cuDNN or the RNGs carries from one run to the next, and a segfault, abort or
+  OOM-kill costs that run only.
 
 Each worker returns its Outcome (picklable) over a queue; the launching process keeps no state
 between runs. Failure handling, so that one bad run never stops a sweep:
@@ -20,6 +22,7 @@ failed; if it died before opening one, a failed run is opened for it.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import shutil
 import sys
@@ -38,6 +41,9 @@ log = logging.getLogger("bertaccel")
 POLL_S = 0.2          # how often the launcher looks at its workers
 STRAGGLER_GRACE_S = 60.0  # how long the other ranks may take to exit once rank 0 has its outcome
 LAUNCH_TAG = "launch_id"
+# Imported once by the forkserver (launcher.start_method=forkserver): the heavy imports of a run.
+# None of them touches CUDA at import, so forked runs still start without a CUDA context.
+FORKSERVER_PRELOAD = ["torch", "transformers", "mlflow", "bertaccel.job", "bertaccel.train"]
 
 
 @dataclass
@@ -58,6 +64,9 @@ class Job:
     launch_id: str
     # The GPUs (CUDA_VISIBLE_DEVICES names) this job's processes see; None: whatever the sweep sees.
     devices: Optional[List[str]] = None
+    # The launching process's environment now: a forkserver worker would otherwise have the
+    # environment of when the server started (the sweep's parent-run id is set after that).
+    env: Optional[Dict[str, str]] = None
 
 
 def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
@@ -77,7 +86,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     if earlier is not None:
         return earlier
     job = Job(OmegaConf.to_container(cfg, resolve=True), dict(choices), run_name, started_at,
-              started_source, uuid.uuid4().hex, list(devices) if devices is not None else None)
+              started_source, uuid.uuid4().hex, list(devices) if devices is not None else None, dict(os.environ))
     return _in_processes(job, cfg)
 
 
@@ -88,6 +97,9 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     logging.basicConfig(stream=sys.stdout, level=logging.INFO if local_rank == 0 else logging.WARNING,
                         format=f"[%(asctime)s][%(name)s][%(levelname)s]{'' if world == 1 else f'[rank {local_rank}]'}"
                                " - %(message)s")
+    if job.env is not None:
+        os.environ.clear()
+        os.environ.update(job.env)
     if job.devices is not None:
         # Before anything touches CUDA in this process (torch reads the variable when it first
         # initializes CUDA): this job's GPUs only, numbered from 0 as the run expects.
@@ -127,7 +139,12 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     import torch.multiprocessing as mp
 
     world = cfg.num_gpus
-    ctx = mp.get_context("spawn")
+    method = cfg.launcher.start_method
+    if method == "forkserver":
+        # What the server imports once, for every later run to fork from (it has no effect
+        # once the server runs: the first run of a sweep starts it, and pays these imports).
+        multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+    ctx = mp.get_context(method)
     results = ctx.SimpleQueue()
     # The ranks meet through a file store in a directory of the job's own, not a TCP port: a
     # port probed free here could be taken by another program before rank 0 binds it. (All ranks
@@ -135,7 +152,7 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     rendezvous = tempfile.mkdtemp(prefix="bertaccel-rendezvous-")
     procs = mp.start_processes(_worker, args=(job, results, f"file://{rendezvous}/store", world,
                                               cfg.launcher.collective_timeout_s),
-                               nprocs=world, join=False, start_method="spawn")
+                               nprocs=world, join=False, start_method=method)
     deadline = time.monotonic() + cfg.launcher.timeout_s
     outcomes: Dict[int, Any] = {}
     failure: Optional[str] = None

@@ -28,13 +28,14 @@ from .config import uses_cuda_graphs
 from .collectors import CollectorSet
 from .flops import TokenCounts, bert_train_flops
 from .freezing import apply_freezing, count_trainable
-from .isolation import compiled_graph_count, warm_up_device
+from .isolation import warm_up_device
 from .optim import build_optimizer, lr_factor, scaled_lr, set_lr
 from .precision import Precision
 from .profiling import KernelProfile, profile_steps
 from .step_clock import PhaseClock, StepClock, steady_median_ms, steady_phase_medians
 from .step_graph import StepGraphs
-from .warmup import IGNORE_INDEX, WarmupPlan, compile_events, new_events, padded_lengths, run_warmup
+from .warmup import (IGNORE_INDEX, WarmupPlan, compile_events, compiled_graph_count, new_events, padded_lengths,
+                     run_warmup)
 
 
 class NonFiniteLoss(RuntimeError):

@@ -105,13 +105,18 @@ def run_warmup(model: nn.Module, plan: WarmupPlan, train_micro: Callable[[Dict[s
     return time.perf_counter() - t0
 
 
+def compiled_graph_count() -> int:
+    """Graphs dynamo compiled since the last reset (recompiles for new shapes included)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def compile_events(device: torch.device) -> Dict[str, int]:
     """Compiles so far in this process since the run's reset, by kind: dynamo graphs, compiled
     variants of our Triton attention kernels, and CUDA-graph recordings (reduce-overhead,
     max-autotune). Inside a training window none may move; by kind, a warning can say which."""
-    from torch._dynamo.utils import counters
-
-    return {"dynamo graphs": int(counters["stats"]["unique_graphs"]),
+    return {"dynamo graphs": compiled_graph_count(),
             "Triton attention variants": _triton_attention_variants(),
             "CUDA-graph recordings": _cudagraph_recordings(device)}
 

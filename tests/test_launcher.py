@@ -150,3 +150,28 @@ def test_twenty_run_sweep_with_three_poisoned_configurations_loses_nothing(cli):
     parents = [r for r in search_runs(cli.store, "bertaccel") if r.data.tags.get("bertaccel.role") == "sweep"]
     assert len(parents) == 2
     assert {r.data.tags["mlflow.parentRunId"] for r in runs.values()} == {p.info.run_id for p in parents}
+
+
+def test_forkserver_workers_see_the_launchers_environment_of_now(compose_cfg, tmp_path, monkeypatch):
+    """launcher.start_method=forkserver: workers fork from a server started with the first run,
+    yet each run must see the launching process's environment at its own launch (the sweep's
+    parent-run id is set after the server may have started)."""
+    import time
+
+    from bertaccel.launch import launch
+    from bertaccel.sweep_runs import SweepContext, set_env
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = compose_cfg([*SMALL, "launcher.start_method=forkserver", f"tracking.uri={store}",
+                       f"cache_dir={tmp_path / 'cache'}", "sweep.resume=false"])
+    try:
+        for sweep in ("first", "second"):
+            set_env(SweepContext(f"sweep-{sweep}", f"parent-{sweep}"))
+            outcome = launch(cfg, {}, f"run-{sweep}", time.time(), "test")
+            assert outcome.status == "finished", outcome.reason
+    finally:
+        set_env(None)
+    tags = {r.info.run_name: r.data.tags for r in search_runs(store, "bertaccel")}
+    assert tags["run-first"]["sweep_id"] == "sweep-first"
+    assert tags["run-second"]["sweep_id"] == "sweep-second"  # not the server's start-up environment

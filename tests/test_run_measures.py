@@ -78,3 +78,10 @@ def test_only_the_first_job_of_a_sweep_is_charged_the_interpreter_start(cli):
     assert len(sources) == 2
     assert sources[0].endswith("minus process start"), sources
     assert sources[1].endswith("minus job start (later job of a multirun)"), sources
+    # Where the start-up went: named phases, none negative, summing to startup_overhead_s.
+    import json
+
+    for r in runs:
+        phases = json.loads(r.data.tags["startup_phases_s"])
+        assert "model build" in phases and all(v >= 0 for v in phases.values()), phases
+        assert abs(sum(phases.values()) - r.data.metrics["startup_overhead_s"]) < 0.01

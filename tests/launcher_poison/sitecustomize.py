@@ -25,7 +25,11 @@ import sys
 
 _SPEC = os.environ.get("BERTACCEL_TEST_POISON")
 
-if _SPEC and "--multiprocessing-fork" in sys.argv:
+# A spawned worker has --multiprocessing-fork in argv; with launcher.start_method=forkserver the
+# workers are forked from the forkserver, which imports bertaccel.job once (patched here) for all.
+_WORKER = "--multiprocessing-fork" in sys.argv or "multiprocessing.forkserver" in " ".join(getattr(sys, "orig_argv", []))
+
+if _SPEC and _WORKER:
     import importlib.abc
     import importlib.util
 

@@ -1,0 +1,32 @@
+"""isolation.isolated_run: runs sharing the sweep's process (launcher=inline) start from a reset
+dynamo; a run alone in its process (launcher=process) only seeds, and keeps what it has."""
+from __future__ import annotations
+
+import torch
+
+from bertaccel.isolation import isolated_run
+from bertaccel.warmup import compiled_graph_count
+
+
+def _compiled_twice(shared_process: bool) -> int:
+    """Graphs compiled by a second call of the same compiled function inside isolated_run."""
+    torch.compiler.reset()
+    f = torch.compile(lambda x: torch.sin(x) + 1, backend="eager")  # dynamo only: no C++ compiler needed
+    x = torch.ones(3)
+    f(x)
+    before = compiled_graph_count()
+    with isolated_run(seed=1, shared_process=shared_process):
+        f(x)
+        draw = torch.rand(1)
+    torch.compiler.reset()
+    torch.manual_seed(1)
+    assert torch.equal(draw, torch.rand(1))  # seeded either way
+    return compiled_graph_count() - before
+
+
+def test_a_run_sharing_the_process_starts_from_reset_dynamo_caches():
+    assert _compiled_twice(shared_process=True) == 1  # the earlier run's graph is gone: compiled again
+
+
+def test_a_run_alone_in_its_process_is_not_reset():
+    assert _compiled_twice(shared_process=False) == 0
