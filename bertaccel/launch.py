@@ -76,10 +76,17 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     devices: the GPUs the job's processes may see (the sweep launcher's share for this run)."""
     from .config import validate
     from .hardware import check_gpu_count, resolve_device
-    from .job import execute, resumed
+    from .hub import hub_skip_reason
+    from .job import execute, record_skipped, resumed
 
     validate(cfg)
     check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
+    # Needs the hub and it is unreachable (probed once per sweep): skipped now, not after
+    # each run's process waited on connection retries.
+    hub_reason = hub_skip_reason(cfg)
+    if hub_reason is not None:
+        log.warning(f"run {run_name} skipped: {hub_reason}")
+        return record_skipped(cfg, choices, run_name, hub_reason)
     if cfg.launcher.name == "inline":
         return execute(cfg, choices, run_name, started_at, started_source)
     earlier = resumed(cfg, run_name)  # a resumed sweep starts no process for a finished run

@@ -8,12 +8,13 @@ Adding a precision is one YAML file: `autocast_dtype` (a torch dtype name, or nu
 from __future__ import annotations
 
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
 
-OPTIONS_DIR = Path(__file__).resolve().parent.parent / "conf" / "precision"
+from .config import CONF_DIR
+
+OPTIONS_DIR = CONF_DIR / "precision"
 # The dtypes autocast can run in, by the names the YAML files use.
 AUTOCAST_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

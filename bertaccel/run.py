@@ -1,4 +1,5 @@
-"""Entry point: `python -m bertaccel.run [-m] group=option ...` (Hydra composes conf/).
+"""Entry point: `python -m bertaccel.run [-m] group=option ...` (Hydra composes bertaccel/conf/;
+studies: `-m --config-name <study>`, bertaccel/sweeps/ found by name).
 
 Single run: bad input prints one line and exits 2; a skipped or failed run exits 1.
 Multirun: every configuration is recorded (bad ones as failed, with the reason) and the sweep
@@ -65,7 +66,7 @@ def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = N
     return outcome
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig):
     info = job_info(HydraConfig.get())
     outcome = run_one(cfg, info)

@@ -1,10 +1,9 @@
-"""Shared test helpers: compose configs from conf/ and run the real CLI in a temp directory."""
+"""Shared test helpers: compose configs from bertaccel/conf/ and run the real CLI in a temp directory."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import List
 
 import torch
@@ -20,7 +19,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from bertaccel.config import register_configs
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from bertaccel.config import CONF_DIR  # noqa: E402 (bertaccel/conf, packaged with it)
 # Small but real: the tiny BERT on a slice of the bundled AG News sample, on the CPU (so the
 # expectations about what is skipped hold on a GPU machine too).
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=128", "dataset.test_subset=64", "train.batch_size=16"]

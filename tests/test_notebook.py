@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_quick_sweep_report_and_notebook(cli, monkeypatch, tmp_path):
-    sweep = cli(["-m", "--config-dir", str(ROOT / "sweeps"), "--config-name", "quick"], timeout=900)
+    sweep = cli(["-m", "--config-name", "quick"], timeout=900)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     assert "8 runs: finished=8" in sweep.stdout
     (parent,) = [r for r in search_runs(cli.store, "bertaccel") if r.data.tags.get("bertaccel.role") == "sweep"]

@@ -10,7 +10,7 @@ import torch
 from bertaccel.config import ConfigError, validate
 from bertaccel.optim import build_optimizer, lr_factor, scaled_lr
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from bertaccel.config import CONF_DIR
 OPTIONS = sorted(p.stem for p in (CONF_DIR / "optimizer").glob("*.yaml"))
 
 

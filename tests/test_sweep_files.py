@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import itertools
 import shutil
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from bertaccel.config import register_configs, validate
+from bertaccel.config import CONF_DIR, SWEEPS_DIR, register_configs, validate
 
-ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_RUNS = {"quick": 8, "thesis_grid": 24, "seed000_ablation": 8, "seed001_ablation": 5}
 
 
@@ -20,8 +18,8 @@ EXPECTED_RUNS = {"quick": 8, "thesis_grid": 24, "seed000_ablation": 8, "seed001_
 def conf_with_sweeps(tmp_path_factory):
     """conf/ and sweeps/*.yaml in one folder: what `--config-dir sweeps` gives the CLI."""
     d = tmp_path_factory.mktemp("conf")
-    shutil.copytree(ROOT / "conf", d, dirs_exist_ok=True)
-    for f in (ROOT / "sweeps").glob("*.yaml"):
+    shutil.copytree(CONF_DIR, d, dirs_exist_ok=True)
+    for f in SWEEPS_DIR.glob("*.yaml"):
         shutil.copy(f, d / f.name)
     return d
 
@@ -34,7 +32,7 @@ def _grid(params):
 
 
 def test_every_study_is_in_the_table():
-    assert {f.stem for f in (ROOT / "sweeps").glob("*.yaml")} == set(EXPECTED_RUNS)
+    assert {f.stem for f in SWEEPS_DIR.glob("*.yaml")} == set(EXPECTED_RUNS)
 
 
 @pytest.mark.parametrize("study", sorted(EXPECTED_RUNS))
@@ -67,3 +65,12 @@ def test_presets_change_what_the_studies_say(conf_with_sweeps):
         base = compose("seed001_ablation", overrides=["preset=none"])
         assert (base.accumulation, base.precision.name, base.optimizer.schedule) == (1, "fp32", "linear")
     GlobalHydra.instance().clear()
+
+
+def test_a_study_is_found_by_name_from_any_directory(cli):
+    """The real CLI in a temp directory (no checkout around it): `--config-name <study>` alone."""
+    p = cli(["--config-name", "quick", "--cfg", "all"], timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "name: tiny" in p.stdout                             # the study's own settings...
+    assert "freezing: none,layerwise" in p.stdout               # ...and its grid
+    assert "name: ag_news_sample" in p.stdout                   # on top of bertaccel/conf/config.yaml
