@@ -120,7 +120,7 @@ def compile_caches(cache_dir: str, mode: str, device: torch.device) -> Iterator[
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
     os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
     # Dynamo's "profile-guided" memory of which dims were dynamic lives in the same directory;
-    # it would make a run's graphs depend on what ran before it, so it is off (see train.py).
+    # it would make a run's graphs depend on what ran before it, so it is off (see step.dynamo_settings).
     _clear_in_memory_caches()
     cache = CompileCache(mode, root, key, files_at_start=_file_count(root),
                          triton_files_at_start=_file_count(root / "triton"), misses_at_start=_inductor_misses())

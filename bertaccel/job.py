@@ -35,7 +35,8 @@ from .profiling import write_report
 from .sweep_runs import context_from_env, previous_outcome
 from .tracking import RunTracker, config_hash, flatten, git_sha
 from .step_clock import steady_source
-from .train import train, uses_fixed_shapes
+from .step import uses_fixed_shapes
+from .train import train
 from .warmup import WarmupPlan, data_lengths
 
 log = logging.getLogger("bertaccel")

@@ -5,7 +5,7 @@ and kernel launches (forward, autograd, clipping, the optimizer); torch.compile'
 reduce-overhead graphs the model but still launches the loss, clipping and update from Python.
 Here everything is captured:
 - one "micro" graph per padded length (and, on top of compile=off, per mask variant: a batch
-  without padding runs with no mask, as train.model_inputs does): forward under autocast, summed loss times a device
+  without padding runs with no mask, as step.model_inputs does): forward under autocast, summed loss times a device
   scalar 1/n (the window's sample count, as in train.accumulate_window), backward accumulating
   into gradient buffers that live outside the graphs;
 - one "update" graph: gradient clipping, the optimizer step (capturable: lr and state on the

@@ -6,7 +6,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel.data import PadCollator
 from bertaccel.precision import Precision
-from bertaccel.train import accumulate_window, model_inputs, windows
+from bertaccel.step import accumulate_window, model_inputs, windows
 
 
 def _model():

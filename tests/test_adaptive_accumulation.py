@@ -9,7 +9,7 @@ from bertaccel.adaptive_accumulation import GradVariance, next_k
 from bertaccel.config import ConfigError, validate
 from bertaccel.data import PadCollator
 from bertaccel.precision import Precision
-from bertaccel.train import accumulate_window, windows
+from bertaccel.step import accumulate_window, windows
 
 CPU = torch.device("cpu")
 

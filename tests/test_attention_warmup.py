@@ -10,7 +10,7 @@ from bertaccel.attention.swap import FusedSelfAttention, swap_attention
 from bertaccel.attention.warmup import reset_kernel_caches
 from bertaccel.data import PadCollator, TokenizedSplit, make_loader
 from bertaccel.precision import Precision
-from bertaccel.train import accumulate_window, eval_batch
+from bertaccel.step import accumulate_window, eval_batch
 from bertaccel.warmup import WarmupPlan, data_lengths, padded_lengths, run_warmup
 
 

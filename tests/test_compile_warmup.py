@@ -12,7 +12,8 @@ from bertaccel.data import load_raw, make_loader, tokenize_cached
 from bertaccel.hardware import probe
 from bertaccel.model import build_model, load_tokenizer
 from bertaccel.step_clock import steady_median_ms
-from bertaccel.train import train, uses_fixed_shapes
+from bertaccel.step import uses_fixed_shapes
+from bertaccel.train import train
 from bertaccel.warmup import WarmupPlan, data_lengths
 
 CPU = torch.device("cpu")

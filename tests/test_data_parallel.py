@@ -20,7 +20,7 @@ from bertaccel import distributed
 from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
 from bertaccel.predict_dp import PredictError, predict
 from bertaccel.precision import Precision
-from bertaccel.train import accumulate_window, data_parallel, evaluate
+from bertaccel.step import accumulate_window, data_parallel, evaluate
 
 
 HANG_S = 240
