@@ -25,6 +25,7 @@ from .collectors import build_collectors
 from .compile_cache import compile_caches
 from .config import MODEL_SHAPE_FIELDS, validate
 from .data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
+from .interrupt import Interrupted
 from .hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from .isolation import isolated_run
 from .measures import derived
@@ -307,6 +308,10 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
         return _end(tracker, outcome, "finished")
     except ModelUnavailable as e:
         return _end(tracker, outcome, "skipped", str(e))
+    except Interrupted as e:  # SIGINT / SIGTERM with launcher=inline: this process holds the record
+        _end(tracker, outcome, "interrupted", e.reason)
+        e.run_id, e.run_name = outcome.run_id, run_name
+        raise
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the sweep goes on
         log.error(f"run {run_name} failed:\n{traceback.format_exc()}")
         return _end(tracker, outcome, "failed", _first_line(e))

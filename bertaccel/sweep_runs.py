@@ -32,6 +32,7 @@ class SweepContext:
     sweep_id: str
     parent_run_id: str
     swept: List[str] = field(default_factory=list)  # keys the sweep varies: they name its runs
+    uri: str = ""  # the tracking store of the parent run (an interrupted sweep closes it from run.cli)
 
 
 def sweep_identity(config_name: str, overrides: Sequence[str]) -> str:
@@ -66,6 +67,15 @@ def close_parent(uri: str, run_id: str, counts: Mapping[str, int]) -> None:
         client.log_batch(run_id, tags=[RunTag("status", "finished")] +
                          [RunTag(f"runs_{k}", str(v)) for k, v in counts.items()])
         client.set_terminated(run_id, "FINISHED")
+
+
+def interrupt_parent(uri: str, run_id: str, reason: str) -> None:
+    """A sweep stopped by SIGINT / SIGTERM: its parent run ends KILLED, status=interrupted. The
+    same command later reopens it and runs what did not finish (open_parent, previous_outcome)."""
+    with store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        client.log_batch(run_id, tags=[RunTag("status", "interrupted"), RunTag("reason", reason)])
+        client.set_terminated(run_id, "KILLED")
 
 
 def _process_gone(run: Any) -> bool:
@@ -119,7 +129,7 @@ def context_from_env() -> Optional[SweepContext]:
     if not raw:
         return None
     d = json.loads(raw)
-    return SweepContext(d["sweep_id"], d["parent_run_id"], list(d.get("swept", [])))
+    return SweepContext(d["sweep_id"], d["parent_run_id"], list(d.get("swept", [])), d.get("uri", ""))
 
 
 def set_env(ctx: Optional[SweepContext]) -> None:
@@ -127,4 +137,4 @@ def set_env(ctx: Optional[SweepContext]) -> None:
         os.environ.pop(SWEEP_ENV, None)
     else:
         os.environ[SWEEP_ENV] = json.dumps({"sweep_id": ctx.sweep_id, "parent_run_id": ctx.parent_run_id,
-                                            "swept": sorted(ctx.swept)})
+                                            "swept": sorted(ctx.swept), "uri": ctx.uri})
