@@ -86,7 +86,7 @@ def resumed(cfg: DictConfig, run_name: str) -> Optional[Outcome]:
     if context_from_env() is None or not cfg.sweep.resume:
         return None
     prev = previous_outcome(cfg.tracking.uri, cfg.tracking.experiment, cfg_hash(cfg), cfg.sweep.retry_failed)
-    return None if prev is None else Outcome(prev.status, run_name, prev.reason, prev.run_id)
+    return None if prev is None else Outcome(prev.status, run_name, prev.reason, prev.run_id, prev.metrics)
 
 
 def record_bad_input(cfg: DictConfig, choices: Mapping[str, str], run_name: str, reason: str,
