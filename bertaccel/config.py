@@ -277,11 +277,11 @@ GROUPS = tuple(group for group, _ in GROUP_SCHEMAS) + ("preset",)
 
 
 def register_configs() -> None:
-    """Make the schemas known to Hydra; conf/config.yaml lists `run_schema` first."""
-    cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
-    for group, schema in GROUP_SCHEMAS:
-        cs.store(group=group, name=f"{group}_schema", node=schema)
+    """Make the schema known to Hydra; conf/config.yaml lists `run_schema` first. RunConfig types
+    every group's node (precision: PrecisionConfig, ...), so each option is checked against its
+    group's schema on merge. The group schemas are not stored under their groups: there they
+    would be options a user could pick (`precision=precision_schema` trained on the defaults)."""
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)
 
 
 def _one_of(where: str, value: Any, allowed: tuple) -> None:
@@ -391,8 +391,9 @@ def validate(cfg: Any) -> None:
     if ds.source == "hub" and not ds.hub_id:
         raise ConfigError(f"dataset={ds.name} (source=hub) needs dataset.hub_id")
     if ds.source == "csv" and not (ds.train_path and ds.test_path):
-        raise ConfigError("dataset=csv needs dataset.train_path=... and dataset.test_path=... "
-                          "(CSV files with a header row)")
+        missing = " and ".join(f"dataset.{k}=..." for k in ("train_path", "test_path") if not ds[k])
+        raise ConfigError(f"dataset=csv needs {missing} (CSV files with a header row, plain or .gz; "
+                          "relative paths are from the directory you run from)")
     if not ds.text_columns:
         raise ConfigError("dataset.text_columns is empty: name at least one text column")
     if not 8 <= ds.max_length <= 512:

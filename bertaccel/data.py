@@ -158,6 +158,11 @@ def load_raw(ds_cfg: Any, seed: int) -> RawData:
         base = SAMPLES_DIR if ds_cfg.source == "bundled" else Path.cwd()
         train_path = base / os.path.expanduser(ds_cfg.train_path)
         test_path = base / os.path.expanduser(ds_cfg.test_path)
+        for key, path in (("train_path", train_path), ("test_path", test_path)):
+            if ds_cfg.source == "csv" and not path.is_file():
+                what = "a directory, not a file" if path.is_dir() else "no such file"
+                raise DataError(f"dataset.{key}={getattr(ds_cfg, key)}: {what}"
+                                + ("" if path == Path(getattr(ds_cfg, key)) else f" ({path})"))
         tr_texts, tr_raw = read_csv_split(train_path, ds_cfg.text_columns, ds_cfg.label_column)
         te_texts, te_raw = read_csv_split(test_path, ds_cfg.text_columns, ds_cfg.label_column)
         test_name = str(test_path)

@@ -26,6 +26,7 @@ from .collectors import build_collectors
 from .compile_cache import compile_caches
 from .config import MODEL_SHAPE_FIELDS, validate
 from .data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
+from .interrupt import Interrupted
 from .hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from .isolation import isolated_run
 from .measures import derived
@@ -87,7 +88,7 @@ def resumed(cfg: DictConfig, run_name: str) -> Optional[Outcome]:
     if context_from_env() is None or not cfg.sweep.resume:
         return None
     prev = previous_outcome(cfg.tracking.uri, cfg.tracking.experiment, cfg_hash(cfg), cfg.sweep.retry_failed)
-    return None if prev is None else Outcome(prev.status, run_name, prev.reason, prev.run_id)
+    return None if prev is None else Outcome(prev.status, run_name, prev.reason, prev.run_id, prev.metrics)
 
 
 def record_bad_input(cfg: DictConfig, choices: Mapping[str, str], run_name: str, reason: str,
@@ -348,6 +349,10 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
         return _end(tracker, outcome, "finished")
     except ModelUnavailable as e:
         return _end(tracker, outcome, "skipped", str(e))
+    except Interrupted as e:  # SIGINT / SIGTERM with launcher=inline: this process holds the record
+        _end(tracker, outcome, "interrupted", e.reason)
+        e.run_id, e.run_name = outcome.run_id, run_name
+        raise
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the sweep goes on
         log.error(f"run {run_name} failed:\n{traceback.format_exc()}")
         return _end(tracker, outcome, "failed", _first_line(e))

@@ -17,7 +17,8 @@ between runs. Failure handling, so that one bad run never stops a sweep:
   otherwise wait for it in the next all-reduce until launcher.collective_timeout_s);
 - a job past launcher.timeout_s is stopped and recorded failed.
 The MLflow run a dead worker may have left "running" is found by its launch_id tag and marked
-failed; if it died before opening one, a failed run is opened for it.
+failed; if it died before opening one, a failed run is opened for it. SIGINT / SIGTERM to the
+launching process (interrupt.py) stops the workers the same way and marks their run interrupted.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from . import interrupt
 from .distributed import Rank
 
 log = logging.getLogger("bertaccel")
@@ -44,6 +46,7 @@ LAUNCH_TAG = "launch_id"
 # Imported once by the forkserver (launcher.start_method=forkserver): the heavy imports of a run.
 # None of them touches CUDA at import, so forked runs still start without a CUDA context.
 FORKSERVER_PRELOAD = ["torch", "transformers", "mlflow", "bertaccel.job", "bertaccel.train"]
+TERMINATE_GRACE_S = 10.0  # an interrupted run's workers get this long to exit before SIGKILL
 
 
 @dataclass
@@ -99,6 +102,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
 
 def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: int, timeout_s: float) -> None:
     """One process of a job (torch.multiprocessing entry point: module level, picklable)."""
+    interrupt.in_worker()  # Ctrl-C reaches the whole process group: the launcher stops this process
     # Hydra configured logging in the launching process only; rank 0 speaks for the job, on
     # stdout as Hydra's console handler does (stderr stays for errors: "error: ..." one-liners).
     logging.basicConfig(stream=sys.stdout, level=logging.INFO if local_rank == 0 else logging.WARNING,
@@ -164,8 +168,10 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     outcomes: Dict[int, Any] = {}
     failure: Optional[str] = None
     main_done: Optional[float] = None  # when rank 0's outcome arrived
+    stopped: Optional[interrupt.Interrupted] = None  # SIGINT / SIGTERM to the launching process
     try:
         while True:
+            interrupt.check()  # (another thread's run: the main thread got the signal)
             while not results.empty():
                 r, outcome = results.get()
                 outcomes[r] = outcome
@@ -194,13 +200,32 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
                 log.warning(f"run {job.run_name}: stopping {sum(p.is_alive() for p in procs.processes)} rank(s) "
                             f"still running {STRAGGLER_GRACE_S:g} s after rank 0 finished")
                 break
+    except interrupt.Interrupted as e:
+        stopped = e
     finally:
+        if stopped is not None:
+            # SIGTERM first: a worker unwinds (interrupt.in_worker), so what it holds (tqdm's
+            # lock, a semaphore) is given back rather than reported leaked at exit.
+            for p in procs.processes:
+                if p.is_alive():
+                    p.terminate()
+            end = time.monotonic() + TERMINATE_GRACE_S
+            for p in procs.processes:
+                p.join(max(0.0, end - time.monotonic()))
         for p in procs.processes:
             if p.is_alive():
                 p.kill()
         for p in procs.processes:
             p.join()
         shutil.rmtree(rendezvous, ignore_errors=True)
+    if stopped is not None:
+        # The worker is gone; its run, left RUNNING, ends as interrupted (found by launch_id).
+        marked = _record_failure(job, cfg, stopped.reason, None, status="interrupted")
+        stopped.run_id, stopped.run_name = marked.run_id if marked is not None else None, job.run_name
+        # Let go of the queue and the process handles now: the exception's traceback keeps this
+        # frame until the program exits, and a queue alive then is "leaked semaphore" noise.
+        results = procs = None  # noqa: F841
+        raise stopped.with_traceback(None)
     while not results.empty():  # outcomes sent just before the end
         r, outcome = results.get()
         outcomes[r] = outcome
@@ -220,22 +245,26 @@ def _death(e: Any, world: int) -> str:
     return f"{who} exited with code {e.exit_code} (pid {e.error_pid})"
 
 
-def _record_failure(job: Job, cfg: DictConfig, reason: str, main: Any) -> Any:
-    """Mark the job's MLflow run failed with the reason (opening one if none was)."""
+def _record_failure(job: Job, cfg: DictConfig, reason: str, main: Any, status: str = "failed") -> Any:
+    """Mark the job's MLflow run failed with the reason (opening one if none was). status
+    "interrupted" (SIGINT / SIGTERM): the run is marked so if it was opened, and None returned
+    if it was not (nothing ran that a record would tell of)."""
     from .job import Outcome, record_bad_input
     from .tracking import finish_run, search_runs
 
-    log.warning(f"run {job.run_name}: failed: {reason}")
+    log.warning(f"run {job.run_name}: {status}: {reason}")
     runs = search_runs(cfg.tracking.uri, cfg.tracking.experiment, f"tags.{LAUNCH_TAG} = '{job.launch_id}'")
     if runs:
         run = runs[0]
-        status, earlier = run.data.tags.get("status"), run.data.tags.get("reason")
-        if status == "failed" and earlier and earlier != reason:
+        recorded, earlier = run.data.tags.get("status"), run.data.tags.get("reason")
+        if recorded == "failed" and earlier and earlier != reason:
             # Rank 0 may have recorded its own symptom first (a peer's closed connection): the
             # launcher's cause leads, rank 0's words stay.
             reason = f"{reason} (rank 0 reported: {earlier})"
-        finish_run(cfg.tracking.uri, run.info.run_id, "failed", reason)
-        return Outcome("failed", job.run_name, reason, run.info.run_id)
+        finish_run(cfg.tracking.uri, run.info.run_id, status, reason)
+        return Outcome(status, job.run_name, reason, run.info.run_id)
+    if status == "interrupted":
+        return None
     if main is not None and main.run_id is None:
         return main
     return record_bad_input(cfg, job.choices, job.run_name, reason, {LAUNCH_TAG: job.launch_id})

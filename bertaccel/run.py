@@ -1,30 +1,42 @@
 """Entry point: `python -m bertaccel.run [-m] group=option ...` (Hydra composes bertaccel/conf/;
 studies: `-m --config-name <study>`, bertaccel/sweeps/ found by name).
 
-Single run: bad input prints one line and exits 2; a skipped or failed run exits 1.
+Single run: bad input prints one line and exits 2 (an unknown option or a value of the wrong type
+on the command line too: Hydra's composition errors are caught here, and the run's output
+directory is not left behind); a skipped or failed run exits 1.
 Multirun: every configuration is recorded (bad ones as failed, with the reason) and the sweep
 goes on; the exit status is non-zero only when no run finished (sweep_progress says it).
+SIGINT / SIGTERM (interrupt.py): the current run is recorded interrupted, a sweep's parent run
+is closed, one line is printed, exit 130 / 143.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
 
 import hydra
 import psutil
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
-from .config import GROUPS, ConfigError, register_configs
+from .config import CONF_DIR, GROUPS, ConfigError, register_configs
 from .data import DataError
+from .interrupt import Interrupted, install as install_signal_handlers
 from .job import group_choices, record_bad_input, run_label
 from .launch import launch
-from .sweep_runs import context_from_env
+from .sweep_runs import context_from_env, interrupt_parent, set_env
 
 register_configs()
+
+CONFIG_PATH = "conf"  # hydra.main's config_path, relative to this file (config.CONF_DIR)
 
 
 @dataclass
@@ -60,13 +72,31 @@ def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = N
     except (ConfigError, DataError) as e:
         if not info.multirun:
             print(f"error: {e}", file=sys.stderr)
+            discard_run_dir()
             sys.exit(2)
         outcome = record_bad_input(cfg, info.choices, info.name, f"bad input: {e}")
         print(f"error in run {info.name}: {e}", file=sys.stderr)
     return outcome
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def discard_run_dir() -> None:
+    """A single run refused for bad input leaves nothing behind: Hydra made its output directory
+    (outputs/<date>/<time>, with .hydra/ and the job's log) before the task ran. Only what Hydra
+    wrote there is removed, then the directories it made, while empty, up to the working dir."""
+    try:
+        hc = HydraConfig.get()
+        out = Path(hc.runtime.output_dir).resolve()
+        shutil.rmtree(out / ".hydra", ignore_errors=True)
+        (out / f"{hc.job.name}.log").unlink(missing_ok=True)
+        cwd = Path.cwd().resolve()
+        while out != cwd and cwd in out.parents and not any(out.iterdir()):
+            out.rmdir()
+            out = out.parent
+    except (OSError, ValueError):
+        pass  # a directory the user pointed hydra.run.dir at and filled: left as it is
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig):
     info = job_info(HydraConfig.get())
     outcome = run_one(cfg, info)
@@ -81,8 +111,67 @@ def main(cfg: DictConfig):
     return outcome
 
 
+def group_options(group: str, found: Optional[Sequence[str]] = None) -> List[str]:
+    """The options of a config group a user can pick: Hydra's list when it gave one (it has a
+    searchpath's own files too), else conf/<group>/*.yaml; never a `*_schema` entry."""
+    names = list(found) if found else [p.stem for p in (CONF_DIR / group).glob("*.yaml")]
+    return sorted(n for n in names if not n.endswith("_schema"))
+
+
+def input_error(e: Exception) -> str:
+    """One line for a command line Hydra could not compose."""
+    missing = getattr(e, "missing_cfg_file", None)
+    if missing and "/" in missing:
+        group, option = missing.rsplit("/", 1)
+        options = group_options(group, getattr(e, "options", None))
+        return f"{group}={option} is not an option of {group}; choose one of: {', '.join(options)}"
+    if isinstance(e, OverrideParseException):
+        return f"cannot read the override '{e.override}': {e.message.splitlines()[0]}"
+    parts = []
+    for x in (e, e.__cause__):
+        if x is not None:
+            first = next((line.strip() for line in str(x).splitlines() if line.strip()), "").rstrip(".")
+            first = first.removeprefix("Error merging override ")
+            if first and first not in parts:
+                parts.append(first)
+    if isinstance(e.__cause__, OmegaConfBaseException) and "could not be converted" in " ".join(parts):
+        return ": ".join(parts) + " (the types are bertaccel/config.py's)"
+    return ": ".join(parts) or type(e).__name__
+
+
+def interrupted(e: Interrupted) -> int:
+    """SIGINT / SIGTERM: close the sweep's parent run, say it in one line; the exit status."""
+    what = (f"run {e.run_name} recorded as interrupted (mlflow_run_id={e.run_id})" if e.run_id
+            else "no run was open")
+    sweep = context_from_env()
+    if sweep is not None and sweep.uri:
+        try:
+            interrupt_parent(sweep.uri, sweep.parent_run_id, e.reason)
+            what += (f"; sweep {sweep.sweep_id} stopped (parent run {sweep.parent_run_id} interrupted): "
+                     "the same command resumes it")
+        except Exception as x:  # noqa: BLE001 - the run's record is what matters; say what went wrong
+            what += f"; the sweep's parent run could not be closed ({type(x).__name__})"
+        set_env(None)
+    # (a newline first: a progress bar may have the line)
+    print(f"\n{e.reason}: {what}", file=sys.stderr, flush=True)
+    return e.exit_code
+
+
 def cli() -> None:
-    main()
+    install_signal_handlers()
+    # Hydra prints a traceback for a command line it cannot compose unless HYDRA_FULL_ERROR=1,
+    # which lets the exception reach this function: one line then, unless the user asked for it.
+    user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except Interrupted as e:
+        sys.exit(interrupted(e))
+    except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as e:
+        if user_full_error:
+            raise
+        print(f"error: {input_error(e)}", file=sys.stderr)
+        sys.exit(2)
     # Reached after a finished single run, or a multirun with at least one finished run
     # (sweep_progress ends one without any with exit status 1).
     sys.exit(0)

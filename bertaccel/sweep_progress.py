@@ -95,7 +95,7 @@ class SweepProgress(Callback):
         exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides)
         parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total)
-        state.context = SweepContext(sweep_id, parent, sorted(state.swept))
+        state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
         set_env(state.context)
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
 

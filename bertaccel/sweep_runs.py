@@ -16,7 +16,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import psutil
 from mlflow.entities import RunTag
@@ -32,6 +32,7 @@ class SweepContext:
     sweep_id: str
     parent_run_id: str
     swept: List[str] = field(default_factory=list)  # keys the sweep varies: they name its runs
+    uri: str = ""  # the tracking store of the parent run (an interrupted sweep closes it from run.cli)
 
 
 def sweep_identity(config_name: str, overrides: Sequence[str]) -> str:
@@ -61,11 +62,24 @@ def open_parent(uri: str, experiment: str, sweep_id: str, overrides: Sequence[st
 
 
 def close_parent(uri: str, run_id: str, counts: Mapping[str, int]) -> None:
+    """status says how many of the sweep's configurations have a finished run (this time or an
+    earlier one): `finished (0 of 4 runs finished)` is a sweep that ran to its end with nothing to
+    report; runs_<status> count each outcome."""
+    done, total = counts.get("finished", 0) + counts.get("already_finished", 0), sum(counts.values())
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
-        client.log_batch(run_id, tags=[RunTag("status", "finished")] +
+        client.log_batch(run_id, tags=[RunTag("status", f"finished ({done} of {total} runs finished)")] +
                          [RunTag(f"runs_{k}", str(v)) for k, v in counts.items()])
         client.set_terminated(run_id, "FINISHED")
+
+
+def interrupt_parent(uri: str, run_id: str, reason: str) -> None:
+    """A sweep stopped by SIGINT / SIGTERM: its parent run ends KILLED, status=interrupted. The
+    same command later reopens it and runs what did not finish (open_parent, previous_outcome)."""
+    with store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        client.log_batch(run_id, tags=[RunTag("status", "interrupted"), RunTag("reason", reason)])
+        client.set_terminated(run_id, "KILLED")
 
 
 def _process_gone(run: Any) -> bool:
@@ -86,6 +100,7 @@ class Previous:
     status: str  # already_finished | not_retried
     run_id: str
     reason: str
+    metrics: Dict[str, float] = field(default_factory=dict)  # the earlier run's (the sweep's summary shows them)
 
 
 def previous_outcome(uri: str, experiment: str, config_hash: str, retry_failed: bool) -> Optional[Previous]:
@@ -94,7 +109,8 @@ def previous_outcome(uri: str, experiment: str, config_hash: str, retry_failed: 
     runs = [r for r in runs if r.data.tags.get("bertaccel.role") != "sweep"]
     for r in runs:
         if r.data.tags.get("status") == "finished":
-            return Previous("already_finished", r.info.run_id, f"already finished as run {r.info.run_id}")
+            return Previous("already_finished", r.info.run_id, f"already finished as run {r.info.run_id}",
+                            dict(r.data.metrics))
     for r in runs:
         if r.data.tags.get("status") == "running" and _process_gone(r):
             with store_lock(uri):
@@ -119,7 +135,7 @@ def context_from_env() -> Optional[SweepContext]:
     if not raw:
         return None
     d = json.loads(raw)
-    return SweepContext(d["sweep_id"], d["parent_run_id"], list(d.get("swept", [])))
+    return SweepContext(d["sweep_id"], d["parent_run_id"], list(d.get("swept", [])), d.get("uri", ""))
 
 
 def set_env(ctx: Optional[SweepContext]) -> None:
@@ -127,4 +143,4 @@ def set_env(ctx: Optional[SweepContext]) -> None:
         os.environ.pop(SWEEP_ENV, None)
     else:
         os.environ[SWEEP_ENV] = json.dumps({"sweep_id": ctx.sweep_id, "parent_run_id": ctx.parent_run_id,
-                                            "swept": sorted(ctx.swept)})
+                                            "swept": sorted(ctx.swept), "uri": ctx.uri})

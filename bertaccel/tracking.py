@@ -242,7 +242,13 @@ class RunTracker:
         if reason:
             tags["reason"] = reason[:5000]
         self.set_tags(tags)
-        self.client.set_terminated(self.run_id, "FAILED" if status == "failed" else "FINISHED")
+        self.client.set_terminated(self.run_id, mlflow_status(status))
+
+
+def mlflow_status(status: str) -> str:
+    """MLflow's run status for ours: failed -> FAILED, interrupted (SIGINT/SIGTERM) -> KILLED,
+    finished and skipped -> FINISHED (a skipped run ended as it should)."""
+    return {"failed": "FAILED", "interrupted": "KILLED"}.get(status, "FINISHED")
 
 
 def finish_run(uri: str, run_id: str, status: str, reason: Optional[str] = None) -> None:
@@ -251,7 +257,7 @@ def finish_run(uri: str, run_id: str, status: str, reason: Optional[str] = None)
         client = MlflowClient(tracking_uri=uri)
         tags = [RunTag("status", status)] + ([RunTag("reason", reason[:5000])] if reason else [])
         client.log_batch(run_id, tags=tags)
-        client.set_terminated(run_id, "FAILED" if status == "failed" else "FINISHED")
+        client.set_terminated(run_id, mlflow_status(status))
 
 
 def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]:

@@ -23,7 +23,7 @@ def test_sweep_has_a_parent_run_and_a_rerun_skips_finished_configurations(cli):
     first = cli(SWEEP)
     assert first.returncode == 0, first.stderr[-2000:]
     (parent,) = [r for r in search_runs(cli.store, "bertaccel") if r.data.tags.get("bertaccel.role") == "sweep"]
-    assert parent.data.tags["status"] == "finished" and parent.data.tags["runs_finished"] == "3"
+    assert parent.data.tags["status"] == "finished (3 of 3 runs finished)" and parent.data.tags["runs_finished"] == "3"
     kids = _children(cli.store)
     assert len(kids) == 3
     assert {k.data.tags["mlflow.parentRunId"] for k in kids} == {parent.info.run_id}

@@ -212,6 +212,25 @@ def _mlflow_timing(metrics: Mapping[str, float], params: Mapping[str, str], tags
     return fields
 
 
+def _why_none_finished(uri: str, experiment: str, sweep_id: Optional[str]) -> str:
+    """What the runs there ended as instead, and the most common reason per status."""
+    from collections import Counter
+
+    from ..tracking import search_runs
+
+    flt = f"tags.sweep_id = '{sweep_id}'" if sweep_id else ""
+    runs = [r for r in search_runs(uri, experiment, flt) if r.data.tags.get("bertaccel.role") != "sweep"]
+    if not runs:
+        return ": it has no runs"
+    by_status = Counter(r.data.tags.get("status", "unknown") for r in runs)
+    parts = []
+    for status, n in by_status.most_common():
+        reasons = Counter(r.data.tags.get("reason", "") for r in runs if r.data.tags.get("status") == status)
+        reason = reasons.most_common(1)[0][0]
+        parts.append(f"{n} {status}" + (f" (e.g. {reason[:200]})" if reason else ""))
+    return ": " + ", ".join(parts)
+
+
 def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) -> List[Row]:
     from mlflow import MlflowClient
 
@@ -226,7 +245,8 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
     runs = [r for r in runs if r.data.tags.get("bertaccel.role") != "sweep"]  # parent runs hold no metrics
     if not runs:
         where = f"sweep {sweep_id} of " if sweep_id else ""
-        raise ReportInputError(f"no finished runs in {where}experiment {experiment} ({uri})")
+        raise ReportInputError(f"no finished runs in {where}experiment {experiment} ({uri})"
+                               + _why_none_finished(uri, experiment, sweep_id))
     rows = []
     for r in runs:
         m, tags, params = r.data.metrics, r.data.tags, r.data.params

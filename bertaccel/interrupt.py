@@ -1,0 +1,70 @@
+"""Ctrl-C (SIGINT) and SIGTERM: the current run ends as `interrupted` (MLflow status KILLED),
+a sweep's parent run is closed, one line is printed and the exit status is 128 + the signal
+(130 / 143).
+
+The signal handler (installed by run.cli in the launching process) raises Interrupted in the
+main thread and sets STOP, which a run waiting on its worker processes in another thread
+(launcher.runs_at_once > 1) sees within launch.POLL_S. Whoever holds the run's record marks it:
+launch._in_processes for a worker's run (it stops the worker first), job._run for an inline one.
+Workers ignore SIGINT (Ctrl-C in a terminal reaches the whole process group): their launcher
+stops them, so a run is marked once and no worker prints a traceback.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Optional
+
+STOP = threading.Event()
+_received: list = []  # the name of the signal that set STOP
+
+
+class Interrupted(BaseException):
+    """Not an Exception: nothing that records a run's own failure (`except Exception`) takes it."""
+
+    def __init__(self, signame: str) -> None:
+        super().__init__(f"interrupted by {signame}")
+        self.signame = signame
+        self.run_id: Optional[str] = None      # the run marked interrupted, when there was one
+        self.run_name: Optional[str] = None
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(getattr(signal, self.signame))
+
+    @property
+    def reason(self) -> str:
+        return f"interrupted by {self.signame}"
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    name = signal.Signals(signum).name
+    # One interruption: a second Ctrl-C while the run is being marked does not cut that short.
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    _received.append(name)
+    STOP.set()
+    raise Interrupted(name)
+
+
+def install() -> None:
+    """In the launching process (the main thread), before anything runs."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _on_signal)
+
+
+def check() -> None:
+    """Raise Interrupted in a thread other than the main one once a signal has arrived."""
+    if STOP.is_set():
+        raise Interrupted(_received[0] if _received else "SIGINT")
+
+
+def _exit_quietly(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds (finalizers run), and prints nothing
+
+
+def in_worker() -> None:
+    """A run's worker process: its launcher stops it (see the module's docstring), with SIGTERM,
+    on which the worker exits without a traceback; its run is marked by the launcher."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_quietly)

@@ -1,0 +1,82 @@
+"""Ctrl-C (SIGINT) and SIGTERM end the current run as `interrupted`: one line, exit 130 / 143."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from bertaccel.tracking import search_runs
+
+# Long enough to be still training when the signal comes (the tiny model on the CPU).
+LONG = ["model=tiny", "train.device=cpu", "dataset.train_subset=4000", "dataset.test_subset=64",
+        "train.batch_size=8", "train.max_steps_per_epoch=100000", "train.epochs=50"]
+
+
+def _start(tmp_path, args, session=False):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [sys.executable, "-m", "bertaccel.run", *args, f"tracking.uri={store}", f"cache_dir={tmp_path / 'cache'}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=session)  # session: a process group of its own, as a terminal's
+    return proc, store
+
+
+def _said(err):
+    """stderr without what a run writes there anyway: the progress bar, MLflow's store set-up."""
+    return [line for line in err.splitlines() if line.strip() and not re.match(r"^epoch \d+/\d+:", line)
+            and "INFO mlflow.store.db.utils" not in line]
+
+
+def _wait_running(proc, store, limit_s=240):
+    """Until the run exists in the store as RUNNING and has logged a training step (lr series)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        if os.path.exists(store[len("sqlite:///"):]):
+            try:
+                runs = [r for r in search_runs(store, "bertaccel") if r.data.tags.get("bertaccel.role") != "sweep"]
+            except Exception:  # noqa: BLE001 - the store may be half-created
+                runs = []
+            if runs and runs[0].info.status == "RUNNING":
+                time.sleep(3)  # into the training loop
+                return runs[0]
+        time.sleep(0.5)
+    raise AssertionError("the run never started")
+
+
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_signal_ends_a_single_run_as_interrupted(tmp_path, sig, code, name):
+    proc, store = _start(tmp_path, LONG)
+    run = _wait_running(proc, store)
+    proc.send_signal(sig)  # the parent only: it must stop its worker itself
+    _, err = proc.communicate(timeout=120)
+    lines = _said(err)
+    assert proc.returncode == code, err[-3000:]
+    assert len(lines) == 1 and "interrupted" in lines[0] and name in lines[0], err[-3000:]
+    r = MlflowClient(tracking_uri=store).get_run(run.info.run_id)
+    assert r.info.status == "KILLED"
+    assert r.data.tags["status"] == "interrupted"
+    assert r.data.tags["reason"] == f"interrupted by {name}"
+
+
+def test_sigint_to_the_process_group_ends_a_sweep_and_its_parent(tmp_path):
+    proc, store = _start(tmp_path, ["-m", *LONG, "train.seed=1,2"], session=True)
+    run = _wait_running(proc, store)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the sweep and its run's worker
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    lines = _said(err)
+    assert len(lines) == 1 and lines[0].startswith("interrupted by SIGINT: run "), err[-3000:]
+    assert "the same command resumes it" in lines[0]
+    client = MlflowClient(tracking_uri=store)
+    r = client.get_run(run.info.run_id)
+    assert r.info.status == "KILLED" and r.data.tags["status"] == "interrupted"
+    (parent,) = [p for p in search_runs(store, "bertaccel") if p.data.tags.get("bertaccel.role") == "sweep"]
+    assert parent.info.status == "KILLED" and parent.data.tags["status"] == "interrupted"
+    assert len(search_runs(store, "bertaccel")) == 2  # the second configuration never started
