@@ -358,7 +358,7 @@ def rungs_part(args, device, profile, energy, emit) -> None:
             # Dynamo state, seeds and allocator reset per rung, and compile.cache=fresh's empty
             # per-use cache: each compiled rung pays (and reports) its own
             # cold compile; rung d would otherwise reuse rung c's graphs.
-            with isolated_run(SEED), compile_caches("", "fresh", device):
+            with isolated_run(SEED, shared_process=True), compile_caches("", "fresh", device):
                 try:
                     row = run_rung(rung, batches, config, device, args.warmup_steps, args.steps, profile, energy)
                 except Exception as e:  # noqa: BLE001 - one broken rung is a row, the table goes on
@@ -509,6 +509,10 @@ def bertaccel_part(index: int, spec: str, store_uri: Callable[[], str], device: 
         overrides.append(f"tracking.uri={store_uri()}")
     if "train.device" not in keys:  # the same device as the other rows unless the spec says otherwise
         overrides.append(f"train.device={device.type}")
+    # The row runs in this process (execute, below), beside the rungs and the other rows: inline,
+    # so the run resets dynamo and the allocator around itself as an inline sweep run does.
+    if "launcher.name" not in keys:
+        overrides.append("launcher.name=inline")
     name = f"vs_hf {run_label(overrides)}"
     # Paths shortened to file names in the table; the MLflow run keeps them whole.
     shown = [f"{o.split('=', 1)[0]}={Path(o.split('=', 1)[1]).name}" if o.split("=", 1)[0].endswith("_path") else o
@@ -632,7 +636,7 @@ def main(argv=None) -> int:
     if args.rungs and args.batch_sizes:
         rungs_part(args, device, profile, energy, emit)
     if not args.skip_trainer:
-        with isolated_run(SEED):
+        with isolated_run(SEED, shared_process=True):
             try:
                 row = trainer_part(args, device, profile, energy)
             except Exception as e:  # noqa: BLE001

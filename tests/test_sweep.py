@@ -102,5 +102,7 @@ def test_hub_model_and_dataset_offline_are_skipped_with_reason(cli):
     runs = runs_by_status(cli.store, "bertaccel")
     assert {k: len(v) for k, v in runs.items()} == {"finished": 1, "skipped": 3}
     reasons = sorted(r.data.tags["reason"] for r in runs["skipped"])
-    assert sum("hub dataset 'fancyzhx/ag_news' cannot be loaded here" in r for r in reasons) == 2
-    assert any(r.startswith("tokenizer bert-base-uncased cannot be loaded here") for r in reasons)
+    # Skipped before any process started (bertaccel/hub.py), each naming what it needs and the offline way.
+    assert all(r.startswith("needs the Hugging Face hub for ") and "offline: " in r for r in reasons), reasons
+    assert sum("dataset=ag_news (fancyzhx/ag_news)" in r for r in reasons) == 2
+    assert sum("model=bert_base_uncased (bert-base-uncased)" in r for r in reasons) == 2
