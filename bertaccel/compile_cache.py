@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Dict, Iterator, Optional
 
 import torch
+from hydra.core.utils import env_override
 
 CACHE_MODES = ("persistent", "fresh")
-_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
 
 def cache_key_parts(device: torch.device) -> Dict[str, str]:
@@ -116,22 +116,16 @@ def compile_caches(cache_dir: str, mode: str, device: torch.device) -> Iterator[
         root.mkdir(parents=True, exist_ok=True)
         # The key's ingredients beside the caches, for a person wondering what a directory is.
         (root / "KEY.json").write_text(json.dumps(parts, indent=1, sort_keys=True))
-    saved = {k: os.environ.get(k) for k in _ENV}
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
-    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    # Set through the environment, which both libraries read (also in processes a run starts).
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton")}
     # Dynamo's "profile-guided" memory of which dims were dynamic lives in the same directory;
     # it would make a run's graphs depend on what ran before it, so it is off (see step.dynamo_settings).
-    _clear_in_memory_caches()
-    cache = CompileCache(mode, root, key, files_at_start=_file_count(root),
-                         triton_files_at_start=_file_count(root / "triton"), misses_at_start=_inductor_misses())
     try:
-        yield cache
+        with env_override(env):
+            _clear_in_memory_caches()
+            yield CompileCache(mode, root, key, files_at_start=_file_count(root),
+                               triton_files_at_start=_file_count(root / "triton"), misses_at_start=_inductor_misses())
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         _clear_in_memory_caches()
         if mode == "fresh":
             shutil.rmtree(root, ignore_errors=True)

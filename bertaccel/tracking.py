@@ -11,7 +11,6 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 from urllib.parse import urlparse
 
+from hydra.core.utils import env_override
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -80,20 +80,6 @@ def _artifact_location(uri: str, experiment: str) -> Optional[str]:
 CHECK_TIMEOUT_S = 5.0  # how long the store check waits on a tracking server
 
 
-@contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def server_problem(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> Optional[str]:
     """Why the MLflow tracking server of an http(s) URI cannot be used ("unreachable (...)"), or
     None; None for any other kind of URI. Takes at most about 2 x timeout_s: without it a dead
@@ -112,8 +98,8 @@ def server_problem(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> Optional[str
     # and a short timeout, set for this call only (the runs keep MLflow's retries for a blip).
     from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
 
-    with _environ(**{MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0",
-                     MLFLOW_HTTP_REQUEST_TIMEOUT.name: str(max(1, round(timeout_s)))}):
+    with env_override({MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0",
+                       MLFLOW_HTTP_REQUEST_TIMEOUT.name: str(max(1, round(timeout_s)))}):
         try:
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
         except Exception as e:  # noqa: BLE001 - any answer but a good one: not a usable MLflow server
