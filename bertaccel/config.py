@@ -149,6 +149,10 @@ class DatasetConfig:
     max_length: int = 128
     train_subset: Optional[int] = None  # first N rows after a seeded shuffle; null = all
     test_subset: Optional[int] = None
+    # The subsets' shuffle seed. Not train.seed: runs that differ only in train.seed are repeats
+    # (the report groups them) and must train and test on the same rows; a different sample of
+    # the data is a different experiment, asked for by changing this.
+    subset_seed: int = 0
 
 
 @dataclass

