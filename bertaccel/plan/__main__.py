@@ -123,6 +123,13 @@ def main(argv: Optional[List[str]] = None) -> int:
              f"as bertaccel.run -m expands them; each trains the configured epochs on its train split after "
              f"dataset.train_subset (set dataset.train_subset=null for the full split)"]
     notes += planner.notes + [output.OCCUPANCY_NOTE] + ([SCALING] if targets else [])
+    short = {i: [m for m in ms if m != "occupancy_pct"] for i, ms in scored.affected.items()}
+    short = {i: ms for i, ms in short.items() if ms}
+    if short:
+        left = sorted({m for ms in short.values() for m in ms})
+        notes.append(f"{len(short)} of {len(preds)} rows have no predicted {' or '.join(left)} (see their basis): "
+                     f"they are scored without it, so their scores under strategies that weigh it are not comparable "
+                     f"with the other rows'")
     invalid = [c for c in grid.configs if c.invalid]
     if invalid:
         notes.append(f"{len(invalid)} configuration(s) the project's validation refuses: "

@@ -67,8 +67,8 @@ def prediction_table(preds: Sequence[Prediction], several_hardware: bool) -> Tab
                      "null" if w is None or w.optimizer_steps is None else str(w.optimizer_steps),
                      "null" if w is None else str(w.tokens.padded_tokens),
                      "null" if w is None else _f(w.model_flops / 1e12, ".4g"),
-                     _f(p.achieved_tflops_per_gpu, ".4g"), _f(p.mfu, ".3f"), _f(p.step_time_ms, ".2f"),
-                     _f(p.train_time_s, ".2f"), _f(p.cost_usd, ".4g"), _f(p.energy_kwh, ".4g"), p.basis,
+                     _f(p.achieved_tflops_per_gpu, ".4g"), _f(p.mfu, ".3f"), _f(p.step_time_ms, ".4g"),
+                     _f(p.train_time_s, ".4g"), _f(p.cost_usd, ".4g"), _f(p.energy_kwh, ".4g"), p.basis,
                      p.power_basis if p.energy_kwh is not None or p.train_time_s is not None else ""])
     return ("Predicted time, cost and energy (before running)",
             "train_time_s = model_flops / achieved FLOP/s; step_time_ms = train_time_s / steps (mean); cost_usd = "
