@@ -32,6 +32,7 @@ from .isolation import isolated_run
 from .measures import derived
 from .memory import PeakMemory
 from .model import ModelUnavailable, build_model, built_shape, load_tokenizer
+from .plan.hook import log_prediction
 from .profiling import write_report
 from .sweep_runs import context_from_env, previous_outcome
 from .tracking import RunTracker, config_hash, flatten, git_sha
@@ -207,7 +208,8 @@ def startup_phases(marks: Mapping[str, float], started_at: float, result: Any) -
         "MLflow run opened": marks["run opened"] - marks["data read"],
         "tokenizer, tokenize (or token cache read)": marks["tokenized"] - marks["run opened"],
         "model build": marks["model built"] - marks["tokenized"],
-        "data loaders, telemetry collectors": marks["train called"] - marks["model built"],
+        "prediction of this run from the store (bertaccel.plan)": marks["predicted"] - marks["model built"],
+        "data loaders, telemetry collectors": marks["train called"] - marks["predicted"],
         "warm-up: compile / CUDA graphs / DDP first steps (compile_time_s)": result.compile_time_s,
         "model to device, CUDA and cuBLAS start-up, optimizer": to_first_step - result.compile_time_s,
     }
@@ -235,6 +237,9 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             marks["model built"] = time.time()
             # What was built, where the config has no shape of its own (a pretrained model).
             tracker.log_params({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None})
+            # This run's own prediction, from the store as it stood before it (bertaccel/plan/hook.py).
+            log_prediction(cfg, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)
+            marks["predicted"] = time.time()
             fixed_rows = uses_fixed_shapes(cfg)
             pin = device.type == "cuda" if cfg.train.pin_memory is None else cfg.train.pin_memory
             loaders = [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,

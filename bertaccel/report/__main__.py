@@ -17,6 +17,7 @@ from pathlib import Path
 from . import load_rows
 from .data import OPTIONAL_COLUMNS, ReportInputError
 from .plots import all_plots
+from .predicted import add_to_report as add_predicted
 from .render import build, to_html, to_markdown, unequal_work
 from .scoring import STRATEGIES, parse_weights, score_rows
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view
@@ -102,6 +103,8 @@ def main(argv=None) -> int:
     source = f"CSV {a.csv}" if a.csv else (f"MLflow {a.uri}, experiment {a.experiment}"
                                           + (f", sweep {a.sweep}" if a.sweep else ""))
     report = build(rows, scored, source, baseline, a.accuracy_floor, all_plots(rows, view.basis), view)
+    if not a.csv:  # each run's own prediction beside its measurement (report/predicted.py)
+        add_predicted(report, a.uri, a.experiment, measured)
     out = Path(a.out)
     # Written to a temp folder first, then moved: an interrupted report leaves nothing half-written.
     tmp = Path(tempfile.mkdtemp(prefix=".report-", dir=out.parent if out.parent.exists() else None))

@@ -1,0 +1,152 @@
+"""python -m bertaccel.plan: predict a sweep's time, cost and energy before it runs.
+
+    python -m bertaccel.plan [--config-name STUDY] [--config-dir DIR] [overrides as for bertaccel.run -m]
+                             [--hardware a100,h100] [--prune] [--out DIR]
+
+Prints the predictions, the thesis' scores on them and the best configuration per strategy;
+--out DIR also writes plan.md, plan.csv (the report's CSV form: `python -m bertaccel.report
+--csv DIR/plan.csv` reads it) and plots/. Bad input: one line, exit 2, nothing written.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+from .calibrate import DEFAULT_MFU, POWER_UTILISATION
+
+SCALING = (f"--hardware: each configuration re-priced on the profile: achieved FLOP/s from runs on that hardware "
+           f"when the store has similar ones, else the similar runs' FLOP/s x the ratio of the two profiles' "
+           f"peak TFLOP/s for the run's precision (the same MFU assumed there), else the default MFU "
+           f"{DEFAULT_MFU:g}; power from runs on that hardware, else {POWER_UTILISATION:g} x its tdp_w; its price")
+
+
+def _args(argv: Optional[List[str]]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bertaccel.plan",
+                                 description="Predict time, cost and energy of every configuration of a sweep "
+                                             "before it runs (the overrides of bertaccel.run -m).")
+    ap.add_argument("--config-name", default="config", help="the study (bertaccel/sweeps/) or primary config")
+    ap.add_argument("--config-dir", help="a folder of your own studies (as for bertaccel.run)")
+    ap.add_argument("-m", "--multirun", action="store_true", help="accepted for symmetry with bertaccel.run -m")
+    ap.add_argument("--hardware", help="comma-separated profiles (conf/hardware) to re-price the grid on")
+    ap.add_argument("--prune", action="store_true", help="list configurations no weight strategy can make best")
+    ap.add_argument("--out", help="folder for plan.md, plan.csv and plots/")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. precision=fp32,bf16 train.epochs=1")
+    return ap.parse_intermixed_args(argv)
+
+
+def _targets(spec: Optional[str]) -> List[str]:
+    from ..hardware import load_profiles
+    from .grid import PlanInputError
+
+    if not spec:
+        return []
+    known = sorted(p["name"] for p in load_profiles())
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise PlanInputError(f"--hardware {spec}: {', '.join(bad) or 'no name'} is not a hardware profile; "
+                             f"choose from {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def _write(out: Path, md: str, csv_text: str, plots: List[dict]) -> None:
+    """Into a temporary folder first, then moved: a failed plan leaves nothing half-written."""
+    tmp = Path(tempfile.mkdtemp(prefix=".plan-", dir=out.parent if out.parent.exists() else None))
+    try:
+        mask = os.umask(0o077)
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)
+        (tmp / "plots").mkdir()
+        for p in plots:
+            (tmp / "plots" / f"{p['stem']}.png").write_bytes(p["png"])
+        (tmp / "plan.md").write_text(md)
+        (tmp / "plan.csv").write_text(csv_text)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(str(tmp), str(out))
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def _plots(preds, several: bool) -> List[dict]:
+    from ..report.plots import scatter_png
+    from .output import score_rows_of
+
+    rows = score_rows_of(preds, several)
+    out = []
+    for stem, y, ylabel in (("predicted_time_vs_cost", "cost_usd", "predicted cost (USD)"),
+                            ("predicted_time_vs_energy", "energy_kwh", "predicted energy (kWh)")):
+        title = f"Predicted train time vs {ylabel.split(' ', 1)[1]} (before running)"
+        png, drawn = scatter_png(rows, "time_s", y, "predicted train time (s)", ylabel, title)
+        out.append({"stem": stem, "png": png, "drawn": drawn, "title": title})
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..run import input_error
+    from . import output
+    from .grid import PlanInputError, expand
+    from .predict import Planner
+
+    a = _args(argv)
+    try:
+        targets = _targets(a.hardware)
+        grid = expand(a.config_name, a.overrides, a.config_dir)
+    except PlanInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException, HydraException) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "Cannot find primary config" in first:
+            first = f"--config-name {a.config_name}: no such study or config (bertaccel/sweeps/ lists the studies)"
+        elif isinstance(e, (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)):
+            first = input_error(e)  # worded as the run CLI words it
+        print(f"error: {first}", file=sys.stderr)
+        return 2
+    planner = Planner(targets)
+    preds = [p for planned in grid.configs for p in planner.predict(planned)]
+    several = bool(targets)
+    scored = output.score(preds, several)
+    tables = [output.prediction_table(preds, several), output.score_table(preds, scored, several)]
+    if a.prune:
+        tables.append(output.prune_table(preds, several))
+    notes = [f"{len(grid.configs)} configurations of --config-name {grid.config_name} (sweep id {grid.sweep_id}), "
+             f"as bertaccel.run -m expands them; each trains the configured epochs on its train split after "
+             f"dataset.train_subset (set dataset.train_subset=null for the full split)"]
+    notes += planner.notes + [output.OCCUPANCY_NOTE] + ([SCALING] if targets else [])
+    short = {i: [m for m in ms if m != "occupancy_pct"] for i, ms in scored.affected.items()}
+    short = {i: ms for i, ms in short.items() if ms}
+    if short:
+        left = sorted({m for ms in short.values() for m in ms})
+        notes.append(f"{len(short)} of {len(preds)} rows have no predicted {' or '.join(left)} (see their basis): "
+                     f"they are scored without it, so their scores under strategies that weigh it are not comparable "
+                     f"with the other rows'")
+    invalid = [c for c in grid.configs if c.invalid]
+    if invalid:
+        notes.append(f"{len(invalid)} configuration(s) the project's validation refuses: "
+                     + "; ".join(f"{c.name}: {c.invalid}" for c in invalid[:3]))
+    for t in tables:
+        print(output.text(t), end="\n\n")
+    for n in notes:
+        print(f"note: {n}")
+    for line in output.best_lines(preds, scored, several):
+        print(line)
+    if a.out:
+        md = output.markdown(tables, notes, f"bertaccel plan: {grid.config_name}")
+        md += "\n## Plots\n\n" + "\n\n".join(f"![{p['title']}](plots/{p['stem']}.png)" for p in _plots(preds, several))
+        _write(Path(a.out), md + "\n", output.to_csv(preds, several), _plots(preds, several))
+        print(f"plan: {Path(a.out) / 'plan.md'}, {Path(a.out) / 'plan.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

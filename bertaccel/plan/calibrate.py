@@ -1,0 +1,162 @@
+"""Calibration: the achieved FLOP/s and average power of the finished runs most like a configuration.
+
+The rules, all here:
+- A run can calibrate when it finished, logged model_flops and train_time_s, and ran on the
+  hardware its profile names (what-if runs, priced as other hardware, are left out).
+- Similar = equal in every key of MUST_MATCH and RELAX_ORDER. When no run is, the keys of
+  RELAX_ORDER are let go one at a time, first to last, until some run matches; the last one let
+  go is the hardware (then the runs' FLOP/s are scaled by the ratio of the peak TFLOP/s of the
+  two profiles for the configuration's precision). MUST_MATCH is never let go: another model
+  shape, precision, attention kernel or compile mode is another speed.
+- The matching runs are pooled: achieved FLOP/s per GPU = sum(model_flops) / sum(train_time_s x
+  num_gpus) (a time-weighted mean), power per GPU = sum(energy) / sum(train_time_s x num_gpus)
+  over those that measured energy; num_gpus other than the configuration's (only once num_gpus
+  is let go) scale linearly.
+- No such run: the hardware profile, at DEFAULT_MFU of its peak and POWER_UTILISATION x its TDP.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..flops import peak_tflops
+
+# Keys (run params, as job.open_tracker logs them) that must be equal.
+MUST_MATCH = ("model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.intermediate_size",
+              "precision", "attention", "compile.mode", "compile.step_graph")
+# Keys that should be equal, let go in this order when no run matches them all.
+RELAX_ORDER = ("optimizer", "accumulation", "train.batch_size", "freezing", "dataset.max_length",
+               "train.gradient_checkpointing", "num_gpus", "hardware")
+# The fallback without a similar run. A guess, and said to be one wherever it is used: BERT
+# fine-tuning with dynamic padding at batch 16-64 reaches roughly this share of the dense peak.
+DEFAULT_MFU = 0.30
+# Average board power while training, as a share of the TDP, for a GPU no run has measured.
+POWER_UTILISATION = 0.75
+
+
+def _norm(key: str, value: Any) -> str:
+    text = "null" if value is None else str(value)
+    if key == "compile.mode" and text.lower() in ("false", "off"):
+        return "off"  # YAML 1.1 reads a bare off as false
+    return text
+
+
+def similarity_key(params: Mapping[str, Any], hardware: str) -> Dict[str, str]:
+    """The comparable part of a configuration (or of a run's params) and its hardware profile."""
+    key = {k: _norm(k, params.get(k)) for k in MUST_MATCH + RELAX_ORDER if k != "hardware"}
+    key["hardware"] = hardware
+    return key
+
+
+@dataclass
+class Reference:
+    """A finished run that can calibrate."""
+    run_id: str
+    name: str
+    key: Dict[str, str]
+    model_flops: float
+    train_time_s: float
+    num_gpus: int
+    energy_kwh: Optional[float]
+
+
+def references(runs: Sequence[Any]) -> List[Reference]:
+    """The runs (MLflow Run objects) that can calibrate, oldest first."""
+    out = []
+    for r in runs:
+        tags, m, p = r.data.tags, r.data.metrics, r.data.params
+        hardware = tags.get("hardware_profile", "")
+        if (tags.get("status") != "finished" or tags.get("bertaccel.role") == "sweep" or not hardware
+                or "hardware_what_if" in tags or hardware.endswith("(what-if)")):
+            continue
+        flops, seconds = m.get("model_flops"), m.get("train_time_s")
+        if not flops or not seconds or flops <= 0 or seconds <= 0:
+            continue
+        try:
+            gpus = int(p.get("num_gpus", "1"))
+        except ValueError:
+            continue
+        out.append(Reference(r.info.run_id, r.info.run_name or r.info.run_id, similarity_key(p, hardware),
+                             float(flops), float(seconds), gpus, m.get("energy_kwh")))
+    return out
+
+
+def most_similar(refs: Sequence[Reference], key: Mapping[str, str]) -> Tuple[List[Reference], List[str]]:
+    """(the matching runs, the keys let go to find them); ([], ...) when none shares MUST_MATCH."""
+    for i in range(len(RELAX_ORDER) + 1):
+        kept = MUST_MATCH + RELAX_ORDER[i:]
+        hits = [r for r in refs if all(r.key[k] == key[k] for k in kept)]
+        if hits:
+            return hits, list(RELAX_ORDER[:i])
+    return [], list(RELAX_ORDER)
+
+
+@dataclass
+class Calibration:
+    tflops_per_gpu: Optional[float]   # achieved, on the target hardware
+    power_w_per_gpu: Optional[float]
+    basis: str                        # where tflops_per_gpu came from (run names, or "profile: ...")
+    power_basis: str                  # where power came from, or why it is null
+    run_ids: List[str] = field(default_factory=list)
+
+
+def _names(refs: Sequence[Reference], limit: int = 4) -> str:
+    shown = ", ".join(f"{r.name} ({r.run_id[:8]})" for r in refs[:limit])
+    return shown + (f" and {len(refs) - limit} more" if len(refs) > limit else "")
+
+
+def _profile_power(profile: Mapping[str, Any]) -> Tuple[Optional[float], str]:
+    tdp = profile.get("tdp_w")
+    if tdp is None:
+        return None, f"null: no run measured energy and profile '{profile['name']}' has no tdp_w"
+    return (POWER_UTILISATION * float(tdp),
+            f"profile '{profile['name']}': {POWER_UTILISATION:g} x tdp_w {tdp:g} W (assumed utilisation)")
+
+
+def calibrate(refs: Sequence[Reference], key: Mapping[str, str], profile: Mapping[str, Any],
+              profiles: Mapping[str, Mapping[str, Any]], precision: str) -> Calibration:
+    """key: the configuration's similarity_key (its hardware = profile['name']); profiles: every
+    hardware profile by name (the peaks of runs on other hardware); precision: its mfu_peak."""
+    hits, relaxed = most_similar(refs, key)
+    peak, peak_source = peak_tflops(profile, precision)
+    same_hw = [r for r in hits if r.key["hardware"] == key["hardware"]]
+    if hits and same_hw:
+        rate = sum(r.model_flops for r in hits) / sum(r.train_time_s * r.num_gpus for r in hits) / 1e12
+        let_go = f"; let go: {', '.join(relaxed)}" if relaxed else ""
+        basis = f"runs: {_names(hits)}{let_go}"
+    elif hits:
+        # Hardware let go: every run's FLOP/s x (peak here / peak there) for this precision.
+        scaled, seconds, ratios = 0.0, 0.0, []
+        for r in hits:
+            theirs, _ = peak_tflops(profiles.get(r.key["hardware"], {"name": r.key["hardware"]}), precision)
+            if peak is None or theirs is None:
+                continue
+            scaled += r.model_flops * peak / theirs
+            seconds += r.train_time_s * r.num_gpus
+            ratios.append(f"{peak:g}/{theirs:g} ({profile['name']}/{r.key['hardware']})")
+        if not seconds:
+            return _from_profile(profile, precision, peak, peak_source,
+                                 f"similar runs only on other hardware ({_names(hits, 2)}) whose peak_tflops_"
+                                 f"{precision} ratio to '{profile['name']}' is unknown")
+        rate = scaled / seconds / 1e12
+        basis = (f"runs: {_names(hits)} on other hardware, FLOP/s x peak_tflops_{precision} ratio "
+                 f"{', '.join(sorted(set(ratios)))} (assumes the same MFU there){'; let go: ' + ', '.join(relaxed)}")
+    else:
+        return _from_profile(profile, precision, peak, peak_source, "no similar finished run")
+    # Power only from runs on this hardware that measured energy; else the profile's TDP.
+    metered = [r for r in same_hw if r.energy_kwh is not None and r.energy_kwh > 0]
+    if metered:
+        power = sum(r.energy_kwh * 3.6e6 for r in metered) / sum(r.train_time_s * r.num_gpus for r in metered)
+        power_basis = f"runs: {_names(metered)}"
+    else:
+        power, power_basis = _profile_power(profile)
+    return Calibration(rate, power, basis, power_basis, [r.run_id for r in hits])
+
+
+def _from_profile(profile: Mapping[str, Any], precision: str, peak: Optional[float], peak_source: str,
+                  why: str) -> Calibration:
+    power, power_basis = _profile_power(profile)
+    if peak is None:
+        return Calibration(None, power, f"null: {why}, and {peak_source} for a default MFU", power_basis)
+    return Calibration(DEFAULT_MFU * peak, power, f"profile '{profile['name']}': {why}; default MFU "
+                       f"{DEFAULT_MFU:g} x peak_tflops_{precision} {peak:g}", power_basis)

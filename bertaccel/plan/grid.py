@@ -1,0 +1,103 @@
+"""The grid of a sweep, expanded as `python -m bertaccel.run -m` would expand it.
+
+Hydra's own machinery does it, nothing hand-split: the primary config (a study such as `quick`
+or conf/config.yaml) is loaded in MULTIRUN mode, its `hydra.sweeper.params` and the command
+line are parsed by Hydra's override parser and crossed by the basic sweeper's own
+`split_arguments`, and each job's config is composed by `load_sweep_config`, as bertaccel's
+launcher does. So a planned configuration has the run name, the choices and the config_hash its
+run will have, which is how a prediction meets its measurement later.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+
+class PlanInputError(ValueError):
+    """Bad plan input; the message is the one line the user sees."""
+
+
+@dataclass
+class PlannedConfig:
+    number: int                      # Hydra's job number in the sweep
+    name: str                        # the run name the sweep will give it (job.run_label)
+    overrides: List[str]             # the job's overrides, as Hydra hands them to the job
+    cfg: DictConfig                  # the job's config, without the `hydra` node (what the run gets)
+    choices: Dict[str, str]          # config group -> option, as the run logs them
+    config_hash: str
+    invalid: Optional[str] = None    # why the project's validation refuses it (then nothing is predicted)
+
+
+@dataclass
+class Grid:
+    config_name: str
+    configs: List[PlannedConfig]
+    swept: List[str] = field(default_factory=list)
+    sweep_id: str = ""               # the id `bertaccel.run -m` gives this sweep (sweep_runs.sweep_identity)
+
+
+def _sweeper_jobs(master: DictConfig, arguments: Sequence[str], config_loader: Any) -> List[List[str]]:
+    """The job override lists Hydra's basic sweeper makes: its params first, the command line
+    after (a key in both takes the command line's value at the params' place), crossed."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    target = master.hydra.sweeper.get("_target_", "")
+    if not target.endswith("BasicSweeper"):
+        raise PlanInputError(f"hydra/sweeper is {target}: plan expands the basic sweeper's grids only")
+    params = master.hydra.sweeper.get("params") or {}
+    spec = [f"{k}={v}" for k, v in params.items()] + list(arguments)
+    parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(spec)
+    (batch,) = BasicSweeper.split_arguments(parsed, None)
+    return [list(job) for job in batch]
+
+
+def expand(config_name: str = "config", overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> Grid:
+    """Every configuration of the sweep. Raises Hydra's own exceptions for a command line it
+    cannot compose (the caller words them as the run CLI does: run.input_error)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from ..config import CONF_DIR, GROUPS, ConfigError, register_configs, validate
+    from ..job import cfg_hash, group_choices, run_label
+    from ..sweep_progress import swept_keys
+    from ..sweep_runs import sweep_identity
+
+    register_configs()
+    arguments = list(overrides)
+    hydra_args = []
+    if config_dir:
+        path = Path(config_dir).expanduser().resolve()
+        if not path.is_dir():
+            raise PlanInputError(f"--config-dir {config_dir}: no such directory")
+        hydra_args.append(f"hydra.searchpath=[file://{path}]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="plan"):
+            loader = GlobalHydra.instance().config_loader()
+            master = loader.load_configuration(config_name, hydra_args + arguments, run_mode=RunMode.MULTIRUN)
+            jobs = _sweeper_jobs(master, arguments, loader)
+            params = master.hydra.sweeper.get("params") or {}
+            every = list(master.hydra.overrides.task) + [f"{k}={v}" for k, v in params.items()]
+            swept = sorted(swept_keys(every))
+            grid = Grid(config_name, [], swept, sweep_identity(config_name, every))
+            for number, job in enumerate(jobs):
+                cfg = loader.load_sweep_config(master, job)  # (it adds the master's hydra.* overrides)
+                choices = group_choices(cfg.hydra.runtime.choices, GROUPS)
+                name = run_label(cfg.hydra.overrides.task, swept)
+                with open_dict(cfg):
+                    del cfg["hydra"]  # what the run's task function gets (Hydra's run_job drops it)
+                OmegaConf.set_readonly(cfg, False)
+                invalid = None
+                try:
+                    validate(cfg)
+                except ConfigError as e:
+                    invalid = str(e)
+                grid.configs.append(PlannedConfig(number, name, job, cfg, choices, cfg_hash(cfg), invalid))
+    finally:
+        GlobalHydra.instance().clear()
+    return grid

@@ -1,0 +1,82 @@
+"""A prediction: the work of a configuration at a calibrated rate, priced on a hardware profile.
+
+    train_time_s = model_flops / (achieved TFLOP/s per GPU x 1e12 x num_gpus)
+    step_time_ms = train_time_s / optimizer steps x 1000   (a mean; a run logs the median step)
+    cost_usd     = train_time_s / 3600 x price_per_gpu_hour_usd x num_gpus   (as job.py prices a run)
+    energy_kwh   = power per GPU x num_gpus x train_time_s / 3.6e6
+    mfu          = achieved TFLOP/s per GPU / peak_tflops_<precision>
+Each number is null with the reason when an input is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional
+
+from .calibrate import Calibration
+from .work import Work
+
+PREDICTED = ("step_time_ms", "train_time_s", "cost_usd", "energy_kwh")  # what a run logs as predicted_<name>
+
+
+@dataclass
+class Prediction:
+    name: str
+    hardware: str
+    precision: str
+    num_gpus: int
+    config_hash: str = ""
+    work: Optional[Work] = None
+    achieved_tflops_per_gpu: Optional[float] = None
+    mfu: Optional[float] = None
+    power_w_per_gpu: Optional[float] = None
+    step_time_ms: Optional[float] = None
+    train_time_s: Optional[float] = None
+    cost_usd: Optional[float] = None
+    energy_kwh: Optional[float] = None
+    basis: str = ""
+    power_basis: str = ""
+    why: Dict[str, str] = field(default_factory=dict)  # column -> why it is null
+    run_ids: list = field(default_factory=list)
+
+    def get(self, column: str) -> Optional[float]:
+        return getattr(self, column)
+
+
+def price(name: str, config_hash: str, work: Work, cal: Calibration, profile: Mapping[str, Any],
+          precision: str, num_gpus: int) -> Prediction:
+    from ..flops import peak_tflops
+
+    p = Prediction(name, profile["name"], precision, num_gpus, config_hash, work, cal.tflops_per_gpu,
+                   basis=cal.basis, power_basis=cal.power_basis, run_ids=list(cal.run_ids))
+    peak, peak_source = peak_tflops(profile, precision)
+    if cal.tflops_per_gpu is None:
+        for col in PREDICTED + ("mfu",):
+            p.why[col] = cal.basis
+        return p
+    p.mfu = cal.tflops_per_gpu / peak if peak else None
+    if p.mfu is None:
+        p.why["mfu"] = f"null: {peak_source}"
+    p.train_time_s = work.model_flops / (cal.tflops_per_gpu * 1e12 * num_gpus)
+    if work.optimizer_steps:
+        p.step_time_ms = p.train_time_s / work.optimizer_steps * 1000
+    else:
+        p.why["step_time_ms"] = f"null: {work.why_no_steps or 'no optimizer step'}"
+    rate = profile.get("price_per_gpu_hour_usd")
+    if rate is None:
+        p.why["cost_usd"] = f"null: hardware profile '{profile['name']}' has no price_per_gpu_hour_usd"
+    else:
+        p.cost_usd = p.train_time_s / 3600 * float(rate) * num_gpus
+    if cal.power_w_per_gpu is None:
+        p.why["energy_kwh"] = cal.power_basis
+    else:
+        p.power_w_per_gpu = cal.power_w_per_gpu
+        p.energy_kwh = cal.power_w_per_gpu * num_gpus * p.train_time_s / 3.6e6
+    return p
+
+
+def unpredicted(name: str, config_hash: str, hardware: str, precision: str, num_gpus: int, why: str) -> Prediction:
+    """A configuration nothing can be predicted for (invalid, data or model unavailable)."""
+    p = Prediction(name, hardware, precision, num_gpus, config_hash, basis=f"null: {why}")
+    for col in PREDICTED + ("mfu",):
+        p.why[col] = p.basis
+    return p

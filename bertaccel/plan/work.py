@@ -1,0 +1,167 @@
+"""The work of a configuration before it runs: batches, padded tokens, optimizer steps, FLOPs.
+
+Nothing is estimated where it can be counted. The train split is tokenized with the run's own
+tokenizer through data.py's token cache (the file a run of the same data reads; the full train
+split after dataset.train_subset, no sample), and the run's own batch sampler
+(data.LengthGroupedBatches / ShuffledBatches, same seed, every epoch, every rank) is replayed on
+the token lengths alone, padding each batch as data.PadCollator does (longest sequence rounded
+up to train.pad_to_multiple_of; compiled runs fill short batches up to batch_size). So the
+padded tokens and B*S^2 of every epoch are the ones the run will train on, and flops.py counts
+their FLOPs on a model built on the meta device (no weights, no memory) with the freezing
+schedule of each epoch applied.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from omegaconf import OmegaConf
+
+from ..flops import TokenCounts, bert_train_flops
+
+WORK_SOURCE = ("data.py's batch sampler replayed on the tokenized train split (same seed, epochs, ranks), "
+               "batches padded as data.PadCollator pads; FLOPs by flops.py on the meta-device model, "
+               "freezing schedule applied per epoch")
+
+
+@dataclass
+class Work:
+    train_rows: int                   # rows of the train split after dataset.train_subset
+    epochs: int
+    micro_batches: int                # over all epochs and ranks
+    optimizer_steps: Optional[int]    # None: accumulation=adaptive decides them while it runs
+    tokens: TokenCounts               # over all epochs and ranks
+    model_flops: float
+    samples: int                      # rows trained (filler rows not counted)
+    why_no_steps: str = ""
+
+
+@dataclass
+class DataShape:
+    """What the work needs of the data: the train split's token lengths and the label count."""
+    lengths: torch.Tensor
+    num_labels: int
+    vocab_size: int
+    key: str = ""
+
+
+def data_shape(cfg: Any, memo: Optional[Dict[str, DataShape]] = None) -> DataShape:
+    """Token lengths of the configuration's train split (data.py: load_raw, the model's tokenizer,
+    tokenize_cached under cfg.cache_dir). memo: configurations of one grid that share the data
+    share one tokenization. Raises data.DataError / DatasetUnavailable / model.ModelUnavailable."""
+    from ..data import load_raw, tokenize_cached
+    from ..model import load_tokenizer
+
+    key = json.dumps([OmegaConf.to_container(cfg.dataset, resolve=True), cfg.train.seed,
+                      OmegaConf.to_container(cfg.model, resolve=True), cfg.cache_dir], sort_keys=True, default=str)
+    if memo is not None and key in memo:
+        return memo[key]
+    raw = load_raw(cfg.dataset, cfg.train.seed)
+    tokenizer = load_tokenizer(cfg.model)
+    data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
+    shape = DataShape(data.train.lengths, raw.num_labels, len(tokenizer), key)
+    if memo is not None:
+        memo[key] = shape
+    return shape
+
+
+def hf_config(model_cfg: Any, num_labels: int, vocab_size: int) -> Any:
+    """The Hugging Face config of the model the run builds (model._build_hf), without weights."""
+    from transformers import AutoConfig, BertConfig
+
+    from ..model import ModelUnavailable, package_model_dir
+
+    if model_cfg.source == "random_init":
+        return BertConfig(vocab_size=vocab_size, hidden_size=model_cfg.hidden_size,
+                          num_hidden_layers=model_cfg.num_hidden_layers,
+                          num_attention_heads=model_cfg.num_attention_heads,
+                          intermediate_size=model_cfg.intermediate_size, num_labels=num_labels)
+    source = str(package_model_dir(model_cfg.pretrained)) if model_cfg.source == "package" else model_cfg.pretrained
+    try:
+        return AutoConfig.from_pretrained(source, num_labels=num_labels)
+    except OSError as e:
+        raise ModelUnavailable(f"model config {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
+
+
+def meta_model(config: Any) -> torch.nn.Module:
+    """The classifier's modules on the meta device: shapes for flops.py, no memory, no init."""
+    from transformers import AutoModelForSequenceClassification
+
+    with torch.device("meta"):
+        return AutoModelForSequenceClassification.from_config(config)
+
+
+def _sampler(lengths: torch.Tensor, cfg: Any, rank: int, world: int):
+    from ..data import LengthGroupedBatches, ShuffledBatches
+
+    generator = torch.Generator().manual_seed(cfg.train.seed)  # make_loader's: one per loader, all epochs
+    if cfg.train.group_by_length:
+        return LengthGroupedBatches(lengths, cfg.train.batch_size, generator, rank, world)
+    return ShuffledBatches(len(lengths), cfg.train.batch_size, generator, rank, world)
+
+
+def _batch_counts(lengths: torch.Tensor, batch: List[int], multiple: int, rows: Optional[int]) -> TokenCounts:
+    """data.PadCollator's shape for these rows: longest length rounded up, filler rows to `rows`."""
+    longest = int(lengths[batch].max())
+    s = -(-longest // multiple) * multiple
+    b = max(len(batch), rows or 0)
+    # Filler rows attend to one token each and are not text (flops.TokenCounts.add).
+    return TokenCounts(sequences=b, padded_tokens=b * s, real_tokens=int(lengths[batch].sum()),
+                       attention_pairs=b * s * s)
+
+
+def epoch_batches(lengths: torch.Tensor, cfg: Any) -> Tuple[List[TokenCounts], List[int], List[int], int]:
+    """Per epoch: the tokens trained (all ranks), micro-batches (all ranks) and optimizer steps;
+    and the rows trained in all (filler rows not counted),
+    as train.py's loop takes them (windows of `accumulation`, train.max_steps_per_epoch)."""
+    from ..step import uses_fixed_shapes
+
+    world = int(cfg.num_gpus)
+    adaptive = cfg.accumulation == "adaptive"
+    k = 2 if adaptive else int(cfg.accumulation)  # train.py: adaptive k is at least 2
+    rows = cfg.train.batch_size if uses_fixed_shapes(cfg) else None
+    samplers = [_sampler(lengths, cfg, r, world) for r in range(world)]
+    per_rank = len(samplers[0])
+    steps = math.ceil(per_rank / k)
+    if cfg.train.max_steps_per_epoch:
+        steps = min(steps, cfg.train.max_steps_per_epoch)
+    taken = per_rank if adaptive else min(per_rank, steps * k)  # micro-batches per rank per epoch
+    tokens, micro, opt_steps, samples = [], [], [], 0
+    for _ in range(cfg.train.epochs):
+        counts = TokenCounts()
+        for sampler in samplers:
+            for i, batch in enumerate(sampler):
+                if i == taken:
+                    break
+                counts += _batch_counts(lengths, batch, cfg.train.pad_to_multiple_of, rows)
+                samples += len(batch)
+        tokens.append(counts)
+        micro.append(taken * world)
+        opt_steps.append(steps)
+    return tokens, micro, opt_steps, samples
+
+
+def work_of(cfg: Any, data: DataShape, config: Any) -> Work:
+    """The configuration's whole training: every epoch's tokens and FLOPs (freezing per epoch)."""
+    from ..freezing import apply_freezing
+
+    if cfg.accumulation == "adaptive" and cfg.train.max_steps_per_epoch:
+        raise ValueError("accumulation=adaptive with train.max_steps_per_epoch: how many micro-batches run depends "
+                         "on the gradient variance measured while training")
+    tokens, micro, steps, samples = epoch_batches(data.lengths, cfg)
+    model = meta_model(config)
+    flops, total = 0.0, TokenCounts()
+    for epoch, counts in enumerate(tokens):
+        apply_freezing(model, cfg.freezing.name, epoch)
+        flops += bert_train_flops(model, counts)
+        total += counts
+    adaptive = cfg.accumulation == "adaptive"
+    return Work(train_rows=len(data.lengths), epochs=int(cfg.train.epochs), micro_batches=sum(micro),
+                optimizer_steps=None if adaptive else sum(steps), tokens=total, model_flops=flops,
+                samples=samples,
+                why_no_steps="accumulation=adaptive: k is chosen from the gradient variance while training"
+                if adaptive else "")
+

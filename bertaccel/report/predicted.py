@@ -1,0 +1,129 @@
+"""Predicted vs measured: what bertaccel.plan predicted for each run when it started (the
+metrics predicted_<name>, logged by bertaccel/plan/hook.py from the store as it stood before the
+run) beside what the run measured, the error of each, and the median absolute error.
+
+    error % = (predicted - measured) / measured x 100   (signed: > 0 = predicted too slow / dear)
+The median absolute error of train_time_s is given over every predicted run and over those
+predicted from similar runs (basis "runs: ..."), the case the plan's goal (<= 15 %) is about.
+"""
+from __future__ import annotations
+
+import io
+import statistics
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .scoring import Row
+
+COMPARED = ("train_time_s", "step_time_ms", "cost_usd", "energy_kwh")
+GOAL_PCT = 15.0
+
+
+def error_pct(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
+    if predicted is None or measured is None or measured == 0:
+        return None
+    return (predicted - measured) / measured * 100
+
+
+def _f(v: Optional[float], spec: str) -> str:
+    return "null" if v is None else format(v, spec)
+
+
+def median_abs(errors: Sequence[Optional[float]]) -> Optional[float]:
+    known = [abs(e) for e in errors if e is not None]
+    return statistics.median(known) if known else None
+
+
+def comparison(rows: Sequence[Row], runs: Mapping[str, Any]) -> Tuple[List[List[str]], Dict[str, Any]]:
+    """Table cells per row and the summary {median_all, median_from_runs, predicted, unpredicted}.
+    runs: run id -> MLflow run (its metrics and tags)."""
+    cells, all_err, from_runs, missing = [], [], [], {}
+    for r in rows:
+        run = runs.get(r.run_id)
+        if run is None:
+            continue
+        m, tags = run.data.metrics, run.data.tags
+        basis = tags.get("prediction_basis", "not predicted: the run logged no prediction (older than bertaccel.plan)")
+        if m.get("predicted_train_time_s") is None:
+            missing[r.name] = basis
+            continue
+        row = [r.name]
+        for col in COMPARED:
+            p, x = m.get(f"predicted_{col}"), m.get(col)
+            e = error_pct(p, x)
+            row += [_f(p, ".4g"), _f(x, ".4g"), _f(e, "+.1f")]
+            if col == "train_time_s":
+                all_err.append(e)
+                if basis.startswith("runs:"):
+                    from_runs.append(e)
+        cells.append(row + [basis])
+    return cells, {"median_all": median_abs(all_err), "median_from_runs": median_abs(from_runs),
+                   "predicted": len(cells), "from_runs": len(from_runs), "unpredicted": missing}
+
+
+def _plot(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """Predicted vs measured train_time_s, one point per run, the line of a perfect prediction."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = []
+    for i, r in enumerate(rows):
+        run = runs.get(r.run_id)
+        if run is None:
+            continue
+        p, x = run.data.metrics.get("predicted_train_time_s"), run.data.metrics.get("train_time_s")
+        if p is not None and x is not None:
+            from_runs = run.data.tags.get("prediction_basis", "").startswith("runs:")
+            pts.append((i, x, p, from_runs))
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(5.6, 4.4), dpi=110)
+    for flag, colour, what in ((True, "tab:blue", "from similar runs"), (False, "tab:orange", "from the profile")):
+        sel = [q for q in pts if q[3] == flag]
+        if sel:
+            ax.scatter([q[1] for q in sel], [q[2] for q in sel], color=colour, edgecolors="black", linewidths=0.5,
+                       label=what)
+    for i, x, p, _ in pts:
+        ax.annotate(str(i), (x, p), xytext=(4, 4), textcoords="offset points", fontsize=7)
+    lo = min(min(q[1], q[2]) for q in pts)
+    hi = max(max(q[1], q[2]) for q in pts)
+    ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1, label="predicted = measured")
+    ax.fill_between([lo, hi], [lo * (1 - GOAL_PCT / 100), hi * (1 - GOAL_PCT / 100)],
+                    [lo * (1 + GOAL_PCT / 100), hi * (1 + GOAL_PCT / 100)], color="grey", alpha=0.15,
+                    label=f"within {GOAL_PCT:g} %")
+    ax.set_xlabel("measured train_time_s")
+    ax.set_ylabel("predicted train_time_s")
+    ax.set_title("Predicted vs measured train time (bertaccel.plan)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return {"stem": "predicted_vs_measured", "title": "Predicted vs measured train time (labels: # of the raw table)",
+            "png": buf.getvalue(), "drawn": len(pts), "left_out": len(rows) - len(pts)}
+
+
+def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> None:
+    """The report's hook: a table (and a plot) when any of the rows' runs logged a prediction."""
+    from ..tracking import search_runs
+
+    runs = {r.info.run_id: r for r in search_runs(uri, experiment, "tags.status = 'finished'")}
+    cells, s = comparison(rows, runs)
+    if not cells:
+        return
+    headers = ["run"] + [f"{c} {w}" for c in COMPARED for w in ("predicted", "measured", "error %")] + ["basis"]
+    goal = ("" if s["median_from_runs"] is None else
+            f"; goal <= {GOAL_PCT:g} %: {'met' if s['median_from_runs'] <= GOAL_PCT else 'not met'}")
+    note = (f"predicted by bertaccel.plan when each run started, from the finished runs then in the store; error % = "
+            f"(predicted - measured) / measured x 100; step_time_ms predicted is a mean per step, measured the "
+            f"median. Median |error| of train_time_s: {_f(s['median_all'], '.1f')} % over {s['predicted']} runs, "
+            f"{_f(s['median_from_runs'], '.1f')} % over the {s['from_runs']} predicted from similar runs{goal}")
+    rep.tables.append(("Predicted vs measured (bertaccel.plan)", note, headers, cells))
+    if s["unpredicted"]:
+        reasons = sorted(set(s["unpredicted"].values()))
+        rep.notes.append(f"{len(s['unpredicted'])} run(s) without a prediction: " + "; ".join(reasons[:3]))
+    plot = _plot(rows, runs)
+    if plot is not None:
+        rep.plots.append(plot)
