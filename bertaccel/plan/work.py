@@ -55,11 +55,11 @@ def data_shape(cfg: Any, memo: Optional[Dict[str, DataShape]] = None) -> DataSha
     from ..data import load_raw, tokenize_cached
     from ..model import load_tokenizer
 
-    key = json.dumps([OmegaConf.to_container(cfg.dataset, resolve=True), cfg.train.seed,
+    key = json.dumps([OmegaConf.to_container(cfg.dataset, resolve=True),
                       OmegaConf.to_container(cfg.model, resolve=True), cfg.cache_dir], sort_keys=True, default=str)
     if memo is not None and key in memo:
         return memo[key]
-    raw = load_raw(cfg.dataset, cfg.train.seed)
+    raw = load_raw(cfg.dataset, cfg.cache_dir)
     tokenizer = load_tokenizer(cfg.model)
     data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
     shape = DataShape(data.train.lengths, raw.num_labels, len(tokenizer), key)
