@@ -60,6 +60,13 @@ def cfg_hash(cfg: DictConfig) -> str:
     return config_hash(OmegaConf.to_container(cfg, resolve=True))
 
 
+def config_key_noseed(resolved: Mapping[str, Any]) -> str:
+    """config_hash of the configuration without train.seed: runs that differ only in their seed
+    (repeats, thesis section 5.5) share it, and the report groups them (report/repeats.py)."""
+    train = {k: v for k, v in (resolved.get("train") or {}).items() if k != "seed"}
+    return config_hash({**resolved, "train": train})
+
+
 def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
                  extra_tags: Mapping[str, str], profile: Optional[Mapping[str, Any]] = None) -> RunTracker:
     """profile: the hardware profile the run resolved (hardware.resolve_profile); params and
@@ -74,7 +81,7 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     params = {k: v for k, v in flatten(logged).items() if k not in unset_shape}
     params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
     # host + pid let a later sweep tell a run whose process died (SIGKILL) from a live one.
-    tags = {"config_hash": config_hash(resolved), "git_sha": git_sha(), "status": "running",
+    tags = {"config_hash": config_hash(resolved), "config_key_noseed": config_key_noseed(resolved), "git_sha": git_sha(), "status": "running",
             "host": socket.gethostname(), "pid": str(os.getpid()), **extra_tags}
     sweep = context_from_env()
     if sweep is not None:

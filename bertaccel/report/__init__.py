@@ -1,6 +1,7 @@
 """The weighted scoring report (thesis section 5.1): `python -m bertaccel.report`.
 
-Also a library for notebooks: `load_rows`, `score_rows`, `STRATEGIES`, `pareto_front`, and
+Also a library for notebooks: `load_rows`, `score_rows`, `STRATEGIES`, `pareto_front` (2-D by default,
+`OBJECTIVES` for time, cost, energy and accuracy), and
 `time_view` (--time, --project-epochs, break-even).
 """
 from __future__ import annotations
@@ -8,11 +9,12 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from .data import ReportInputError, rows_from_csv, rows_from_mlflow
+from .pareto import OBJECTIVES, TIME_ACCURACY, pareto
 from .scoring import STRATEGIES, Row, parse_weights, score_rows
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, TimeView, time_view
 
-__all__ = ["DEFAULT_TIME_MODE", "ReportInputError", "Row", "STRATEGIES", "TIME_MODES", "TimeView", "load_rows",
-           "parse_weights", "pareto_front", "rows_from_csv", "rows_from_mlflow", "score_rows", "time_view"]
+__all__ = ["DEFAULT_TIME_MODE", "OBJECTIVES", "ReportInputError", "Row", "STRATEGIES", "TIME_MODES", "TimeView",
+           "load_rows", "parse_weights", "pareto_front", "rows_from_csv", "rows_from_mlflow", "score_rows", "time_view"]
 
 
 def load_rows(uri: str = "sqlite:///mlflow.db", experiment: str = "bertaccel", sweep_id: Optional[str] = None,
@@ -21,9 +23,9 @@ def load_rows(uri: str = "sqlite:///mlflow.db", experiment: str = "bertaccel", s
     return rows_from_csv(csv_path, require) if csv_path else rows_from_mlflow(uri, experiment, sweep_id)
 
 
-def pareto_front(rows: Sequence[Row]) -> List[Row]:
-    """Runs no other run beats on both time (lower) and accuracy (higher), by time."""
-    pts = [r for r in rows if r.time_s is not None and r.accuracy is not None]
-    front = [r for r in pts if not any((o.time_s <= r.time_s and o.accuracy >= r.accuracy)
-                                       and (o.time_s < r.time_s or o.accuracy > r.accuracy) for o in pts)]
-    return sorted(front, key=lambda r: r.time_s)
+def pareto_front(rows: Sequence[Row], objectives: Sequence[Tuple[str, str]] = TIME_ACCURACY) -> List[Row]:
+    """Runs no other run beats on every objective, by time: (column, "min" | "max") pairs, by
+    default time (lower) and accuracy (higher); pareto.OBJECTIVES adds cost and energy. Runs
+    missing an objective are left out (pareto.pareto says why)."""
+    front = pareto([{c: r.get(c) for c, _ in objectives} for r in rows], [r.extra for r in rows], objectives)
+    return sorted((rows[i] for i in front.on_front), key=lambda r: (r.time_s is None, r.time_s or 0.0))

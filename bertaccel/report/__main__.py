@@ -4,6 +4,7 @@
     python -m bertaccel.report --csv results.csv
     options: --weights mine=0.4,0.4,0.1,0.1 (repeatable)  --accuracy-floor 0.85  --baseline RUN_NAME
              --time train|total  --project-epochs N  --out report/
+             --occupancy-metric occupancy|sm_active|tensor_active  --target-accuracy 0.88
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from pathlib import Path
 
 from . import load_rows
 from .data import OPTIONAL_COLUMNS, ReportInputError
+from .extend import extend
+from .gate import warning
+from .occupancy import DEFAULT_OCCUPANCY_METRIC, OCCUPANCY_METRICS, o_column, with_occupancy_metric
 from .plots import all_plots
 from .predicted import add_to_report as add_predicted
 from .render import build, to_html, to_markdown, unequal_work
@@ -42,6 +46,13 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--project-epochs", type=int, metavar="N",
                     help="score every run projected to N epochs of its full train split "
                          "(steps x step_time_ms; energy, cost at the run's average rate)")
+    ap.add_argument("--occupancy-metric", choices=tuple(OCCUPANCY_METRICS), default=DEFAULT_OCCUPANCY_METRIC,
+                    help="what plays O in the score: occupancy (occupancy_pct, the thesis' O, default), sm_active "
+                         "(sm_active_pct) or tensor_active (tensor_active_pct); on Hopper occupancy stays ~13%% "
+                         "even for a saturated GEMM while SM activity is ~91%%")
+    ap.add_argument("--target-accuracy", type=float, metavar="A",
+                    help="add the time, energy and cost at which each run first reached test accuracy A "
+                         "(a fraction; from per-epoch accuracy and training windows)")
     ap.add_argument("--out", default="report", help="output folder (report.md, report.html, plots/)")
     return ap.parse_args(argv)
 
@@ -81,9 +92,17 @@ def main(argv=None) -> int:
         require = [("compile_time_s", "--time total")] if a.time == "total" else []
         if a.project_epochs is not None:
             require += [(c, "--project-epochs") for c in ("step_time_ms", "train_rows_full", "batch_size")]
+        if a.target_accuracy is not None:
+            if not 0 < a.target_accuracy <= 1:
+                raise ReportInputError(f"--target-accuracy {a.target_accuracy:g}: give a fraction in (0, 1], "
+                                       "e.g. 0.88 for 88%")
+            require += [(c, "--target-accuracy") for c in ("epoch_accuracy", "epoch_time_s")]
+        if o_column(a.occupancy_metric) != "occupancy_pct":
+            require.append((o_column(a.occupancy_metric), f"--occupancy-metric {a.occupancy_metric}"))
         if not a.csv:
             _check_store(a.uri)
-        measured = load_rows(a.uri, a.experiment, a.sweep, a.csv, require)
+        measured = with_occupancy_metric(load_rows(a.uri, a.experiment, a.sweep, a.csv, require),
+                                         a.occupancy_metric)
         view = time_view(measured, a.time, a.project_epochs)
         rows = view.rows
         baseline = None
@@ -102,7 +121,11 @@ def main(argv=None) -> int:
     scored = score_rows(rows, strategies, a.accuracy_floor, view.excluded)
     source = f"CSV {a.csv}" if a.csv else (f"MLflow {a.uri}, experiment {a.experiment}"
                                           + (f", sweep {a.sweep}" if a.sweep else ""))
-    report = build(rows, scored, source, baseline, a.accuracy_floor, all_plots(rows, view.basis), view)
+    o_label = o_column(a.occupancy_metric)
+    report = build(rows, scored, source, baseline, a.accuracy_floor, all_plots(rows, view.basis), view,
+                   warning(rows), o_label)
+    console = extend(report, rows, scored, view.measured, a.occupancy_metric, o_label, a.target_accuracy,
+                     view.basis.label)
     if not a.csv:  # each run's own prediction beside its measurement (report/predicted.py)
         add_predicted(report, a.uri, a.experiment, measured)
     out = Path(a.out)
@@ -125,7 +148,9 @@ def main(argv=None) -> int:
             shutil.rmtree(tmp)
     for label, _, b in scored.best_lines():
         print(f"{label:18s} best: {rows[b].name if b is not None else 'none eligible'}")
-    for note in filter(None, (scored.one_ranking and scored.one_ranking.reason, unequal_work(rows))):
+    for line in console:
+        print(line)
+    for note in filter(None, (scored.one_ranking and scored.one_ranking.reason, unequal_work(rows), warning(rows))):
         print(f"note: {note}")
     print(f"report: {out / 'report.md'}, {out / 'report.html'}")
     return 0

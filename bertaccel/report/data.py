@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .runinfo import group_keys, run_fields
 from .scoring import Row
 from .timing import COMPILE_MODES, pairing_key
 
@@ -36,6 +37,7 @@ class Column:
     name: str
     meaning: str
     kind: str = "number"              # number | count (whole number > 0) | compile (a mode) | text
+                                      # | series (numbers separated by ';', one per epoch)
     low: Optional[float] = None       # smallest value allowed
     low_open: bool = False            # low itself not allowed (> low)
     high: Optional[float] = None      # largest value allowed
@@ -62,6 +64,13 @@ class Column:
         """The cell's value (None = empty: not measured); ReportInputError names where and why."""
         if self.kind == "text":
             return text.strip()
+        if self.kind == "series":  # each value as a number of this column (range included)
+            cells = [c for c in text.split(";") if c.strip()]
+            number = Column(self.name, self.meaning, low=self.low, low_open=self.low_open, high=self.high)
+            values = tuple(number.parse(c, f"{where} value {k}") for k, c in enumerate(cells, 1))
+            if any(v is None for v in values):
+                raise ReportInputError(f"{where}: an empty value in {text.strip()!r} ({self.meaning})")
+            return values
         if self.kind == "compile":
             mode = text.strip().lower()
             if mode and mode not in COMPILE_MODES:
@@ -113,6 +122,23 @@ COLUMNS = (
     # How much the run trained in all: times of runs that trained different amounts are
     # compared per sample (render.py).
     Column("train_samples", "samples trained in all, over epochs and devices", kind="count"),
+    # Repeats (report/repeats.py): rows of one group (else of one name) differ only in their seed.
+    Column("seed", "the run's random seed", kind="text"),
+    Column("group", "a name for the configuration apart from the seed: rows with the same group are repeats",
+           kind="text"),
+    # --occupancy-metric sm_active|tensor_active scores one of these as O instead of occupancy_pct.
+    Column("sm_active_pct", f"SM activity as a percentage, 0 to 100; {NOT_MEASURED_HINT}", low=0, high=100),
+    Column("tensor_active_pct", f"tensor-core activity as a percentage, 0 to 100; {NOT_MEASURED_HINT}", low=0,
+           high=100),
+    # What a run was measured on: rows that differ in these are ranked with a warning (report/gate.py).
+    Column("device", "the device the run measured on (else the hardware column stands for it)", kind="text"),
+    Column("dataset", "the dataset's name", kind="text"),
+    Column("energy_source", "what measured energy_kwh, e.g. RAPL (CPU package) or NVML (GPU board)", kind="text"),
+    Column("test_rows", "rows the accuracy was measured on", kind="count"),
+    # --target-accuracy: the accuracy after each epoch and each epoch's training seconds.
+    Column("epoch_accuracy", "test accuracy after each epoch, fractions separated by ';'", kind="series", low=0,
+           high=1),
+    Column("epoch_time_s", "each epoch's training seconds, separated by ';'", kind="series", low=0, low_open=True),
 )
 CSV_COLUMNS = tuple(c.name for c in COLUMNS if c.required)
 OPTIONAL_COLUMNS = tuple(c.name for c in COLUMNS if not c.required)
@@ -142,7 +168,7 @@ def _csv_fields(rec: Dict[str, str], header: Sequence[str], where: str) -> Dict[
                 extra[col.attr] = f"no {col.name} column in the CSV"
             continue
         fields[col.attr] = col.parse(rec[col.name], f"{where} column {col.name}")
-        if fields[col.attr] in (None, ""):
+        if fields[col.attr] in (None, "", ()):
             extra[col.attr] = "empty in the input"
     fields["extra"] = extra
     return fields
@@ -248,11 +274,15 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
         raise ReportInputError(f"no finished runs in {where}experiment {experiment} ({uri})"
                                + _why_none_finished(uri, experiment, sweep_id))
     rows = []
-    for r in runs:
+    client = MlflowClient(tracking_uri=uri)
+    groups, _ = group_keys(runs)
+    for r, group in zip(runs, groups):
         m, tags, params = r.data.metrics, r.data.tags, r.data.params
+        timing, more = _mlflow_timing(m, params, tags), run_fields(r, client)
+        more["extra"].update(timing.pop("extra"))
         row = Row(name=r.info.run_name or r.info.run_id, run_id=r.info.run_id,
-                  hardware=tags.get("hardware_profile", ""), precision=params.get("precision", ""),
-                  **{col: m.get(metric) for col, metric in MLFLOW_METRICS.items()}, **_mlflow_timing(m, params, tags))
+                  hardware=tags.get("hardware_profile", ""), precision=params.get("precision", ""), group=group,
+                  **{col: m.get(metric) for col, metric in MLFLOW_METRICS.items()}, **timing, **more)
         for col, metric in MLFLOW_METRICS.items():
             if m.get(metric) is None:
                 row.extra[col] = tags.get(f"{metric}_source", "not logged")

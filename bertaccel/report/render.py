@@ -136,9 +136,11 @@ def baseline_table(rows: Sequence[Row], baseline: int, lab: Any = Basis().label,
 
 
 def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[int],
-          accuracy_floor: Optional[float], plots: List[Dict], view: Optional[TimeView] = None) -> Report:
+          accuracy_floor: Optional[float], plots: List[Dict], view: Optional[TimeView] = None,
+          rank_warning: str = "", o_label: str = "occupancy_pct") -> Report:
     """rows: the scored rows (view.rows when a view is given); view: --time / --project-epochs /
-    break-even, whose basis labels the time, cost and energy columns."""
+    break-even, whose basis labels the time, cost and energy columns; rank_warning: the
+    comparability gate's line for tables that rank the rows (gate.py); o_label: what plays O."""
     basis = view.basis if view is not None else Basis()
     lab = basis.label
     # Every table of scored numbers says its basis: in the thesis form's brackets, or its own.
@@ -166,7 +168,7 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
         rep.tables.append(projection_table(view))
     rep.tables.append((f"Raw metrics (thesis Table 5.1 form{sfx})", "# = the point labels in the plots",
                        ["#", "run", "hardware", "precision", lab("time_s"), lab("cost_usd"), lab("energy_kwh"),
-                        "occupancy_pct", lab("accuracy")],
+                        o_label, lab("accuracy")],
                        [[str(i), r.name, r.hardware, r.precision, _f(r.time_s, ".2f"), _f(r.cost_usd, ".4g"),
                          _f(r.energy_kwh, ".5f"), _f(r.occupancy_pct, ".2f"), _f(r.accuracy, ".4f")]
                         for i, r in enumerate(rows)]))
@@ -186,7 +188,8 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
         cells.append("" if scored.eligible[i] else f"excluded: {scored.ineligible_reason[i]}")
         score_rows.append(cells)
     floor_note = f"; accuracy floor {accuracy_floor}" if accuracy_floor is not None else ""
-    rep.tables.append((f"Scores (thesis Table 5.4 form{sfx})", f"bold = best per strategy{floor_note}",
+    rep.tables.append((f"Scores (thesis Table 5.4 form{sfx})",
+                       "; ".join(filter(None, (rank_warning, f"bold = best per strategy{floor_note}"))),
                        ["run", lab("accuracy")] + names + ["note"], score_rows))
     best_rows = []
     for label, group, b in scored.best_lines():
@@ -196,7 +199,7 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
             continue
         agreed = {_f(scored.scores[s][b]) for s in group}
         best_rows.append([label, rows[b].name, agreed.pop() if len(agreed) == 1 else "", _f(rows[b].accuracy, ".4f")])
-    rep.tables.append((f"Best configuration per strategy{own}", "",
+    rep.tables.append((f"Best configuration per strategy{own}", rank_warning,
                        ["strategy", "best run", "score", lab("accuracy")], best_rows))
     if scored.affected:
         # Rows left short of the same metrics for the same reasons share one line.

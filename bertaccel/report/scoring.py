@@ -54,6 +54,18 @@ class Row:
     compile_mode: str = ""                   # off | default | max-autotune | reduce-overhead; "" = unknown
     compile_cache: str = ""                  # cold | warm | fresh | none: a warm cache shortens compile_time_s
     config_key: str = ""                     # same key = same configuration but for compile; "" = unknown
+    # Repeats, the O choice, time to a target accuracy and the comparability gate (report/repeats.py,
+    # occupancy.py, target.py, gate.py).
+    seed: str = ""                           # train.seed; "" = unknown
+    group: str = ""                          # same group = same configuration but for the seed; "" = unknown
+    sm_active_pct: Optional[float] = None    # the other two candidates for O (--occupancy-metric)
+    tensor_active_pct: Optional[float] = None
+    device: str = ""                         # what it ran on (the tag device_name), dataset and energy
+    dataset: str = ""                        # source: runs that differ in them are not ranked together
+    energy_source: str = ""                  # silently (gate.py); "" = unknown
+    test_rows: Optional[int] = None          # rows accuracy was measured on (None = unknown or the full split)
+    epoch_accuracy: Tuple[float, ...] = ()   # test accuracy after each epoch, in order
+    epoch_time_s: Tuple[float, ...] = ()     # each epoch's training window in seconds
 
     def get(self, metric: str) -> Optional[float]:
         return getattr(self, metric)

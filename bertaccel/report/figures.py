@@ -1,0 +1,126 @@
+"""Plots of the sure-of-itself sections: the Pareto front, the weight-space map and the accuracy
+curves against training time. Each returns plots.py's dict: stem, title, png, drawn, left_out."""
+from __future__ import annotations
+
+import io
+import math
+from typing import Dict, List, Optional, Sequence
+
+from .pareto import Front
+from .scoring import Row
+from .weights import STEPS, WeightMap
+
+W4_PANELS = (0, 2, 4, 6, 8, 10)   # w4 of the map's panels, in twentieths: 0, 0.1, ..., 0.5
+TIE_COLOUR = "0.55"
+
+
+def _png(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def pareto_plot(rows: Sequence[Row], front: Front) -> Dict:
+    """Time vs accuracy, the 4-objective front's runs filled and numbered (the raw table's #)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=110)
+    drawn = 0
+    for i, r in enumerate(rows):
+        if i in front.left_out or r.time_s is None or r.accuracy is None:
+            continue
+        on = i in front.on_front
+        ax.scatter([r.time_s], [r.accuracy], s=60 if on else 40, color="tab:red" if on else "none",
+                   edgecolors="black" if on else "0.5", zorder=3 if on else 2)
+        if on:
+            ax.annotate(str(i), (r.time_s, r.accuracy), xytext=(4, 4), textcoords="offset points", fontsize=7)
+        drawn += 1
+    ax.scatter([], [], color="tab:red", edgecolors="black", label="on the front (# = raw table row)")
+    ax.scatter([], [], color="none", edgecolors="0.5", label="dominated: another run no worse on all, better on one")
+    ax.set_xlabel("train time (s)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"Pareto front over {', '.join(front.objectives)}\n(shown on time vs accuracy)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return {"stem": "pareto_front", "title": "Pareto front over time, cost, energy and accuracy",
+            "png": _png(fig), "drawn": drawn, "left_out": len(rows) - drawn}
+
+
+def weight_map_plot(wm: WeightMap) -> Dict:
+    """One triangle per w4 in W4_PANELS: corners w1 (time), w2 (cost), w3 (energy) of the weight
+    left to them, each grid point coloured by the configuration that wins there."""
+    plt = _plt()
+    colours = {k: plt.get_cmap("tab10")(k % 10) for k in range(len(wm.labels))}
+    fig, axes = plt.subplots(2, 3, figsize=(10, 7.6), dpi=110)
+    h = math.sqrt(3) / 2
+    for ax, d in zip(axes.flat, W4_PANELS):
+        left = STEPS - d
+        for (a, b, c, dd), win in zip(wm.points, wm.winners):
+            if dd != d:
+                continue
+            x, y = (b + c / 2) / left, c * h / left
+            colour = colours[win[0]] if len(win) == 1 else TIE_COLOUR if win else "white"
+            ax.scatter([x], [y], s=22, color=colour, marker="o" if len(win) == 1 else "x" if win else ".",
+                       edgecolors="none" if len(win) == 1 else None)
+        ax.plot([0, 1, 0.5, 0], [0, 0, h, 0], color="black", lw=0.8)
+        ax.text(-0.03, -0.06, "w1 time", fontsize=7, ha="left", va="top")
+        ax.text(1.03, -0.06, "w2 cost", fontsize=7, ha="right", va="top")
+        ax.text(0.5, h + 0.04, "w3 energy", fontsize=7, ha="center")
+        ax.set_title(f"w4 (O) = {d / STEPS:.2f}", fontsize=9)
+        ax.set_xlim(-0.08, 1.08)
+        ax.set_ylim(-0.12, h + 0.12)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    handles = [plt.Line2D([], [], ls="", marker="o", color=colours[k], label=wm.labels[k][:40])
+               for k in sorted(wm.won)]
+    if wm.ties:
+        handles.append(plt.Line2D([], [], ls="", marker="x", color=TIE_COLOUR, label="tie"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(3, max(1, len(handles))), fontsize=7)
+    fig.suptitle(f"Which configuration has the lowest score, over weights in steps of 1/{STEPS}\n"
+                 "(a corner = all of the weight left by w4 on that metric)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    return {"stem": "weight_map", "title": "Weight sensitivity: the winner at each (w1, w2, w3) for six values of w4",
+            "png": _png(fig), "drawn": len(wm.points), "left_out": 0}
+
+
+def target_plot(rows: Sequence[Row], target: float) -> Optional[Dict]:
+    """Accuracy after each epoch against the training seconds until then, one line per run."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9.6, 4.4), dpi=110)
+    drawn = 0
+    for i, r in enumerate(rows):
+        if not r.epoch_accuracy or len(r.epoch_time_s) != len(r.epoch_accuracy):
+            continue
+        ends = [sum(r.epoch_time_s[:e + 1]) for e in range(len(r.epoch_time_s))]
+        ax.plot(ends, r.epoch_accuracy, marker="o", ms=3, lw=1, color=plt.get_cmap("tab10")(i % 10),
+                label=f"{i}: {r.name}")
+        drawn += 1
+    ax.axhline(target, color="black", ls="--", lw=0.8, label=f"target {target}")
+    ax.set_xlabel("training-window seconds (cumulative)")
+    ax.set_ylabel("test accuracy after the epoch")
+    ax.set_title("Accuracy against training time", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+    fig.tight_layout()
+    return {"stem": "time_to_target", "title": f"Accuracy against training time (target {target})",
+            "png": _png(fig), "drawn": drawn, "left_out": len(rows) - drawn}
+
+
+def all_figures(rows: Sequence[Row], front: Front, wm: WeightMap, measured: Sequence[Row],
+                target: Optional[float]) -> List[Dict]:
+    out = [pareto_plot(rows, front), weight_map_plot(wm)]
+    if target is not None:
+        out.append(target_plot(measured, target))
+    return out

@@ -1,0 +1,130 @@
+"""Repeats (thesis section 5.5: the same configuration gives different accuracy run to run):
+runs that differ only in their seed form a group; each metric and each strategy's score is
+given per group as a mean with a 95% t-interval, and "best" is called tied when the best
+group's interval overlaps another's.
+
+Scores are computed per run first (max-normalized over all runs, as the thesis does:
+scoring.score_rows), then averaged per group: the normalization never mixes groups and runs.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from .scoring import Row, Scored
+
+LEVEL = 0.95
+# The columns summarized per group; occupancy_pct is whatever plays O (--occupancy-metric).
+GROUP_METRICS = ("time_s", "cost_usd", "energy_kwh", "occupancy_pct", "accuracy")
+_SEED_ITEM = re.compile(r"(^|,)train\.seed=[^,]*")
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean over n values and its two-sided t-interval; null parts say why."""
+    n: int
+    mean: Optional[float]
+    low: Optional[float] = None
+    high: Optional[float] = None
+    why: str = ""           # why low/high (or the mean) are null
+
+    def overlaps(self, other: "Interval") -> Optional[bool]:
+        """Whether the two intervals share a point; None when either has none."""
+        if None in (self.low, self.high, other.low, other.high):
+            return None
+        return self.low <= other.high and other.low <= self.high
+
+
+def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
+    """Mean and Student-t interval, mean ± t(level, n-1) x s / sqrt(n) with s the sample
+    standard deviation (n - 1 in the denominator): the t rather than the normal quantile, since
+    repeats are few (2-5) and the spread is estimated from them."""
+    import numpy as np
+    from scipy import stats
+
+    n = len(values)
+    if n == 0:
+        return Interval(0, None, why="no run has it")
+    mean = float(np.mean(values))
+    if n == 1:
+        return Interval(1, mean, why="one run")
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * np.std(values, ddof=1) / math.sqrt(n))
+    return Interval(n, mean, mean - half, mean + half)
+
+
+@dataclass
+class Group:
+    key: str
+    label: str
+    members: List[int]          # row indices
+    seeds: List[str]
+
+
+def group_label(names: Sequence[str]) -> str:
+    """The runs' common name without its train.seed=N item (a sweep's run names are its swept
+    overrides), e.g. 'accumulation=2,train.seed=1' -> 'accumulation=2'."""
+    stripped = [_SEED_ITEM.sub("", n).strip(",") or "defaults" for n in names]
+    return stripped[0] if len(set(stripped)) == 1 else f"{stripped[0]} (+{len(set(stripped)) - 1} other names)"
+
+
+def group_rows(rows: Sequence[Row]) -> List[Group]:
+    """Rows with the same group key (else the same name) are one group, in order of first row."""
+    by_key: Dict[str, Group] = {}
+    for i, r in enumerate(rows):
+        key = r.group or f"name:{r.name}"
+        g = by_key.setdefault(key, Group(key, "", [], []))
+        g.members.append(i)
+        g.seeds.append(r.seed or "?")
+    groups = list(by_key.values())
+    for g in groups:
+        first = rows[g.members[0]]
+        # A CSV's group column names its configuration; MLflow's group is a hash: its run names do.
+        g.label = first.group if first.group and not first.run_id else group_label([rows[i].name for i in g.members])
+    labels = [g.label for g in groups]
+    for g in groups:  # two configurations with one name (e.g. 'defaults' runs of two commits)
+        if labels.count(g.label) > 1:
+            g.label = f"{g.label} [{g.key.split(':')[-1][:8]}]"
+    return groups
+
+
+@dataclass
+class RepeatStats:
+    groups: List[Group]
+    metrics: Dict[str, List[Interval]]              # column -> one interval per group
+    scores: Dict[str, List[Interval]]               # strategy -> one interval per group
+    eligible: List[bool]                             # every run of the group may be "best"
+    ineligible_reason: Dict[int, str]
+    best: Dict[str, Optional[int]]                   # strategy -> group index (lowest mean score)
+    tied: Dict[str, List[int]] = field(default_factory=dict)      # groups whose interval overlaps best's
+    unjudged: Dict[str, List[int]] = field(default_factory=dict)  # no interval to compare (one run)
+
+    @property
+    def repeated(self) -> bool:
+        return any(len(g.members) > 1 for g in self.groups)
+
+
+def repeat_stats(rows: Sequence[Row], scored: Scored) -> RepeatStats:
+    groups = group_rows(rows)
+    metrics = {m: [t_interval([rows[i].get(m) for i in g.members if rows[i].get(m) is not None]) for g in groups]
+               for m in GROUP_METRICS}
+    scores = {s: [t_interval([v[i] for i in g.members if v[i] is not None]) for g in groups]
+              for s, v in scored.scores.items()}
+    eligible, why = [], {}
+    for k, g in enumerate(groups):
+        out = [i for i in g.members if not scored.eligible[i]]
+        eligible.append(not out)
+        if out:
+            why[k] = f"{len(out)} of {len(g.members)} runs kept from best: {scored.ineligible_reason[out[0]]}"
+    stats = RepeatStats(groups, metrics, scores, eligible, why, {})
+    for s, per_group in scores.items():
+        candidates = [(iv.mean, k) for k, iv in enumerate(per_group) if iv.mean is not None and eligible[k]]
+        best = min(candidates)[1] if candidates else None
+        stats.best[s] = best
+        if best is None:
+            continue
+        others = [k for _, k in candidates if k != best]
+        stats.tied[s] = [k for k in others if per_group[best].overlaps(per_group[k])]
+        stats.unjudged[s] = [k for k in others if per_group[best].overlaps(per_group[k]) is None]
+    return stats

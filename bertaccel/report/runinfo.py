@@ -1,0 +1,87 @@
+"""What an MLflow run says beyond its scored metrics: its seed and configuration without the seed
+(repeats), SM and tensor activity (--occupancy-metric), what it was measured on (the
+comparability gate) and its per-epoch accuracy and training windows (--target-accuracy)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+SEED_PARAM = "train.seed"
+GROUP_TAG = "config_key_noseed"   # job.config_key_noseed: config_hash without train.seed
+WINDOWS_TAG = "train_windows_unix"  # [[start, end], ...] per epoch, time.time() at the window's edges
+ACCURACY_METRIC = "test_accuracy"   # logged once per epoch, MLflow step = epoch (0-based)
+ACTIVITY_METRICS = ("sm_active_pct", "tensor_active_pct")
+
+
+def params_group_key(params: Mapping[str, str], where_roots: Iterable[str]) -> str:
+    """The configuration without its seed, from the logged params (runs logged before the
+    config_key_noseed tag): every param but train.seed and where results go (where_roots)."""
+    roots = set(where_roots)
+    kept = {k: v for k, v in params.items() if k != SEED_PARAM and k.split(".")[0] not in roots}
+    return "params:" + hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def group_keys(runs: Sequence[Any]) -> Tuple[List[str], str]:
+    """(one key per run, how the keys were made). The tag when every run has it; else every
+    key from params, so that runs logged before the tag and after it still group together."""
+    from ..tracking import HASH_EXCLUDED_KEYS
+
+    tags = [r.data.tags.get(GROUP_TAG) for r in runs]
+    if all(tags):
+        return list(tags), f"tag {GROUP_TAG} (config_hash without {SEED_PARAM})"
+    return ([params_group_key(r.data.params, HASH_EXCLUDED_KEYS) for r in runs],
+            f"params without {SEED_PARAM} and where results go ({sum(1 for t in tags if not t)} of {len(runs)} "
+            f"runs have no {GROUP_TAG} tag)")
+
+
+def energy_source_kind(source: str) -> str:
+    """What measured energy_kwh, in the coarse terms that decide whether two runs' energies can be
+    compared: a CPU package (RAPL) or GPU boards (NVML counter or integrated power)."""
+    if source.startswith("RAPL"):
+        return "RAPL (CPU package)"
+    if source.startswith("NVML"):
+        return "NVML (GPU board)"
+    return source.split(":")[0][:40] if source else ""
+
+
+def _windows(text: Optional[str]) -> Tuple[Tuple[float, ...], str]:
+    """Each epoch's window seconds from the tag, or () with why."""
+    if not text:
+        return (), f"tag {WINDOWS_TAG} not logged"
+    try:
+        pairs = json.loads(text)
+        seconds = tuple(float(end) - float(start) for start, end in pairs)
+    except (ValueError, TypeError):
+        return (), f"tag {WINDOWS_TAG} is not a list of [start, end] pairs"
+    if not seconds or any(not math.isfinite(s) or s <= 0 for s in seconds):
+        return (), f"tag {WINDOWS_TAG} has an empty or non-positive window"
+    return seconds, ""
+
+
+def run_fields(run: Any, client: Any) -> Dict[str, Any]:
+    """Row fields from one run, and why each empty one is empty (under "extra")."""
+    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+    extra: Dict[str, str] = {}
+    fields: Dict[str, Any] = {"seed": params.get(SEED_PARAM, "")}
+    for name in ACTIVITY_METRICS:
+        fields[name] = metrics.get(name)
+        if fields[name] is None:
+            extra[name] = tags.get(f"{name}_source", "not logged")
+    fields["device"] = tags.get("device_name", "")
+    fields["dataset"] = params.get("dataset.name", "")
+    fields["energy_source"] = energy_source_kind(tags.get("energy_kwh_source", "")) \
+        if metrics.get("energy_kwh") is not None else ""
+    subset = params.get("dataset.test_subset")
+    fields["test_rows"] = int(subset) if subset and subset.isdigit() else None
+    if fields["test_rows"] is None:
+        extra["test_rows"] = "dataset.test_subset = null: the full test split" if subset == "null" else \
+            "param dataset.test_subset not logged"
+    history = sorted(client.get_metric_history(run.info.run_id, ACCURACY_METRIC), key=lambda m: m.step)
+    fields["epoch_accuracy"] = tuple(m.value for m in history)
+    fields["epoch_time_s"], why = _windows(tags.get(WINDOWS_TAG))
+    if why:
+        extra["epoch_time_s"] = why
+    fields["extra"] = extra
+    return fields
