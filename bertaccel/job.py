@@ -206,7 +206,9 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
 def startup_phases(marks: Mapping[str, float], started_at: float, result: Any) -> Dict[str, float]:
     """Where startup_overhead_s went, in order (seconds, summing to it): what a user waits for
     before the first step, and which part each lever (forkserver, caches, warm-up) can touch."""
-    to_first_step = result.first_step_started_at - marks["train called"]
+    # train(): the model to the device and CUDA's start-up, then the warm-up (compile_time_s),
+    # the optimizer and the epoch's set-up (telemetry threads, clocks), then the first batch.
+    set_up = result.first_window_opened_at - result.device_ready_at - result.compile_time_s
     phases = {
         "process start-up and imports (job start to the run's code)": marks["entered"] - started_at,
         "checks, device, hardware profile": marks["checked"] - marks["entered"],
@@ -217,8 +219,10 @@ def startup_phases(marks: Mapping[str, float], started_at: float, result: Any) -
         "model build": marks["model built"] - marks["tokenized"],
         "prediction of this run from the store (bertaccel.plan)": marks["predicted"] - marks["model built"],
         "data loaders, telemetry collectors": marks["train called"] - marks["predicted"],
+        "model to device, CUDA and cuBLAS start-up": result.device_ready_at - marks["train called"],
         "warm-up: compile / CUDA graphs / DDP first steps (compile_time_s)": result.compile_time_s,
-        "model to device, CUDA and cuBLAS start-up, optimizer": to_first_step - result.compile_time_s,
+        "optimizer, telemetry start, epoch set-up": set_up,
+        "first batch (data loader start)": result.first_step_started_at - result.first_window_opened_at,
     }
     return {k: round(v, 3) for k, v in phases.items()}
 

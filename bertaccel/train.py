@@ -70,6 +70,8 @@ class TrainResult:
     epochs: List[EpochStats] = field(default_factory=list)
     compile_graphs: Optional[int] = None
     first_step_started_at: Optional[float] = None  # time.time() as the first window began
+    device_ready_at: Optional[float] = None        # time.time() once the model is on the device, CUDA started
+    first_window_opened_at: Optional[float] = None  # time.time() as the first window's clock started
     profile: Optional[KernelProfile] = None
     profile_error: Optional[str] = None
     backprop: Optional[layer_timing.BackpropTiming] = None  # layer_timing=true
@@ -147,7 +149,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     model.to(device)
     apply_checkpointing(model, cfg.train.gradient_checkpointing)
     warm_up_device(device)
-    result = TrainResult()
+    result = TrainResult(device_ready_at=time.time())
     graphs_at_start = compiled_graph_count()  # dynamo's counters outlive torch.compiler.reset()
     parallel = data_parallel(model, device)
     step_model = compile_model(parallel or model, cfg)
@@ -284,6 +286,8 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
             compiles_before = compile_events(device)
             collectors.start()
             window_start_unix = time.time()
+            if result.first_window_opened_at is None:
+                result.first_window_opened_at = window_start_unix
             t0 = time.perf_counter()
             try:
                 clock.mark()

@@ -140,10 +140,14 @@ def _triton_attention_variants() -> int:
 
 
 def _cudagraph_recordings(device: torch.device) -> int:
-    if device.type != "cuda":
+    import sys
+
+    # Not imported: no CUDA-graph tree was ever built in this process. Importing it to find that
+    # out cost 1.9-2.1 s on an H200 host, before every compile=off run's first window.
+    cudagraph_trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if device.type != "cuda" or cudagraph_trees is None:
         return 0
     try:
-        from torch._inductor import cudagraph_trees
         manager = cudagraph_trees.get_container(device.index or 0).tree_manager
     except Exception:  # noqa: BLE001 - no tree manager yet (or another torch layout): nothing recorded
         return 0
