@@ -115,6 +115,18 @@ class HardwareConfig:
     # purpose: "what would this run cost there". The record says so (tag hardware_what_if, and
     # hardware_profile "<name> (what-if)", which the report shows). Not for hardware=auto.
     what_if: bool = False
+    # Power usage effectiveness of the data centre (total facility energy / IT energy, >= 1):
+    # co2e_kg counts energy_kwh x pue (bertaccel/carbon.py). null: IT energy only, said in the tag.
+    pue: Optional[float] = None
+    pue_source: str = ""
+
+
+@dataclass
+class CarbonConfig:
+    """co2e_kg = energy_kwh x hardware.pue x grid intensity / 1000; meaning, table of regions and
+    checks in bertaccel/carbon.py."""
+    region: str = "world"                         # a row of carbon.REGIONS (published annual averages)
+    intensity_g_per_kwh: Optional[float] = None   # given: used instead of the region's figure
 
 
 @dataclass
@@ -260,6 +272,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cache_dir: str = "~/.cache/bertaccel"
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    carbon: CarbonConfig = field(default_factory=CarbonConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     # true: a torch.profiler window after training -> kernel table, category shares, trace.
     profile: bool = False
@@ -353,6 +366,11 @@ def validate(cfg: Any) -> None:
     if why:
         raise ConfigError(why)
     _positive("hardware.price_per_gpu_hour_usd", cfg.hardware.price_per_gpu_hour_usd, allow_none=True)
+    from .carbon import check_carbon
+
+    why = check_carbon(cfg.carbon, cfg.hardware.pue)
+    if why:
+        raise ConfigError(why)
     _positive("num_gpus", cfg.num_gpus)
     if cfg.num_gpus > 1 and cfg.freezing.name != "none":
         raise ConfigError(f"num_gpus={cfg.num_gpus} with freezing={cfg.freezing.name}: DDP registers its gradient "

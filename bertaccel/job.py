@@ -22,7 +22,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import distributed
-from .collectors import build_collectors
+from .carbon import co2e
+from .collectors import Reading, build_collectors
 from .compile_cache import compile_caches
 from .config import MODEL_SHAPE_FIELDS, validate
 from .data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
@@ -281,6 +282,8 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             ccache.mark_warmed_up()  # (after training: a compile inside a window also counts as cold)
             cache_state = ccache.state(result.compiled_anything)
             measured = derived(collectors.results(), result, profile, cfg.precision.mfu_peak, cfg.num_gpus)
+            measured["co2e_kg"] = co2e(measured.get("energy_kwh", Reading.null("no energy collector")),
+                                       cfg.carbon, profile)
             if result.profile is not None:
                 write_report(result.profile, Path(prof_dir))
                 tracker.log_artifacts(prof_dir, "profile")

@@ -139,13 +139,15 @@ COLUMNS = (
     Column("epoch_accuracy", "test accuracy after each epoch, fractions separated by ';'", kind="series", low=0,
            high=1),
     Column("epoch_time_s", "each epoch's training seconds, separated by ';'", kind="series", low=0, low_open=True),
+    # Carbon, the optional fifth score term (--weights name=w1,w2,w3,w4,w5).
+    Column("co2e_kg", f"kilograms CO2-equivalent (energy x PUE x grid intensity); {NOT_MEASURED_HINT}", low=0),
 )
 CSV_COLUMNS = tuple(c.name for c in COLUMNS if c.required)
 OPTIONAL_COLUMNS = tuple(c.name for c in COLUMNS if not c.required)
 
 # MLflow metric for each report column.
 MLFLOW_METRICS = {"time_s": "train_time_s", "cost_usd": "cost_usd", "energy_kwh": "energy_kwh",
-                  "occupancy_pct": "occupancy_pct", "accuracy": "test_accuracy"}
+                  "occupancy_pct": "occupancy_pct", "accuracy": "test_accuracy", "co2e_kg": "co2e_kg"}
 # Row field -> (MLflow metric, whole number?) for the timing inputs (report/timing.py).
 MLFLOW_TIMING_METRICS = {"compile_time_s": ("compile_time_s", False), "step_time_ms": ("step_time_ms", False),
                          "optimizer_steps": ("optimizer_steps", True), "train_rows": ("dataset_train_rows", True),
