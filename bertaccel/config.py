@@ -170,7 +170,10 @@ class DatasetConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 1
-    batch_size: int = 32
+    # Rows per micro-batch and device: an integer, or "auto" (the largest power of two that fits the
+    # GPU at the dataset's longest padded length, found by trying: bertaccel/batch_fit.py).
+    # Any-typed so both spellings compose (as accumulation); validate() checks.
+    batch_size: Any = 32
     eval_batch_size: int = 128
     seed: int = 42
     device: str = "auto"
@@ -424,7 +427,12 @@ def validate(cfg: Any) -> None:
     _positive("dataset.test_subset", ds.test_subset, allow_none=True)
     tr = cfg.train
     _positive("train.epochs", tr.epochs)
-    _positive("train.batch_size", tr.batch_size)
+    if tr.batch_size != "auto" and (isinstance(tr.batch_size, bool) or not isinstance(tr.batch_size, int)
+                                    or tr.batch_size < 1):
+        raise ConfigError(f"train.batch_size={tr.batch_size!r} must be an integer >= 1 or auto")
+    if tr.batch_size == "auto" and cfg.num_gpus > 1:
+        raise ConfigError(f"train.batch_size=auto with num_gpus={cfg.num_gpus}: the search runs in one process; "
+                          "use num_gpus=1, or give the batch found by a num_gpus=1 run (metric batch_size_used)")
     _positive("train.eval_batch_size", tr.eval_batch_size)
     _one_of("train.device", tr.device, DEVICES)
     if tr.num_workers < 0:

@@ -231,6 +231,9 @@ def _mlflow_timing(metrics: Mapping[str, float], params: Mapping[str, str], tags
             extra[attr] = f"param {param} not logged" if text is None else f"param {param} = {text!r}, not a number"
             value = None
         fields[attr] = int(value) if whole and value is not None else value
+    if params.get("train.batch_size") == "auto" and metrics.get("batch_size_used") is not None:
+        fields["batch_size"] = int(metrics["batch_size_used"])  # the batch the search found (batch_fit.py)
+        extra["batch_size"] = "train.batch_size=auto: metric batch_size_used"
     mode = params.get("compile.mode", params.get("compile", ""))
     fields["compile_mode"] = "off" if mode.lower() in ("off", "false") else mode  # YAML 1.1 reads a bare off as false
     fields["compile_cache"] = tags.get("compile_cache", "")
