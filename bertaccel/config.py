@@ -217,6 +217,13 @@ class ProfileWindowConfig:
 
 
 @dataclass
+class SearchConfig:
+    """hydra/sweeper=optuna_pareto: what a trial returns (bertaccel/search.py)."""
+    objectives: List[str] = field(default_factory=lambda: ["train_time_s", "cost_usd", "energy_kwh", "test_accuracy"])
+    directions: List[str] = field(default_factory=lambda: ["minimize", "minimize", "minimize", "maximize"])
+
+
+@dataclass
 class SweepConfig:
     # Multirun only: skip a configuration whose config_hash already has a finished run.
     resume: bool = True
@@ -277,6 +284,7 @@ class RunConfig:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     carbon: CarbonConfig = field(default_factory=CarbonConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     # true: a torch.profiler window after training -> kernel table, category shares, trace.
     profile: bool = False
     profile_window: ProfileWindowConfig = field(default_factory=ProfileWindowConfig)
@@ -448,6 +456,11 @@ def validate(cfg: Any) -> None:
 
     _one_of("train.gradient_checkpointing", tr.gradient_checkpointing, CHECKPOINTING)
     _positive("telemetry.interval_s", cfg.telemetry.interval_s)
+    from .search import check_search
+
+    why = check_search(cfg.search)
+    if why:
+        raise ConfigError(why)
     if cfg.profile_window.warmup_steps < 0:
         raise ConfigError(f"profile_window.warmup_steps={cfg.profile_window.warmup_steps} must be >= 0")
     _positive("profile_window.active_steps", cfg.profile_window.active_steps)

@@ -221,14 +221,19 @@ def startup_phases(marks: Mapping[str, float], started_at: float, result: Any) -
         "MLflow run opened": marks["run opened"] - marks["data read"],
         "tokenizer, tokenize (or token cache read)": marks["tokenized"] - marks["run opened"],
         "model build": marks["model built"] - marks["tokenized"],
-        "train.batch_size=auto search (batch_search_time_s)": marks["batch fitted"] - marks["model built"],
-        "prediction of this run from the store (bertaccel.plan)": marks["predicted"] - marks["batch fitted"],
+        # (only a train.batch_size=auto run has the search)
+        "train.batch_size=auto search (batch_search_time_s)": marks.get("batch fitted", marks["model built"])
+                                                              - marks["model built"],
+        "prediction of this run from the store (bertaccel.plan)": marks["predicted"]
+                                                                  - marks.get("batch fitted", marks["model built"]),
         "data loaders, telemetry collectors": marks["train called"] - marks["predicted"],
         "model to device, CUDA and cuBLAS start-up": result.device_ready_at - marks["train called"],
         "warm-up: compile / CUDA graphs / DDP first steps (compile_time_s)": result.compile_time_s,
         "optimizer, telemetry start, epoch set-up": set_up,
         "first batch (data loader start)": result.first_step_started_at - result.first_window_opened_at,
     }
+    if "batch fitted" not in marks:
+        del phases["train.batch_size=auto search (batch_search_time_s)"]
     return {k: round(v, 3) for k, v in phases.items()}
 
 
@@ -255,7 +260,7 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             tracker.log_params({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None})
             if cfg.train.batch_size == "auto":  # before the prediction and loaders, which read the batch
                 cfg = fitted_batch(cfg, model, device, data, tracker)
-            marks["batch fitted"] = time.time()
+                marks["batch fitted"] = time.time()
             # This run's own prediction, from the store as it stood before it (bertaccel/plan/hook.py).
             log_prediction(cfg, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)
             marks["predicted"] = time.time()

@@ -31,7 +31,8 @@ from .config import ConfigError
 # Values that say where results go, not what was run: left out of the config hash.
 # carbon: how co2e_kg is priced from the measured energy, not what is trained (a region change
 # neither re-runs a finished configuration nor splits its repeats).
-HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon")
+# search: what a trial returns to the sweeper, not what is trained.
+HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search")
 MLFLOW_BATCH = 100  # log_batch accepts at most 100 params per call
 
 
