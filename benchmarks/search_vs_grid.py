@@ -58,9 +58,10 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--out", default="/tmp/search_vs_grid")
+    ap.add_argument("--reuse-grid", action="store_true", help="take the grid already in --out/grid (not run again)")
     a = ap.parse_args()
     out = Path(a.out)
-    grid = sweep(out, "grid", [])
+    grid = [(n, "finished") for n in grid_front(out)[1]] if a.reuse_grid else sweep(out, "grid", [])
     front, measured = grid_front(out)
     print(f"grid: {len(grid)} runs; its Pareto front over (train_time_s min, test_accuracy max):")
     for name in sorted(measured, key=lambda n: measured[n][0]):
@@ -69,6 +70,7 @@ def main() -> None:
     print("\n| sampler seed | trials run | configurations trained | found the front at trial | "
           "configurations trained by then |")
     print("|---|---|---|---|---|")
+    sampled: List[str] = []
     for seed in a.seeds.split(","):
         jobs = sweep(out, f"search_seed{seed}", ["hydra/sweeper=optuna_pareto", f"hydra.sweeper.sampler.seed={seed}",
                                                 f"hydra.sweeper.n_trials={a.trials}"])
@@ -81,6 +83,10 @@ def main() -> None:
                 found = (k, len(trained))
         print(f"| {seed} | {len(jobs)} | {len(trained)} | {found[0] if found else 'not found'} | "
               f"{found[1] if found else '-'} (grid: {len(grid)}) |")
+        sampled.append(f"seed {seed}: " + " ; ".join(f"{n.replace('accumulation=', 'acc').replace('freezing=', '')}"
+                                                     f"{'' if st == 'finished' else ' (' + st + ')'}" for n, st in jobs))
+    print("\ntrials in order (a configuration sampled again is 'already_finished', not retrained):")
+    print("\n".join(sampled))
 
 
 if __name__ == "__main__":
