@@ -115,6 +115,18 @@ class HardwareConfig:
     # purpose: "what would this run cost there". The record says so (tag hardware_what_if, and
     # hardware_profile "<name> (what-if)", which the report shows). Not for hardware=auto.
     what_if: bool = False
+    # Power usage effectiveness of the data centre (total facility energy / IT energy, >= 1):
+    # co2e_kg counts energy_kwh x pue (bertaccel/carbon.py). null: IT energy only, said in the tag.
+    pue: Optional[float] = None
+    pue_source: str = ""
+
+
+@dataclass
+class CarbonConfig:
+    """co2e_kg = energy_kwh x hardware.pue x grid intensity / 1000; meaning, table of regions and
+    checks in bertaccel/carbon.py."""
+    region: str = "world"                         # a row of carbon.REGIONS (published annual averages)
+    intensity_g_per_kwh: Optional[float] = None   # given: used instead of the region's figure
 
 
 @dataclass
@@ -158,7 +170,10 @@ class DatasetConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 1
-    batch_size: int = 32
+    # Rows per micro-batch and device: an integer, or "auto" (the largest power of two that fits the
+    # GPU at the dataset's longest padded length, found by trying: bertaccel/batch_fit.py).
+    # Any-typed so both spellings compose (as accumulation); validate() checks.
+    batch_size: Any = 32
     eval_batch_size: int = 128
     seed: int = 42
     device: str = "auto"
@@ -199,6 +214,13 @@ class ProfileWindowConfig:
     warmup_steps: int = 3   # run but not recorded (allocator, autotuning, caches settle)
     active_steps: int = 5   # recorded
     top_k: int = 10         # kernels listed in the artifact
+
+
+@dataclass
+class SearchConfig:
+    """hydra/sweeper=optuna_pareto: what a trial returns (bertaccel/search.py)."""
+    objectives: List[str] = field(default_factory=lambda: ["train_time_s", "cost_usd", "energy_kwh", "test_accuracy"])
+    directions: List[str] = field(default_factory=lambda: ["minimize", "minimize", "minimize", "maximize"])
 
 
 @dataclass
@@ -260,7 +282,9 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cache_dir: str = "~/.cache/bertaccel"
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    carbon: CarbonConfig = field(default_factory=CarbonConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     # true: a torch.profiler window after training -> kernel table, category shares, trace.
     profile: bool = False
     profile_window: ProfileWindowConfig = field(default_factory=ProfileWindowConfig)
@@ -353,6 +377,11 @@ def validate(cfg: Any) -> None:
     if why:
         raise ConfigError(why)
     _positive("hardware.price_per_gpu_hour_usd", cfg.hardware.price_per_gpu_hour_usd, allow_none=True)
+    from .carbon import check_carbon
+
+    why = check_carbon(cfg.carbon, cfg.hardware.pue)
+    if why:
+        raise ConfigError(why)
     _positive("num_gpus", cfg.num_gpus)
     if cfg.num_gpus > 1 and cfg.freezing.name != "none":
         raise ConfigError(f"num_gpus={cfg.num_gpus} with freezing={cfg.freezing.name}: DDP registers its gradient "
@@ -406,7 +435,12 @@ def validate(cfg: Any) -> None:
     _positive("dataset.test_subset", ds.test_subset, allow_none=True)
     tr = cfg.train
     _positive("train.epochs", tr.epochs)
-    _positive("train.batch_size", tr.batch_size)
+    if tr.batch_size != "auto" and (isinstance(tr.batch_size, bool) or not isinstance(tr.batch_size, int)
+                                    or tr.batch_size < 1):
+        raise ConfigError(f"train.batch_size={tr.batch_size!r} must be an integer >= 1 or auto")
+    if tr.batch_size == "auto" and cfg.num_gpus > 1:
+        raise ConfigError(f"train.batch_size=auto with num_gpus={cfg.num_gpus}: the search runs in one process; "
+                          "use num_gpus=1, or give the batch found by a num_gpus=1 run (metric batch_size_used)")
     _positive("train.eval_batch_size", tr.eval_batch_size)
     _one_of("train.device", tr.device, DEVICES)
     if tr.num_workers < 0:
@@ -422,6 +456,11 @@ def validate(cfg: Any) -> None:
 
     _one_of("train.gradient_checkpointing", tr.gradient_checkpointing, CHECKPOINTING)
     _positive("telemetry.interval_s", cfg.telemetry.interval_s)
+    from .search import check_search
+
+    why = check_search(cfg.search)
+    if why:
+        raise ConfigError(why)
     if cfg.profile_window.warmup_steps < 0:
         raise ConfigError(f"profile_window.warmup_steps={cfg.profile_window.warmup_steps} must be >= 0")
     _positive("profile_window.active_steps", cfg.profile_window.active_steps)

@@ -22,9 +22,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import distributed
-from .collectors import build_collectors
+from .batch_fit import cpu_refusal, fitted_batch
+from .carbon import co2e
+from .collectors import Reading, build_collectors
 from .compile_cache import compile_caches
-from .config import MODEL_SHAPE_FIELDS, validate
+from .config import MODEL_SHAPE_FIELDS, ConfigError, validate
 from .data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
 from .interrupt import Interrupted
 from .hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
@@ -169,6 +171,8 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     validate(cfg)
     device = resolve_device(cfg.train.device)
     check_gpu_count(cfg.num_gpus, device)
+    if cfg.train.batch_size == "auto" and device.type != "cuda":
+        raise ConfigError(cpu_refusal(device))
     if rank is not None and device.type == "cuda":
         device = torch.device("cuda", rank.rank)
         torch.cuda.set_device(device)
@@ -217,13 +221,19 @@ def startup_phases(marks: Mapping[str, float], started_at: float, result: Any) -
         "MLflow run opened": marks["run opened"] - marks["data read"],
         "tokenizer, tokenize (or token cache read)": marks["tokenized"] - marks["run opened"],
         "model build": marks["model built"] - marks["tokenized"],
-        "prediction of this run from the store (bertaccel.plan)": marks["predicted"] - marks["model built"],
+        # (only a train.batch_size=auto run has the search)
+        "train.batch_size=auto search (batch_search_time_s)": marks.get("batch fitted", marks["model built"])
+                                                              - marks["model built"],
+        "prediction of this run from the store (bertaccel.plan)": marks["predicted"]
+                                                                  - marks.get("batch fitted", marks["model built"]),
         "data loaders, telemetry collectors": marks["train called"] - marks["predicted"],
         "model to device, CUDA and cuBLAS start-up": result.device_ready_at - marks["train called"],
         "warm-up: compile / CUDA graphs / DDP first steps (compile_time_s)": result.compile_time_s,
         "optimizer, telemetry start, epoch set-up": set_up,
         "first batch (data loader start)": result.first_step_started_at - result.first_window_opened_at,
     }
+    if "batch fitted" not in marks:
+        del phases["train.batch_size=auto search (batch_search_time_s)"]
     return {k: round(v, 3) for k, v in phases.items()}
 
 
@@ -248,6 +258,9 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             marks["model built"] = time.time()
             # What was built, where the config has no shape of its own (a pretrained model).
             tracker.log_params({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None})
+            if cfg.train.batch_size == "auto":  # before the prediction and loaders, which read the batch
+                cfg = fitted_batch(cfg, model, device, data, tracker)
+                marks["batch fitted"] = time.time()
             # This run's own prediction, from the store as it stood before it (bertaccel/plan/hook.py).
             log_prediction(cfg, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)
             marks["predicted"] = time.time()
@@ -281,6 +294,8 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
             ccache.mark_warmed_up()  # (after training: a compile inside a window also counts as cold)
             cache_state = ccache.state(result.compiled_anything)
             measured = derived(collectors.results(), result, profile, cfg.precision.mfu_peak, cfg.num_gpus)
+            measured["co2e_kg"] = co2e(measured.get("energy_kwh", Reading.null("no energy collector")),
+                                       cfg.carbon, profile)
             if result.profile is not None:
                 write_report(result.profile, Path(prof_dir))
                 tracker.log_artifacts(prof_dir, "profile")

@@ -32,6 +32,7 @@ from .data import DataError
 from .interrupt import Interrupted, install as install_signal_handlers
 from .job import group_choices, record_bad_input, run_label
 from .launch import launch
+from .search import trial_result, uses_search
 from .sweep_runs import context_from_env, interrupt_parent, set_env
 
 register_configs()
@@ -98,8 +99,12 @@ def discard_run_dir() -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig):
-    info = job_info(HydraConfig.get())
+    hc = HydraConfig.get()
+    info = job_info(hc)
     outcome = run_one(cfg, info)
+    if info.multirun and uses_search(hc):
+        # Optuna's sweeper reads the objective values (or a failed trial) from the job's return.
+        return trial_result(outcome, cfg.search)
     if not info.multirun:
         if outcome.status != "finished":
             print(f"run {outcome.status}: {outcome.reason} (mlflow_run_id={outcome.run_id})", file=sys.stderr)

@@ -14,6 +14,7 @@ from typing import Any, List, Optional, Set
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
+from .search import uses_search
 from .sweep_runs import SweepContext, close_parent, open_parent, set_env, sweep_identity
 from .tracking import exit_if_store_unusable
 
@@ -91,6 +92,8 @@ class SweepProgress(Callback):
             state.total, state.swept = count_jobs(overrides), swept_keys(overrides)
         except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us "of N" and short names
             state.total, state.swept = None, set()
+        if uses_search(config.hydra):  # a search runs its n_trials, not the grid
+            state.total = int(config.hydra.sweeper.n_trials)
         state.uri = config.tracking.uri
         exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides)
@@ -100,7 +103,11 @@ class SweepProgress(Callback):
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
-        outcome = job_return.return_value if job_return.status.name == "COMPLETED" else None
+        # A search trial (search.py) returns its objective values with the Outcome attached, or
+        # fails with it attached (JobReturn keeps a failed job's exception as _return_value).
+        done = job_return.status.name == "COMPLETED"
+        outcome = job_return.return_value if done else getattr(job_return, "_return_value", None)
+        outcome = getattr(outcome, "outcome", outcome)
         if outcome is None or not hasattr(outcome, "status"):
             return
         self.state.outcomes.append(outcome)

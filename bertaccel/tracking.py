@@ -29,7 +29,10 @@ from mlflow.utils.time import get_current_time_millis
 from .config import ConfigError
 
 # Values that say where results go, not what was run: left out of the config hash.
-HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep")
+# carbon: how co2e_kg is priced from the measured energy, not what is trained (a region change
+# neither re-runs a finished configuration nor splits its repeats).
+# search: what a trial returns to the sweeper, not what is trained.
+HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search")
 MLFLOW_BATCH = 100  # log_batch accepts at most 100 params per call
 
 

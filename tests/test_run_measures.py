@@ -14,7 +14,7 @@ from conftest import TINY
 
 MEASURES = ("energy_kwh", "avg_power_w", "energy_per_sample_j", "samples_per_kwh", "occupancy_pct",
             "sm_active_pct", "tensor_active_pct", "dram_bw_util_pct", "gpu_util_pct", "mfu",
-            "model_flops", "achieved_tflops", "padded_tokens", "real_tokens") + tuple(
+            "model_flops", "achieved_tflops", "padded_tokens", "real_tokens", "co2e_kg") + tuple(
     f"profile_{c}_share" for c in CATEGORIES)
 
 
@@ -35,7 +35,7 @@ def test_profiled_cpu_run_records_measures_sources_and_profile_artifacts(cli):
     # This CPU run has no GPU: activity is null with that reason, and so is MFU (no peak FLOP/s).
     assert tags["occupancy_pct_source"] == "null: no GPU: this run is on the CPU"
     assert "mfu" not in m and "peak_tflops_fp32" in tags["mfu_source"]
-    assert ("energy_kwh" in m) == ("samples_per_kwh" in m)
+    assert ("energy_kwh" in m) == ("samples_per_kwh" in m) == ("co2e_kg" in m)
     # FLOPs and tokens are measured here; the profile shares add up to one.
     assert m["model_flops"] > 0 and m["padded_tokens"] >= m["real_tokens"] > 0
     assert sum(m[f"profile_{c}_share"] for c in CATEGORIES) == pytest.approx(1.0)

@@ -139,13 +139,15 @@ COLUMNS = (
     Column("epoch_accuracy", "test accuracy after each epoch, fractions separated by ';'", kind="series", low=0,
            high=1),
     Column("epoch_time_s", "each epoch's training seconds, separated by ';'", kind="series", low=0, low_open=True),
+    # Carbon, the optional fifth score term (--weights name=w1,w2,w3,w4,w5).
+    Column("co2e_kg", f"kilograms CO2-equivalent (energy x PUE x grid intensity); {NOT_MEASURED_HINT}", low=0),
 )
 CSV_COLUMNS = tuple(c.name for c in COLUMNS if c.required)
 OPTIONAL_COLUMNS = tuple(c.name for c in COLUMNS if not c.required)
 
 # MLflow metric for each report column.
 MLFLOW_METRICS = {"time_s": "train_time_s", "cost_usd": "cost_usd", "energy_kwh": "energy_kwh",
-                  "occupancy_pct": "occupancy_pct", "accuracy": "test_accuracy"}
+                  "occupancy_pct": "occupancy_pct", "accuracy": "test_accuracy", "co2e_kg": "co2e_kg"}
 # Row field -> (MLflow metric, whole number?) for the timing inputs (report/timing.py).
 MLFLOW_TIMING_METRICS = {"compile_time_s": ("compile_time_s", False), "step_time_ms": ("step_time_ms", False),
                          "optimizer_steps": ("optimizer_steps", True), "train_rows": ("dataset_train_rows", True),
@@ -229,6 +231,9 @@ def _mlflow_timing(metrics: Mapping[str, float], params: Mapping[str, str], tags
             extra[attr] = f"param {param} not logged" if text is None else f"param {param} = {text!r}, not a number"
             value = None
         fields[attr] = int(value) if whole and value is not None else value
+    if params.get("train.batch_size") == "auto" and metrics.get("batch_size_used") is not None:
+        fields["batch_size"] = int(metrics["batch_size_used"])  # the batch the search found (batch_fit.py)
+        extra["batch_size"] = "train.batch_size=auto: metric batch_size_used"
     mode = params.get("compile.mode", params.get("compile", ""))
     fields["compile_mode"] = "off" if mode.lower() in ("off", "false") else mode  # YAML 1.1 reads a bare off as false
     fields["compile_cache"] = tags.get("compile_cache", "")

@@ -24,6 +24,9 @@ PLOTS = [  # (file stem, x, y, x label, y label, title)
      "Time vs energy (slope = average power)"),
     ("cost_vs_accuracy", "cost_usd", "accuracy", "cost (USD)", "test accuracy", "Cost vs accuracy"),
 ]
+# Drawn when a run has co2e_kg (carbon.py), so a store or CSV without carbon gets no empty plot.
+CARBON_PLOT = ("co2e_vs_accuracy", "co2e_kg", "accuracy", "CO2e (kg)", "test accuracy",
+               "Carbon vs accuracy (CO2e = energy x PUE x grid intensity)")
 
 
 def scatter_figure(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, title: str) -> Tuple[Any, int]:
@@ -130,7 +133,8 @@ def all_plots(rows: Sequence[Row], basis: Optional[Basis] = None) -> List[Dict]:
     """basis: what time, cost and energy are (--time, --project-epochs); it relabels the axes."""
     basis = basis or Basis()
     out = []
-    for stem, x, y, xl, yl, title in PLOTS:
+    carbon = [CARBON_PLOT] if any(r.co2e_kg is not None for r in rows) else []
+    for stem, x, y, xl, yl, title in PLOTS + carbon:
         xl, yl = (basis.label(c) if basis.label(c) != c else default for c, default in ((x, xl), (y, yl)))
         if basis.title_suffix:
             title = f"{title} ({basis.title_suffix})"

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from .scoring import METRICS, Row, Scored
+from .scoring import METRICS, Row, Scored, full_weights
 from .timing import Basis, TimeView
 
 Table = tuple  # (title, note, headers, rows of cells)
@@ -150,7 +150,10 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     n = len(rows)
     # Metrics null in as many rows for the same reasons share one note: each reason said once.
     null_notes: Dict[tuple, List[str]] = {}
-    for col, label in zip(METRICS, ("time", "cost", "energy", "occupancy")):
+    # Carbon is said (notes, columns) only where it is in play: a run has it or a strategy weighs it.
+    carbon = any(r.co2e_kg is not None for r in rows) or any(full_weights(w)[4] > 0 for w in scored.strategies.values())
+    metrics = METRICS if carbon else METRICS[:4]
+    for col, label in zip(metrics, ("time", "cost", "energy", "occupancy", "carbon")):
         nulls = [r for r in rows if r.get(col) is None]
         if nulls:
             reasons = tuple(sorted({r.extra.get(col, "empty in the input") for r in nulls}))
@@ -168,17 +171,20 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
         rep.tables.append(projection_table(view))
     rep.tables.append((f"Raw metrics (thesis Table 5.1 form{sfx})", "# = the point labels in the plots",
                        ["#", "run", "hardware", "precision", lab("time_s"), lab("cost_usd"), lab("energy_kwh"),
-                        o_label, lab("accuracy")],
+                        o_label, lab("accuracy")] + (["co2e_kg"] if carbon else []),
                        [[str(i), r.name, r.hardware, r.precision, _f(r.time_s, ".2f"), _f(r.cost_usd, ".4g"),
                          _f(r.energy_kwh, ".5f"), _f(r.occupancy_pct, ".2f"), _f(r.accuracy, ".4f")]
-                        for i, r in enumerate(rows)]))
+                        + ([_f(r.co2e_kg, ".3g")] if carbon else []) for i, r in enumerate(rows)]))
     rep.tables.append((f"Max-normalized (thesis Table 5.2 form{sfx})", "each column divided by its maximum",
-                       ["run", "time", "cost", "energy", "occupancy"],
-                       [[r.name] + [_f(scored.normalized[i][m]) for m in METRICS] for i, r in enumerate(rows)]))
+                       ["run", "time", "cost", "energy", "occupancy"] + (["carbon"] if carbon else []),
+                       [[r.name] + [_f(scored.normalized[i][m]) for m in metrics] for i, r in enumerate(rows)]))
     names = list(scored.strategies)
-    weights = [[s] + [format(w, "g") for w in scored.strategies[s]] for s in names]
-    rep.tables.append(("Weight strategies (thesis Table 5.3 form)", "Score = w1*T + w2*C + w3*E - w4*O, lower is better",
-                       ["strategy", "w1 time", "w2 cost", "w3 energy", "w4 occupancy"], weights))
+    weights = [[s] + [format(w, "g") for w in full_weights(scored.strategies[s])[:len(metrics)]] for s in names]
+    rep.tables.append(("Weight strategies (thesis Table 5.3 form)",
+                       "Score = w1*T + w2*C + w3*E - w4*O" + (" + w5*CO2e (w5 = 0: the thesis' four terms)"
+                                                              if carbon else "") + ", lower is better",
+                       ["strategy", "w1 time", "w2 cost", "w3 energy", "w4 occupancy"] + (["w5 carbon"] if carbon else []),
+                       weights))
     score_rows = []
     for i, r in enumerate(rows):
         cells = [r.name, _f(r.accuracy, ".4f")]

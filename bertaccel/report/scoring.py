@@ -1,7 +1,8 @@
 """The thesis' weighted score (seed 004, section 5.1): max-normalize, weight, rank.
 
-Score = w1*T + w2*C + w3*E - w4*O, each metric divided by its column maximum first (Table 5.2);
-lower is better. A row missing a metric is scored over the metrics it has, with the weights
+Score = w1*T + w2*C + w3*E - w4*O (+ w5*CO2e), each metric divided by its column maximum first
+(Table 5.2); lower is better. The fifth term, carbon (co2e_kg, bertaccel/carbon.py), is ours, not
+the thesis': a strategy of four weights has w5 = 0 and scores exactly as the thesis does. A row missing a metric is scored over the metrics it has, with the weights
 of those metrics scaled up so their absolute sum equals the strategy's (never as if the
 missing value were 0), and the row is listed as affected.
 """
@@ -11,8 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-METRICS = ("time_s", "cost_usd", "energy_kwh", "occupancy_pct")  # T, C, E, O
-SIGNS = (1.0, 1.0, 1.0, -1.0)  # occupancy is a benefit
+METRICS = ("time_s", "cost_usd", "energy_kwh", "occupancy_pct", "co2e_kg")  # T, C, E, O, CO2e
+SIGNS = (1.0, 1.0, 1.0, -1.0, 1.0)  # occupancy is a benefit
+THESIS_TERMS = 4  # T, C, E, O: the thesis' strategies give these; w5 (carbon) is then 0
 
 # Thesis Table 5.3: (w1 time, w2 cost, w3 energy, w4 occupancy).
 STRATEGIES: Dict[str, Tuple[float, float, float, float]] = {
@@ -66,16 +68,23 @@ class Row:
     test_rows: Optional[int] = None          # rows accuracy was measured on (None = unknown or the full split)
     epoch_accuracy: Tuple[float, ...] = ()   # test accuracy after each epoch, in order
     epoch_time_s: Tuple[float, ...] = ()     # each epoch's training window in seconds
+    co2e_kg: Optional[float] = None          # carbon (bertaccel/carbon.py), the optional fifth score term
 
     def get(self, metric: str) -> Optional[float]:
         return getattr(self, metric)
 
 
-def parse_weights(text: str) -> Tuple[float, float, float, float]:
-    """'0.4,0.4,0.1,0.1' -> weights; raises ValueError with the reason."""
+def full_weights(weights: Sequence[float]) -> Tuple[float, ...]:
+    """A strategy's weights for all of METRICS: four (the thesis' form) get w5 = 0."""
+    return tuple(weights) + (0.0,) * (len(METRICS) - len(weights))
+
+
+def parse_weights(text: str) -> Tuple[float, ...]:
+    """'0.4,0.4,0.1,0.1' or '0.3,0.3,0.1,0.1,0.2' -> weights; raises ValueError with the reason."""
     parts = [p for p in text.replace(" ", "").split(",") if p]
-    if len(parts) != 4:
-        raise ValueError(f"--weights {text!r}: give four numbers w1,w2,w3,w4 (time, cost, energy, occupancy)")
+    if len(parts) not in (THESIS_TERMS, len(METRICS)):
+        raise ValueError(f"--weights {text!r}: give four numbers w1,w2,w3,w4 (time, cost, energy, occupancy), "
+                         "or five with w5 for carbon (co2e_kg)")
     try:
         w = tuple(float(p) for p in parts)
     except ValueError:
@@ -103,8 +112,9 @@ def normalized(rows: Sequence[Row]) -> List[Dict[str, Optional[float]]]:
 
 
 def score(norm: Mapping[str, Optional[float]], weights: Sequence[float]) -> Tuple[Optional[float], List[str]]:
-    """(score, metrics left out). None when no weighted metric is present."""
-    present = [i for i, m in enumerate(METRICS) if norm[m] is not None]
+    """(score, metrics left out). None when no weighted metric is present. Four weights: w5 = 0."""
+    weights = full_weights(weights)
+    present = [i for i, m in enumerate(METRICS) if norm.get(m) is not None]  # (a 4-term table: no CO2e)
     missing = [METRICS[i] for i in range(len(METRICS)) if i not in present and weights[i] > 0]
     total = sum(abs(w) for w in weights)
     have = sum(abs(weights[i]) for i in present)
@@ -151,7 +161,7 @@ def time_ranking(rows: Sequence[Row], strategies: Mapping[str, Sequence[float]],
 
 @dataclass
 class Scored:
-    strategies: Dict[str, Tuple[float, float, float, float]]
+    strategies: Dict[str, Tuple[float, ...]]
     normalized: List[Dict[str, Optional[float]]]
     scores: Dict[str, List[Optional[float]]]          # strategy -> score per row
     affected: Dict[int, List[str]]                      # row index -> metrics renormalized away

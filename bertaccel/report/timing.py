@@ -182,8 +182,13 @@ def with_projection(rows: Sequence[Row], projections: Sequence[ProjectedRun]) ->
         samples = None if p.steps is None else p.epochs * r.train_rows_full
         if samples is None:
             extra["train_samples"] = p.why["time_s"]
+        # co2e_kg is energy x a constant (carbon.py): it follows the projected energy.
+        co2e = (None if r.co2e_kg is None or p.energy_kwh is None or not r.energy_kwh
+                else r.co2e_kg * p.energy_kwh / r.energy_kwh)
+        if r.co2e_kg is not None and co2e is None:
+            extra["co2e_kg"] = p.why.get("energy_kwh", "energy_kwh not projected")
         out.append(dataclasses.replace(r, time_s=p.time_s, energy_kwh=p.energy_kwh, cost_usd=p.cost_usd,
-                                       train_samples=samples, extra=extra))
+                                       co2e_kg=co2e, train_samples=samples, extra=extra))
     return out
 
 

@@ -1,0 +1,77 @@
+"""Carbon: a run's co2e_kg from its measured energy, a grid's carbon intensity and the data
+centre's PUE. The one home of the `carbon` config block (conf/config.yaml): its settings'
+meaning, their checks (validate() calls check_carbon) and their effect (job.py logs co2e_kg).
+
+co2e_kg = energy_kwh x PUE x intensity_g_per_kwh / 1000
+
+- energy_kwh is what the run measured (NVML board energy on a GPU, RAPL package energy on a
+  CPU): IT energy only. No energy -> no co2e_kg, null with energy's own reason (never 0).
+- PUE (power usage effectiveness, total facility energy / IT energy) is the hardware profile's
+  `pue` when it has one: cooling and power delivery of the data centre. A profile without one
+  is taken at the IT energy alone, and the source tag says so.
+- The intensity is `carbon.intensity_g_per_kwh` when given, else the row of REGIONS that
+  `carbon.region` names (default "world"). Grid averages of a year: location-based, not the
+  hour the run ran in nor a provider's market-based (contract) figure.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple, Optional
+
+from .collectors import Reading
+
+
+class Intensity(NamedTuple):
+    g_per_kwh: float
+    source: str  # publication and the year the figure is of
+
+
+# Published annual average grid intensities (generation, gCO2e per kWh). Small on purpose: a
+# region not here is given as carbon.intensity_g_per_kwh with its own source in the run's notes.
+REGIONS: Mapping[str, Intensity] = {
+    "world": Intensity(480.0, "Ember, Global Electricity Review 2024: world power sector, 2023"),
+    "us": Intensity(367.0, "US EIA, 'How much carbon dioxide is produced per kWh' (0.81 lb/kWh), 2023"),
+    "de": Intensity(380.0, "Umweltbundesamt, CO2-Emissionsfaktoren fuer den deutschen Strommix, 2023"),
+    "fr": Intensity(32.0, "RTE, Bilan electrique 2023: emissions of French generation, 2023"),
+    "uk": Intensity(207.0, "UK DESNZ, GHG conversion factors 2024: electricity generated (0.20705 kg/kWh)"),
+}
+DEFAULT_REGION = "world"
+
+
+def check_carbon(carbon: Any, pue: Optional[float]) -> Optional[str]:
+    """Why the carbon block (or the profile's pue) cannot work, in one line; None when it can."""
+    if carbon.intensity_g_per_kwh is None and carbon.region not in REGIONS:
+        return (f"carbon.region={carbon.region!r} is not in bertaccel/carbon.py's table; choose one of "
+                f"{', '.join(REGIONS)}, or give carbon.intensity_g_per_kwh=<grams CO2e per kWh> for another grid")
+    if carbon.intensity_g_per_kwh is not None and not carbon.intensity_g_per_kwh >= 0:
+        return f"carbon.intensity_g_per_kwh={carbon.intensity_g_per_kwh!r} must be >= 0 (grams CO2e per kWh)"
+    if pue is not None and not pue >= 1.0:
+        return (f"hardware.pue={pue!r} must be >= 1 (total facility energy / IT energy); leave it null "
+                "to count the IT energy alone")
+    return None
+
+
+def intensity(carbon: Any) -> Intensity:
+    """The grid intensity this run uses and where it comes from."""
+    if carbon.intensity_g_per_kwh is not None:
+        return Intensity(float(carbon.intensity_g_per_kwh),
+                         f"carbon.intensity_g_per_kwh={carbon.intensity_g_per_kwh:g} (given; carbon.region not used)")
+    row = REGIONS[carbon.region]
+    return Intensity(row.g_per_kwh, f"carbon.region={carbon.region}: {row.source}")
+
+
+def co2e(energy: Reading, carbon: Any, profile: Mapping[str, Any]) -> Reading:
+    """co2e_kg of a run from its energy_kwh reading (see the module's docstring)."""
+    if energy.value is None:
+        why = energy.source[len("null: "):] if energy.source.startswith("null: ") else energy.source
+        return Reading.null(f"energy_kwh unavailable ({why})")
+    grid = intensity(carbon)
+    pue = profile.get("pue")
+    if pue is None:
+        pue_part = f"PUE not applied (hardware profile '{profile.get('name')}' has no pue: IT energy only)"
+        factor = 1.0
+    else:
+        factor = float(pue)
+        pue_part = f"PUE {factor:g} (hardware profile '{profile.get('name')}'" + (
+            f": {profile['pue_source']})" if profile.get("pue_source") else ")")
+    value = energy.value * factor * grid.g_per_kwh / 1000.0
+    return Reading(value, f"energy_kwh x {pue_part} x {grid.g_per_kwh:g} gCO2e/kWh ({grid.source}) / 1000")

@@ -1,0 +1,72 @@
+"""Multi-objective search (hydra-optuna-sweeper) instead of the full grid: the one home of the
+`search` config block, its check, and what a job returns to the sweeper.
+
+    python -m bertaccel.run -m --config-name thesis_grid hydra/sweeper=optuna_pareto
+
+The sweeper (conf/hydra/sweeper/optuna_pareto.yaml: NSGA-II, n_trials) picks each trial's
+configuration from the study's own axes (its hydra.sweeper.params, so the search covers the same
+groups as the grid) and our launcher runs it: every trial is an ordinary run of the sweep's
+MLflow parent, and the report reads them as any sweep. The job returns `search.objectives`, MLflow
+metric names, read from the finished run; the preset's directions are `search.directions`
+(interpolated, so objectives and directions have this one home).
+
+A trial whose run did not finish (skipped, failed, bad input) or lacks an objective (energy_kwh
+on a CPU without RAPL) raises TrialFailed: Optuna records the trial as failed, never a made-up
+value. On such a machine leave that objective out, e.g.
+search.objectives=[train_time_s,test_accuracy] search.directions=[minimize,maximize].
+A trial Optuna samples again (a small categorical space) is not trained twice: with sweep.resume
+(the default) the earlier run's metrics are returned.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+DIRECTIONS = ("minimize", "maximize")
+
+
+class TrialFailed(RuntimeError):
+    """The run gave no objective values; carries its Outcome (the sweep's summary lists it)."""
+
+    def __init__(self, message: str, outcome: Any) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class Objectives(tuple):
+    """The objective values, as the sweeper reads them (a tuple of floats), with the run's
+    Outcome attached for the sweep's progress lines and summary (sweep_progress.py)."""
+    outcome: Any = None
+
+
+def check_search(search: Any) -> Optional[str]:
+    objectives, directions = list(search.objectives), list(search.directions)
+    if not objectives:
+        return "search.objectives is empty: name at least one MLflow metric, e.g. [train_time_s,test_accuracy]"
+    if len(objectives) != len(directions):
+        return (f"search.objectives has {len(objectives)} metric(s) but search.directions {len(directions)}: give one "
+                "direction (minimize or maximize) per objective, in the same order")
+    bad = [d for d in directions if d not in DIRECTIONS]
+    if bad:
+        return f"search.directions: {bad[0]!r} is not one of {', '.join(DIRECTIONS)}"
+    if len(set(objectives)) != len(objectives):
+        return f"search.objectives={objectives}: an objective is named twice"
+    return None
+
+
+def uses_search(hydra_cfg: Any) -> bool:
+    """Whether this job's sweeper is Optuna's, which needs the objective values back."""
+    target = str((hydra_cfg.get("sweeper") or {}).get("_target_", ""))
+    return "optuna" in target.lower()
+
+
+def trial_result(outcome: Any, search: Any) -> Tuple[float, ...]:
+    """The objective values of a finished run, in search.objectives' order; else TrialFailed."""
+    if outcome.status not in ("finished", "already_finished"):
+        raise TrialFailed(f"run {outcome.run_name} {outcome.status}: {outcome.reason}", outcome)
+    missing = [m for m in search.objectives if outcome.metrics.get(m) is None]
+    if missing:
+        raise TrialFailed(f"run {outcome.run_name} has no {', '.join(missing)} (see the run's "
+                          f"{missing[0]}_source tag); leave it out of search.objectives on this machine", outcome)
+    values = Objectives(float(outcome.metrics[m]) for m in search.objectives)
+    values.outcome = outcome
+    return values
