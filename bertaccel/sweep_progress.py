@@ -100,9 +100,9 @@ class SweepProgress(Callback):
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         plain = PLAIN_SUBMITIT.get(config.hydra.launcher.get("_target_", ""))
         if plain is not None:
-            print(f"error: hydra-submitit-launcher's own launcher runs this sweep without its checks, resume "
-                  f"and summary; use hydra/launcher={plain} (the same options{', or slurm_gpu / slurm_ddp' if plain == 'slurm' else ''})",
-                  file=sys.stderr)
+            presets = " (the same options), or the presets slurm_gpu, slurm_ddp" if plain == "slurm" else ""
+            print(f"error: hydra-submitit-launcher's own launcher would run this sweep without bertaccel's checks "
+                  f"before submission and without the sweep's summary; use hydra/launcher={plain}{presets}", file=sys.stderr)
             raise SystemExit(2)
         state = self.state = SweepState(pid=os.getpid())
         overrides = list(config.hydra.overrides.task)

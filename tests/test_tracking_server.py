@@ -22,12 +22,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator, List, Optional
 
+import nbformat
 import pytest
 from mlflow import MlflowClient
+from nbclient import NotebookClient
 
 from bertaccel.tracking import search_runs
 
 pytestmark = pytest.mark.postgres
+ROOT = Path(__file__).resolve().parent.parent
 
 SMALL = ["model=tiny", "train.device=cpu", "dataset.train_subset=32", "dataset.test_subset=16",
          "train.batch_size=16", "train.max_steps_per_epoch=2"]
@@ -152,7 +155,7 @@ def tracking_server(postgres, tmp_path) -> Iterator[str]:
         log.close()
 
 
-def test_a_parallel_sweep_on_a_postgresql_tracking_server(cli, tracking_server, tmp_path):
+def test_a_parallel_sweep_on_a_postgresql_tracking_server(cli, tracking_server, tmp_path, monkeypatch):
     uri = tracking_server
     proc = cli(["-m", "train.seed=1,2,3,4", "launcher.runs_at_once=4", *SMALL], uri=uri)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -186,3 +189,11 @@ def test_a_parallel_sweep_on_a_postgresql_tracking_server(cli, tracking_server, 
     assert report.returncode == 0, report.stderr[-3000:]
     text = (out / "report.md").read_text()
     assert all(f"train.seed={s}" in text for s in (1, 2, 3, 4)), text[:3000]
+    # ... and so does the notebook (it takes the store from BERTACCEL_TRACKING_URI)
+    monkeypatch.setenv("BERTACCEL_TRACKING_URI", uri)
+    monkeypatch.setenv("BERTACCEL_SWEEP_ID", parent.data.tags["sweep_id"])
+    nb = nbformat.read(ROOT / "notebooks" / "compare_runs.ipynb", as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert any("4 finished runs" in o.get("text", "") for o in outputs)

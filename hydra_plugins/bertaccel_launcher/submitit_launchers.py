@@ -151,21 +151,42 @@ class _BertaccelSubmitit:
         return executor
 
     def _collect(self, submitted: List[Tuple[Any, int, DictConfig]], returns: Dict[int, JobReturn]) -> None:
-        """Each job's JobReturn as it ends, handed to the sweep's callback in this process."""
+        """Each job's JobReturn as it ends, handed to the sweep's callback in this process.
+        Ctrl-C / SIGTERM here (bertaccel.interrupt): the jobs still queued or running are
+        cancelled and their runs marked interrupted, as a local sweep stops its current run."""
         import submitit
+        from bertaccel.interrupt import Interrupted
         from bertaccel.sweep_progress import SweepProgress
 
         where = {id(job): (idx, sweep_cfg) for job, idx, sweep_cfg in submitted}
+        pending = {id(job): job for job, _, _ in submitted}
         frames = [c for c in self.hydra_context.callbacks.callbacks if isinstance(c, SweepProgress)]
-        for job in submitit.helpers.as_completed([j for j, _, _ in submitted], poll_frequency=self.POLL_S):
-            idx, sweep_cfg = where[id(job)]
-            error = job.exception()
-            ret = job.results()[0] if error is None else self._ended_without_result(sweep_cfg, job, error)
-            returns[idx] = ret
-            for frame in frames:
-                frame.on_job_end(config=sweep_cfg, job_return=ret)
+        try:
+            for job in submitit.helpers.as_completed(list(pending.values()), poll_frequency=self.POLL_S):
+                del pending[id(job)]
+                idx, sweep_cfg = where[id(job)]
+                error = job.exception()
+                if error is None:
+                    ret = job.results()[0]
+                else:
+                    ret = self._ended_without_result(
+                        sweep_cfg, f"its {self._EXECUTOR} job {job.job_id} ended without a result ({_last_line(error)})")
+                returns[idx] = ret
+                for frame in frames:
+                    frame.on_job_end(config=sweep_cfg, job_return=ret)
+        except Interrupted as e:
+            marked = []
+            for job in pending.values():
+                job.cancel(check=False)
+                ret = self._ended_without_result(where[id(job)][1], f"{e.reason} (its {self._EXECUTOR} job "
+                                                                    f"{job.job_id} was cancelled)")
+                marked.append(ret.return_value)
+            # for run.cli's one line: which runs it closed
+            e.run_name = ", ".join(o.run_name for o in marked) or None
+            e.run_id = ", ".join(o.run_id for o in marked if o.run_id) or None
+            raise
 
-    def _ended_without_result(self, sweep_cfg: DictConfig, job: Any, error: BaseException) -> JobReturn:
+    def _ended_without_result(self, sweep_cfg: DictConfig, reason: str) -> JobReturn:
         """A job killed from outside (not an outcome of its configuration): its run, if it opened
         one, is marked interrupted, which the same sweep command runs again."""
         from bertaccel.job import Outcome, cfg_hash
@@ -175,7 +196,6 @@ class _BertaccelSubmitit:
 
         cfg = _task_config(sweep_cfg)
         info = job_info(sweep_cfg.hydra)
-        reason = f"its {self._EXECUTOR} job {job.job_id} ended without a result ({_last_line(error)})"
         log.warning(f"run {info.name}: {reason}")
         found = f"tags.config_hash = '{cfg_hash(cfg)}' and tags.status = 'running'"
         sweep = context_from_env()
