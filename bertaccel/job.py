@@ -36,7 +36,7 @@ from .memory import PeakMemory
 from .model import ModelUnavailable, build_model, built_shape, load_tokenizer
 from .plan.hook import log_prediction
 from .profiling import write_report
-from .sweep_runs import context_from_env, previous_outcome
+from .sweep_runs import context_from_env, previous_outcome, scheduler_tags
 from .tracking import RunTracker, config_hash, flatten, git_sha
 from .step_clock import steady_source
 from .step import uses_fixed_shapes
@@ -84,7 +84,7 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
     # host + pid let a later sweep tell a run whose process died (SIGKILL) from a live one.
     tags = {"config_hash": config_hash(resolved), "config_key_noseed": config_key_noseed(resolved), "git_sha": git_sha(), "status": "running",
-            "host": socket.gethostname(), "pid": str(os.getpid()), **extra_tags}
+            "host": socket.gethostname(), "pid": str(os.getpid()), **scheduler_tags(), **extra_tags}
     sweep = context_from_env()
     if sweep is not None:
         tags.update({"sweep_id": sweep.sweep_id, "mlflow.parentRunId": sweep.parent_run_id})

@@ -57,8 +57,9 @@ def job_info(hc: DictConfig) -> JobInfo:
     name = run_label(hc.overrides.task, sweep.swept if sweep is not None else ())
     choices = group_choices(hc.runtime.choices, GROUPS)
     # The first job pays the interpreter and import start-up, later jobs of a sweep do not.
-    # (Hydra numbers a multirun's jobs from 0 in launch order; no counter of our own.)
-    if not multirun or hc.job.num == 0:
+    # (Hydra numbers a multirun's jobs from 0 in launch order; no counter of our own.) A submitit
+    # job (hydra/launcher=slurm, local_jobs) is a process of its own, whatever its number.
+    if not multirun or hc.job.num == 0 or os.environ.get("SUBMITIT_EXECUTOR"):
         started_at, started_source = psutil.Process().create_time(), "process start"
     else:
         started_at, started_source = time.time(), "job start (later job of a multirun)"

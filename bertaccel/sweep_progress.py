@@ -4,10 +4,17 @@ Hydra calls this callback in the launching process; bertaccel's launcher runs ev
 Hydra side there (also with launcher.runs_at_once > 1), so the outcomes collected here are
 all the sweep's runs. The parent run's id and the swept keys reach the jobs through an
 environment variable (sweep_runs.SWEEP_ENV).
+
+The submitit launchers (hydra/launcher=slurm, slurm_gpu, slurm_ddp, local_jobs) run a job's
+Hydra side in the job's own process, with a pickled copy of this callback: there it only makes
+sure the job has the sweep's context (a cluster may not pass the submitting environment on) and
+stays silent; the launcher hands each outcome to this instance in the launching process.
 """
 from __future__ import annotations
 
 import math
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Set
 
@@ -15,10 +22,15 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
 from .search import uses_search
-from .sweep_runs import SweepContext, close_parent, open_parent, set_env, sweep_identity
+from .sweep_runs import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
 from .tracking import exit_if_store_unusable
 
-STATUSES = ("finished", "skipped", "failed", "already_finished", "not_retried")
+# interrupted: a submitit job killed from outside (its run is marked so and runs again next time)
+STATUSES = ("finished", "skipped", "failed", "interrupted", "already_finished", "not_retried")
+# hydra-submitit-launcher's own classes: they collect no outcome where this callback can see it
+# and check nothing before submitting; conf/hydra/launcher/ has them with bertaccel's bookkeeping.
+PLAIN_SUBMITIT = {"hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher": "slurm",
+                  "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher": "local_jobs"}
 
 
 def count_jobs(overrides: List[str]) -> int:
@@ -39,6 +51,7 @@ class SweepState:
     outcomes: List[Any] = field(default_factory=list)
     context: Optional[SweepContext] = None
     uri: str = ""
+    pid: int = 0  # the launching process (a submitit job's process has a copy of this state)
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -46,6 +59,8 @@ class SweepState:
     def counts(self) -> str:
         text = (f"finished={self.count('finished')} skipped={self.count('skipped')} "
                 f"failed={self.count('failed')}")
+        if self.count("interrupted"):
+            text += f" interrupted={self.count('interrupted')}"
         if self.count("already_finished") or self.count("not_retried"):
             text += (f" | resumed: already finished={self.count('already_finished')}, "
                      f"failed/skipped before and not retried={self.count('not_retried')}")
@@ -84,7 +99,13 @@ class SweepProgress(Callback):
         self.state = SweepState()
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        state = self.state = SweepState()
+        plain = PLAIN_SUBMITIT.get(config.hydra.launcher.get("_target_", ""))
+        if plain is not None:
+            presets = " (the same options), or the presets slurm_gpu, slurm_ddp" if plain == "slurm" else ""
+            print(f"error: hydra-submitit-launcher's own launcher would run this sweep without bertaccel's checks "
+                  f"before submission and without the sweep's summary; use hydra/launcher={plain}{presets}", file=sys.stderr)
+            raise SystemExit(2)
+        state = self.state = SweepState(pid=os.getpid())
         overrides = list(config.hydra.overrides.task)
         params = config.hydra.sweeper.get("params") or {}
         overrides += [f"{k}={v}" for k, v in params.items()]
@@ -102,7 +123,13 @@ class SweepProgress(Callback):
         set_env(state.context)
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
 
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+        if os.getpid() != self.state.pid and self.state.context is not None and context_from_env() is None:
+            set_env(self.state.context)  # a submitit job whose scheduler did not pass the environment on
+
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        if os.getpid() != self.state.pid:
+            return  # a submitit job's process: its launcher hands the outcome to the launching process
         # A search trial (search.py) returns its objective values with the Outcome attached, or
         # fails with it attached (JobReturn keeps a failed job's exception as _return_value).
         done = job_return.status.name == "COMPLETED"

@@ -130,6 +130,17 @@ def previous_outcome(uri: str, experiment: str, config_hash: str, retry_failed: 
     return None
 
 
+def scheduler_tags() -> Dict[str, str]:
+    """The submitit job a run executes in (hydra/launcher=slurm, local_jobs; its processes
+    inherit the job's environment): the id leads to the job's log, <sweep dir>/.submitit/<id>/."""
+    executor = os.environ.get("SUBMITIT_EXECUTOR")
+    if not executor:
+        return {}
+    import submitit
+
+    return {"scheduler": executor, "scheduler_job_id": submitit.JobEnvironment().job_id}
+
+
 def context_from_env() -> Optional[SweepContext]:
     raw = os.environ.get(SWEEP_ENV)
     if not raw:
