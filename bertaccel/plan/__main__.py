@@ -10,13 +10,11 @@ Prints the predictions, the thesis' scores on them and the best configuration pe
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import List, Optional
 
+from ..report.folder import write_folder
 from .calibrate import DEFAULT_MFU, POWER_UTILISATION
 
 SCALING = (f"--hardware: each configuration re-priced on the profile: achieved FLOP/s from runs on that hardware "
@@ -52,26 +50,6 @@ def _targets(spec: Optional[str]) -> List[str]:
         raise PlanInputError(f"--hardware {spec}: {', '.join(bad) or 'no name'} is not a hardware profile; "
                              f"choose from {', '.join(known)}")
     return list(dict.fromkeys(names))
-
-
-def _write(out: Path, md: str, csv_text: str, plots: List[dict]) -> None:
-    """Into a temporary folder first, then moved: a failed plan leaves nothing half-written."""
-    tmp = Path(tempfile.mkdtemp(prefix=".plan-", dir=out.parent if out.parent.exists() else None))
-    try:
-        mask = os.umask(0o077)
-        os.umask(mask)
-        os.chmod(tmp, 0o777 & ~mask)
-        (tmp / "plots").mkdir()
-        for p in plots:
-            (tmp / "plots" / f"{p['stem']}.png").write_bytes(p["png"])
-        (tmp / "plan.md").write_text(md)
-        (tmp / "plan.csv").write_text(csv_text)
-        if out.exists():
-            shutil.rmtree(out)
-        shutil.move(str(tmp), str(out))
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
 
 def _plots(preds, several: bool) -> List[dict]:
@@ -143,7 +121,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.out:
         md = output.markdown(tables, notes, f"bertaccel plan: {grid.config_name}")
         md += "\n## Plots\n\n" + "\n\n".join(f"![{p['title']}](plots/{p['stem']}.png)" for p in _plots(preds, several))
-        _write(Path(a.out), md + "\n", output.to_csv(preds, several), _plots(preds, several))
+        write_folder(Path(a.out), {"plan.md": md + "\n", "plan.csv": output.to_csv(preds, several)},
+                     _plots(preds, several), prefix=".plan-")
         print(f"plan: {Path(a.out) / 'plan.md'}, {Path(a.out) / 'plan.csv'}")
     return 0
 

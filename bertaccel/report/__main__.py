@@ -9,14 +9,12 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from . import load_rows
 from .data import OPTIONAL_COLUMNS, ReportInputError
+from .folder import write_folder
 from .extend import extend
 from .gate import warning
 from .occupancy import DEFAULT_OCCUPANCY_METRIC, OCCUPANCY_METRICS, o_column, with_occupancy_metric
@@ -55,13 +53,6 @@ def _args(argv=None) -> argparse.Namespace:
                          "(a fraction; from per-epoch accuracy and training windows)")
     ap.add_argument("--out", default="report", help="output folder (report.md, report.html, plots/)")
     return ap.parse_args(argv)
-
-
-def _umask() -> int:
-    """The process's umask (reading it means setting it: set back at once)."""
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
 
 
 def _check_store(uri: str) -> None:
@@ -129,23 +120,8 @@ def main(argv=None) -> int:
     if not a.csv:  # each run's own prediction beside its measurement (report/predicted.py)
         add_predicted(report, a.uri, a.experiment, measured)
     out = Path(a.out)
-    # Written to a temp folder first, then moved: an interrupted report leaves nothing half-written.
-    tmp = Path(tempfile.mkdtemp(prefix=".report-", dir=out.parent if out.parent.exists() else None))
-    try:
-        # mkdtemp makes its folder private (0700); the report is a folder like any other the user
-        # makes, so it gets what mkdir would give it under the user's umask (0755 under 022).
-        os.chmod(tmp, 0o777 & ~_umask())
-        (tmp / "plots").mkdir()
-        for p in report.plots:
-            (tmp / "plots" / f"{p['stem']}.png").write_bytes(p["png"])
-        (tmp / "report.md").write_text(to_markdown(report))
-        (tmp / "report.html").write_text(to_html(report))
-        if out.exists():
-            shutil.rmtree(out)
-        shutil.move(str(tmp), str(out))
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    write_folder(out, {"report.md": to_markdown(report), "report.html": to_html(report)}, report.plots,
+                 prefix=".report-")
     for label, _, b in scored.best_lines():
         print(f"{label:18s} best: {rows[b].name if b is not None else 'none eligible'}")
     for line in console:
