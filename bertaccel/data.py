@@ -184,7 +184,8 @@ def _read_files(train_path: Path, test_path: Path, text_columns: Sequence[str], 
     if cache_dir is None:
         return (read_csv_split(train_path, text_columns, label_column),
                 read_csv_split(test_path, text_columns, label_column))
-    stamp = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in (train_path, test_path)]
+    stats = [(p, p.stat()) for p in (train_path, test_path)]
+    stamp = [[str(p.resolve()), st.st_size, st.st_mtime_ns] for p, st in stats]
     key = hashlib.sha256(json.dumps([stamp, list(text_columns), label_column]).encode()).hexdigest()[:24]
     path = Path(os.path.expanduser(cache_dir)) / "raw" / f"{key}.pkl"
     if path.is_file():

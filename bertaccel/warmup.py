@@ -17,6 +17,7 @@ without (for a batch without padding HF passes no mask at all: another kernel va
 from __future__ import annotations
 
 import re
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Sequence
@@ -127,8 +128,6 @@ def new_events(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, int]:
 
 
 def _triton_attention_variants() -> int:
-    import sys
-
     kernels = sys.modules.get("bertaccel.attention.triton_kernels")  # never imported: none compiled
     if kernels is None:
         return 0
@@ -140,8 +139,6 @@ def _triton_attention_variants() -> int:
 
 
 def _cudagraph_recordings(device: torch.device) -> int:
-    import sys
-
     # Not imported: no CUDA-graph tree was ever built in this process. Importing it to find that
     # out cost 1.9-2.1 s on an H200 host, before every compile=off run's first window.
     cudagraph_trees = sys.modules.get("torch._inductor.cudagraph_trees")
