@@ -24,7 +24,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 COMMON = ["search.objectives=[train_time_s,test_accuracy]", "search.directions=[minimize,maximize]"]
 PROGRESS = re.compile(r"^\[sweep\] run (\d+) of \d+ (\w+) \((.*)\); so far")
@@ -53,15 +53,17 @@ def grid_front(out: Path) -> Tuple[List[str], Dict[str, Tuple[float, float]]]:
     return sorted(rows[i].name for i in front.on_front), {r.name: (r.time_s, r.accuracy) for r in rows}
 
 
-def main() -> None:
+def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--out", default="/tmp/search_vs_grid")
     ap.add_argument("--reuse-grid", action="store_true", help="take the grid already in --out/grid (not run again)")
-    a = ap.parse_args()
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="added to the grid and every search alike (tests: a few steps on a few rows)")
+    a = ap.parse_args(argv)
     out = Path(a.out)
-    grid = [(n, "finished") for n in grid_front(out)[1]] if a.reuse_grid else sweep(out, "grid", [])
+    grid = [(n, "finished") for n in grid_front(out)[1]] if a.reuse_grid else sweep(out, "grid", a.override)
     front, measured = grid_front(out)
     print(f"grid: {len(grid)} runs; its Pareto front over (train_time_s min, test_accuracy max):")
     for name in sorted(measured, key=lambda n: measured[n][0]):
@@ -73,7 +75,7 @@ def main() -> None:
     sampled: List[str] = []
     for seed in a.seeds.split(","):
         jobs = sweep(out, f"search_seed{seed}", ["hydra/sweeper=optuna_pareto", f"hydra.sweeper.sampler.seed={seed}",
-                                                f"hydra.sweeper.n_trials={a.trials}"])
+                                                f"hydra.sweeper.n_trials={a.trials}", *a.override])
         trained: List[str] = []
         found = None
         for k, (name, status) in enumerate(jobs, 1):
