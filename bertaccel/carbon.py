@@ -25,14 +25,18 @@ class Intensity(NamedTuple):
     source: str  # publication and the year the figure is of
 
 
-# Published annual average grid intensities (generation, gCO2e per kWh). Small on purpose: a
-# region not here is given as carbon.intensity_g_per_kwh with its own source in the run's notes.
+# Annual average grid intensities of 2023 on one basis, so regions compare: Ember's yearly
+# electricity data, life-cycle emissions (upstream methane included) in gCO2e per kWh generated,
+# as published in thegreenwebfoundation/co2.js data/output/average-intensities.json (June 2024).
+# The national agencies' own figures count direct CO2 only and differ in scope (README, Carbon);
+# a grid not here, or another basis, is carbon.intensity_g_per_kwh with its source in the run's notes.
+_EMBER_2023 = "Ember yearly electricity data, 2023, life-cycle gCO2e/kWh (via co2.js average-intensities.json, 2024-06)"
 REGIONS: Mapping[str, Intensity] = {
-    "world": Intensity(480.0, "Ember, Global Electricity Review 2024: world power sector, 2023"),
-    "us": Intensity(367.0, "US EIA, 'How much carbon dioxide is produced per kWh' (0.81 lb/kWh), 2023"),
-    "de": Intensity(380.0, "Umweltbundesamt, CO2-Emissionsfaktoren fuer den deutschen Strommix, 2023"),
-    "fr": Intensity(32.0, "RTE, Bilan electrique 2023: emissions of French generation, 2023"),
-    "uk": Intensity(207.0, "UK DESNZ, GHG conversion factors 2024: electricity generated (0.20705 kg/kWh)"),
+    "world": Intensity(480.8, f"{_EMBER_2023}: World"),
+    "us": Intensity(369.5, f"{_EMBER_2023}: United States"),
+    "de": Intensity(381.0, f"{_EMBER_2023}: Germany"),
+    "fr": Intensity(56.0, f"{_EMBER_2023}: France"),
+    "uk": Intensity(237.6, f"{_EMBER_2023}: United Kingdom"),
 }
 DEFAULT_REGION = "world"
 

@@ -23,9 +23,9 @@ def test_co2e_is_energy_times_pue_times_the_region_intensity_with_its_source():
     energy = Reading(0.5, "NVML total energy counter")
     r = co2e(energy, _carbon("fr"), {"name": "h100", "pue": 1.2, "pue_source": "example DC"})
     assert r.value == pytest.approx(0.5 * 1.2 * REGIONS["fr"].g_per_kwh / 1000)
-    assert "PUE 1.2 (hardware profile 'h100': example DC)" in r.source and "RTE" in r.source
+    assert "PUE 1.2 (hardware profile 'h100': example DC)" in r.source and "2023, life-cycle" in r.source and ": France" in r.source
     plain = co2e(energy, _carbon(), {"name": "cpu"})
-    assert plain.value == pytest.approx(0.5 * 480 / 1000)
+    assert plain.value == pytest.approx(0.5 * 480.8 / 1000)
     assert "no pue: IT energy only" in plain.source and "Ember" in plain.source
     given = co2e(energy, _carbon("de", 100.0), {"name": "cpu"})
     assert given.value == pytest.approx(0.05) and "carbon.intensity_g_per_kwh=100 (given" in given.source

@@ -34,8 +34,8 @@ def _args(argv=None) -> argparse.Namespace:
                                    f"[,{','.join(OPTIONAL_COLUMNS)}]; empty cell = not measured")
     ap.add_argument("--uri", default="sqlite:///mlflow.db", help="MLflow tracking URI")
     ap.add_argument("--sweep", help="only the runs of this sweep id (tag sweep_id)")
-    ap.add_argument("--weights", action="append", default=[], metavar="[NAME=]W1,W2,W3,W4",
-                    help="extra strategy: weights of time, cost, energy, occupancy")
+    ap.add_argument("--weights", action="append", default=[], metavar="[NAME=]W1,W2,W3,W4[,W5]",
+                    help="extra strategy: weights of time, cost, energy, occupancy, and optionally carbon (co2e_kg)")
     ap.add_argument("--accuracy-floor", type=float, help="runs below it are marked and never 'best'")
     ap.add_argument("--baseline", help="run name (or MLflow run id) for speedup / accuracy change")
     ap.add_argument("--time", choices=TIME_MODES, default=DEFAULT_TIME_MODE,
