@@ -19,7 +19,7 @@ A trial Optuna samples again (a small categorical space) is not trained twice: w
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 DIRECTIONS = ("minimize", "maximize")
 
@@ -57,6 +57,17 @@ def uses_search(hydra_cfg: Any) -> bool:
     """Whether this job's sweeper is Optuna's, which needs the objective values back."""
     target = str((hydra_cfg.get("sweeper") or {}).get("_target_", ""))
     return "optuna" in target.lower()
+
+
+def parent_tags(hydra_cfg: Any, search: Any) -> Dict[str, str]:
+    """Tags of a search sweep's parent run: what searched, and for what. The report and the
+    notebook find a search by them and mark the front it found (report/search_front.py)."""
+    sampler = hydra_cfg.sweeper.get("sampler") or {}
+    return {"search.sampler": str(sampler.get("_target_", "?")).rsplit(".", 1)[-1],
+            "search.sampler_seed": str(sampler.get("seed")),
+            "search.n_trials": str(hydra_cfg.sweeper.get("n_trials")),
+            "search.objectives": ",".join(search.objectives),
+            "search.directions": ",".join(search.directions)}
 
 
 def trial_result(outcome: Any, search: Any) -> Tuple[float, ...]:

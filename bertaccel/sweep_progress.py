@@ -21,7 +21,7 @@ from typing import Any, List, Optional, Set
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
-from .search import uses_search
+from .search import parent_tags, uses_search
 from .sweep_runs import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
 from .tracking import exit_if_store_unusable
 
@@ -113,12 +113,14 @@ class SweepProgress(Callback):
             state.total, state.swept = count_jobs(overrides), swept_keys(overrides)
         except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us "of N" and short names
             state.total, state.swept = None, set()
-        if uses_search(config.hydra):  # a search runs its n_trials, not the grid
+        searching = uses_search(config.hydra)
+        if searching:  # a search runs its n_trials, not the grid
             state.total = int(config.hydra.sweeper.n_trials)
         state.uri = config.tracking.uri
         exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides)
-        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total)
+        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total,
+                             parent_tags(config.hydra, config.search) if searching else None)
         state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
         set_env(state.context)
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)

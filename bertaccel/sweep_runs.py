@@ -41,13 +41,15 @@ def sweep_identity(config_name: str, overrides: Sequence[str]) -> str:
     return f"{config_name}-{digest}"
 
 
-def open_parent(uri: str, experiment: str, sweep_id: str, overrides: Sequence[str], total: Optional[int]) -> str:
-    """The sweep's parent run: reopened when the same sweep ran before, else created."""
+def open_parent(uri: str, experiment: str, sweep_id: str, overrides: Sequence[str], total: Optional[int],
+                extra_tags: Optional[Mapping[str, str]] = None) -> str:
+    """The sweep's parent run: reopened when the same sweep ran before, else created. extra_tags:
+    a search's settings (search.parent_tags)."""
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
         found = search_runs(uri, experiment, f"tags.sweep_id = '{sweep_id}' and tags.`bertaccel.role` = 'sweep'")
         tags = {"bertaccel.role": "sweep", "sweep_id": sweep_id, "status": "running",
-                "host": socket.gethostname(), "pid": str(os.getpid())}
+                "host": socket.gethostname(), "pid": str(os.getpid()), **(extra_tags or {})}
         if found:
             run_id = found[0].info.run_id
             client.update_run(run_id, status="RUNNING")

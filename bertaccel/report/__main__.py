@@ -20,6 +20,7 @@ from .gate import warning
 from .occupancy import DEFAULT_OCCUPANCY_METRIC, OCCUPANCY_METRICS, o_column, with_occupancy_metric
 from .plots import all_plots
 from .predicted import add_to_report as add_predicted
+from .search_front import add_to_report as add_search_front
 from .render import build, to_html, to_markdown, unequal_work
 from .scoring import STRATEGIES, parse_weights, score_rows
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view
@@ -119,6 +120,7 @@ def main(argv=None) -> int:
                      view.basis.label)
     if not a.csv:  # each run's own prediction beside its measurement (report/predicted.py)
         add_predicted(report, a.uri, a.experiment, measured)
+        console += add_search_front(report, a.uri, a.experiment, measured, a.sweep)  # report/search_front.py
     out = Path(a.out)
     write_folder(out, {"report.md": to_markdown(report), "report.html": to_html(report)}, report.plots,
                  prefix=".report-")
