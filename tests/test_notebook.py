@@ -31,6 +31,12 @@ def test_quick_sweep_report_and_notebook(cli, monkeypatch, tmp_path):
     assert "time (time_s) is null" not in md  # the sweep's parent run is not a row
     assert "Rows scored over fewer metrics" in md and md.count("| accumulation=") >= 8
 
+    # A small search in the same store (another seed, so no trial resumes a quick run): the
+    # notebook shows the front it found.
+    search = cli(["-m", "--config-name", "quick", "train.seed=7", "hydra/sweeper=optuna_pareto", "hydra.sweeper.n_trials=3",
+                  "search.objectives=[train_time_s,test_accuracy]", "search.directions=[minimize,maximize]"], timeout=900)
+    assert search.returncode == 0, search.stderr[-3000:]
+
     monkeypatch.setenv("BERTACCEL_TRACKING_URI", cli.store)
     monkeypatch.setenv("BERTACCEL_SWEEP_ID", sweep_id)
     nb = nbformat.read(ROOT / "notebooks" / "compare_runs.ipynb", as_version=4)
@@ -38,3 +44,7 @@ def test_quick_sweep_report_and_notebook(cli, monkeypatch, tmp_path):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("8 finished runs" in o.get("text", "") for o in outputs)
+    shown = [str(o.get("data", {}).get("text/markdown", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs]
+    # Carbon: no energy on this CPU, so every run says why it has no co2e_kg (never 0).
+    assert any("has `co2e_kg`: " in t and "energy_kwh unavailable" in t for t in shown), shown
+    assert any("NSGAIISampler, sampler seed 0, 3 trials" in t for t in shown), shown  # the search and its front

@@ -63,8 +63,10 @@ def find(uri: str, experiment: str, rows: Sequence[Row], sweep_id: Optional[str]
     return found
 
 
-def _plot(s: SearchFront) -> Optional[Dict[str, Any]]:
-    """The first two objectives of the trials, the front found drawn as a line."""
+def front_plot(s: SearchFront) -> Optional[Dict[str, Any]]:
+    """The trials on a minimized objective against a maximized one (time vs accuracy, say), the
+    front found marked; with more than two objectives the marked points are the front over all of
+    them, so no line joins them in this projection."""
     if len(s.front.objectives) < 2:
         return None
     import matplotlib
@@ -72,16 +74,19 @@ def _plot(s: SearchFront) -> Optional[Dict[str, Any]]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    x, y = s.front.objectives[0], s.front.objectives[1]
+    dirs = dict(zip(s.objectives, s.directions))
+    used = s.front.objectives
+    lows, highs = [m for m in used if dirs[m] == "minimize"], [m for m in used if dirs[m] == "maximize"]
+    x, y = (lows[0], highs[0]) if lows and highs else (used[0], used[1])
     pts = [(v[x], v[y], i) for i, v in enumerate(s.values) if v[x] is not None and v[y] is not None]
     on = sorted((p for p in pts if p[2] in s.front.on_front), key=lambda p: p[0])
     fig, ax = plt.subplots(figsize=(5.6, 4.4), dpi=110)
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="lightgray", edgecolors="black", linewidths=0.4,
                label="configurations trained")
-    ax.plot([p[0] for p in on], [p[1] for p in on], "o-", color="tab:red", label="front found")
+    ax.plot([p[0] for p in on], [p[1] for p in on], "o-" if len(used) == 2 else "o", color="tab:red",
+            label="front found" if len(used) == 2 else f"front found over all {len(used)} objectives")
     for p in on:
         ax.annotate(str(p[2] + 1), (p[0], p[1]), xytext=(4, 4), textcoords="offset points", fontsize=7)
-    dirs = dict(zip(s.objectives, s.directions))
     ax.set_xlabel(f"{x} ({dirs[x]})")
     ax.set_ylabel(f"{y} ({dirs[y]})")
     ax.set_title(f"Search {s.sweep_id}: {s.sampler}, seed {s.seed}")
@@ -117,7 +122,7 @@ def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row], swee
             cells.append([str(i + 1), name] + [_cell(v[m]) for m in s.objectives] + [mark])
         rep.tables.append((f"Search {s.sweep_id}: the Pareto front it found", note,
                            ["run #", "configuration"] + s.objectives + ["front"], cells))
-        plot = _plot(s)
+        plot = front_plot(s)
         if plot is not None:
             rep.plots.append(plot)
         lines.append(f"search {s.sweep_id} ({s.sampler}): {len(s.front.on_front)} of {len(s.names)} trained "
