@@ -208,6 +208,14 @@ def test_work_replays_the_runs_own_batches(compose_cfg, overrides):
     assert samples == want_samples and steps[0] == (4 if cfg.train.max_steps_per_epoch else -(-len(loaders[0]) // k))
 
 
+def test_an_auto_batch_is_not_counted_before_the_run_and_says_what_to_plan_instead(compose_cfg):
+    from bertaccel.plan.work import work_of
+
+    with pytest.raises(ValueError, match="train.batch_size=auto: the batch is found by trying sizes on the GPU .* "
+                                         "\\(metric batch_size_used\\)"):
+        work_of(compose_cfg(["train.batch_size=auto"]), None, None)
+
+
 def _plan(args, cwd, timeout=300):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "bertaccel.plan", *args], cwd=cwd, capture_output=True, text=True,

@@ -148,6 +148,10 @@ def work_of(cfg: Any, data: DataShape, config: Any) -> Work:
     """The configuration's whole training: every epoch's tokens and FLOPs (freezing per epoch)."""
     from ..freezing import apply_freezing
 
+    if cfg.train.batch_size == "auto":
+        raise ValueError("train.batch_size=auto: the batch is found by trying sizes on the GPU when the run starts, so "
+                         "its work cannot be counted beforehand; plan at the batch an auto run of this configuration "
+                         "logged (metric batch_size_used), e.g. train.batch_size=512")
     if cfg.accumulation == "adaptive" and cfg.train.max_steps_per_epoch:
         raise ValueError("accumulation=adaptive with train.max_steps_per_epoch: how many micro-batches run depends "
                          "on the gradient variance measured while training")
