@@ -3,7 +3,7 @@
 
     python -m bertaccel.run -m --config-name thesis_grid hydra/sweeper=optuna_pareto
 
-The sweeper (conf/hydra/sweeper/optuna_pareto.yaml: NSGA-II, n_trials) picks each trial's
+The sweeper (conf/hydra/sweeper/optuna_pareto.yaml: multi-objective TPE, n_trials) picks each trial's
 configuration from the study's own axes (its hydra.sweeper.params, so the search covers the same
 groups as the grid) and our launcher runs it: every trial is an ordinary run of the sweep's
 MLflow parent, and the report reads them as any sweep. The job returns `search.objectives`, MLflow

@@ -47,4 +47,4 @@ def test_quick_sweep_report_and_notebook(cli, monkeypatch, tmp_path):
     shown = [str(o.get("data", {}).get("text/markdown", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs]
     # Carbon: no energy on this CPU, so every run says why it has no co2e_kg (never 0).
     assert any("has `co2e_kg`: " in t and "energy_kwh unavailable" in t for t in shown), shown
-    assert any("NSGAIISampler, sampler seed 0, 3 trials" in t for t in shown), shown  # the search and its front
+    assert any("MOTPESampler, sampler seed 0, 3 trials" in t for t in shown), shown  # the search and its front

@@ -22,16 +22,16 @@ def test_grid_front_and_one_search_make_the_table(tmp_path):
     assert lines[0].startswith("grid (quick): 8 runs, 8 finished")  # the quick study's 8 configurations
     marked = [line for line in lines if line.startswith("  * ")]
     assert marked, r.stdout  # a front has at least one configuration
-    (row,) = [line for line in lines if line.startswith("| nsgaii, 0 |")]
+    (row,) = [line for line in lines if line.startswith("| motpe, 0 |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "2" and cells[2] in ("1 of 8", "2 of 8")  # 2 trials, each trained or resumed
     assert any(line.startswith("noise (median over ") for line in lines)
-    assert (tmp_path / "search_nsgaii_seed0" / "mlflow.db").is_file()
+    assert (tmp_path / "search_motpe_seed0" / "mlflow.db").is_file()
     # The search's parent run names its sampler and objectives, and the report marks the front it found.
     rep = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri",
-                          f"sqlite:///{tmp_path / 'search_nsgaii_seed0' / 'mlflow.db'}", "--out", str(tmp_path / "rep")],
+                          f"sqlite:///{tmp_path / 'search_motpe_seed0' / 'mlflow.db'}", "--out", str(tmp_path / "rep")],
                          capture_output=True, text=True)
     assert rep.returncode == 0, rep.stderr[-2000:]
-    assert "(NSGAIISampler): " in rep.stdout and "configurations on its front" in rep.stdout
+    assert "(MOTPESampler): " in rep.stdout and "configurations on its front" in rep.stdout
     md = (tmp_path / "rep" / "report.md").read_text()
     assert ": the Pareto front it found" in md and "train_time_s (minimize), test_accuracy (maximize)" in md
