@@ -118,9 +118,12 @@ class SweepProgress(Callback):
             state.total = int(config.hydra.sweeper.n_trials)
         state.uri = config.tracking.uri
         exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
-        sweep_id = sweep_identity(config.hydra.job.config_name, overrides)
-        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total,
-                             parent_tags(config.hydra, config.search) if searching else None)
+        # A search's sampler, seed, n_trials and objectives are Hydra-side settings, not task
+        # overrides: they join its identity, so a search is not the grid of the same study and two
+        # sampler seeds are two sweeps, each with its own parent and front.
+        search_tags = parent_tags(config.hydra, config.search) if searching else {}
+        sweep_id = sweep_identity(config.hydra.job.config_name, overrides + [f"{k}={v}" for k, v in search_tags.items()])
+        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total, search_tags)
         state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
         set_env(state.context)
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)

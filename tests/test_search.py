@@ -57,3 +57,14 @@ def test_search_on_the_cpu_trials_are_runs_of_the_sweep_and_a_missing_objective_
     assert len(parent) == 1 and 1 <= len(children) <= 2  # (a sample drawn twice is not trained twice)
     assert all(c.data.tags["mlflow.parentRunId"] == parent[0].info.run_id for c in children)
     assert all(c.data.tags["mfu_source"].startswith("null: ") for c in children)
+    assert parent[0].data.tags["search.sampler"] == "MOTPESampler" and parent[0].data.tags["search.sampler_seed"] == "0"
+    assert parent[0].data.tags["search.objectives"] == "train_time_s,mfu"
+
+    # Another sampler seed is another sweep (its own parent and front), not the first one reopened.
+    again = cli(["-m", *TINY, "train.max_steps_per_epoch=2", "hydra/sweeper=optuna_pareto", "hydra.sweeper.n_trials=1",
+                 "hydra.sweeper.sampler.seed=1", "search.objectives=[train_time_s,mfu]",
+                 "search.directions=[minimize,maximize]", "freezing=none,layerwise"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    parents = [x for x in search_runs(cli.store, "bertaccel") if x.data.tags.get("bertaccel.role") == "sweep"]
+    assert sorted(x.data.tags["search.sampler_seed"] for x in parents) == ["0", "1"]
+    assert len({x.data.tags["sweep_id"] for x in parents}) == 2
