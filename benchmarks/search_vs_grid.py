@@ -135,6 +135,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--sampler", default="motpe", help="hydra/sweeper/sampler choices, comma-separated, each with its settings after colons, e.g. "
                          "motpe,random,nsgaii:population_size=8 (each runs every seed)")
     ap.add_argument("--out", default="/tmp/search_vs_grid")
+    ap.add_argument("--accuracy-floor", type=float, default=None,
+                    help="only front configurations at least this accurate are to be found (the report's "
+                         "--accuracy-floor: a run below it is never 'best')")
     ap.add_argument("--jobs", type=int, default=1,
                     help="sweeps at once (the grid and the searches), each on cores of its own: on a machine "
                          "with many cores, same timings in a fraction of the wall time")
@@ -185,6 +188,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         t, acc = grid[name]
         print(f"  {'*' if name in front else ' '} {name:60s} train_time_s={t:7.3f} test_accuracy={acc:.4f}")
 
+    if a.accuracy_floor is not None:
+        below = [f for f in front if grid[f][1] < a.accuracy_floor]
+        front = [f for f in front if f not in below]
+        print(f"--accuracy-floor {a.accuracy_floor}: {len(below)} front configuration(s) below it are not to be found")
     searches = {f"{spec}, {seed}": (names[k + 1], all_jobs[k + 1]) for k, (spec, seed) in enumerate(labels)}
     eps_time, eps_acc, pairs = noise(grid, [measured(out, nm) for nm, _ in searches.values()])
     print(f"\nnoise (median over {pairs} configurations measured by the grid and again by a search): "

@@ -12,20 +12,21 @@ SMALL = ["dataset.train_subset=64", "dataset.test_subset=32", "train.max_steps_p
 
 def test_grid_front_and_one_search_make_the_table(tmp_path):
     args = [sys.executable, str(SCRIPT), "--study", "quick", "--seeds", "0", "--trials", "2", "--out", str(tmp_path),
-            "--jobs", "2"]
+            "--jobs", "2", "--accuracy-floor", "0"]
     for o in SMALL:
         args += ["--override", o]
     r = subprocess.run(args, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("grid (quick): 8 runs, 8 finished")  # the quick study's 8 configurations
+    assert lines[0].startswith("grid (quick): 8 runs, 8 finished"), r.stdout  # the quick study's 8 configurations
     marked = [line for line in lines if line.startswith("  * ")]
     assert marked, r.stdout  # a front has at least one configuration
     (row,) = [line for line in lines if line.startswith("| motpe, 0 |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "2" and cells[2] in ("1 of 8", "2 of 8")  # 2 trials, each trained or resumed
     assert any(line.startswith("noise (median over ") for line in lines)
+    assert "--accuracy-floor 0.0: 0 front configuration(s) below it are not to be found" in lines
     assert (tmp_path / "search_motpe_seed0" / "mlflow.db").is_file()
     # The search's parent run names its sampler and objectives, and the report marks the front it found.
     rep = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri",
