@@ -3,9 +3,10 @@
 A search sweep's parent run carries its sampler and objectives (search.parent_tags). Its trials
 are ordinary runs of the sweep, so the report's tables already hold them; this adds, per search
 among the report's runs, the front over the search's own objectives and directions (MLflow
-metric names, read from each run as the sampler read them), marked, with a plot of the first two
-objectives. The front is of what the search trained, not of the grid it did not run
-(benchmarks/search_vs_grid.py compares the two).
+metric names, read from each run as the sampler read them), marked, with a plot of a minimized
+objective against a maximized one. The front is of what the search trained, not of the grid it did
+not run (benchmarks/search_vs_grid.py compares the two); a trial that resumed a configuration
+another sweep had trained is that sweep's run and is not listed here.
 """
 from __future__ import annotations
 
