@@ -14,7 +14,8 @@ W4_PANELS = (0, 2, 4, 6, 8, 10)   # w4 of the map's panels, in twentieths: 0, 0.
 TIE_COLOUR = "0.55"
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
+    """The figure as PNG bytes (the plots' dicts carry them), and the figure closed."""
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
@@ -55,7 +56,7 @@ def pareto_plot(rows: Sequence[Row], front: Front) -> Dict:
     ax.legend(fontsize=7)
     fig.tight_layout()
     return {"stem": "pareto_front", "title": "Pareto front over time, cost, energy and accuracy",
-            "png": _png(fig), "drawn": drawn, "left_out": len(rows) - drawn}
+            "png": png_bytes(fig), "drawn": drawn, "left_out": len(rows) - drawn}
 
 
 def weight_map_plot(wm: WeightMap) -> Dict:
@@ -92,7 +93,7 @@ def weight_map_plot(wm: WeightMap) -> Dict:
                  "(a corner = all of the weight left by w4 on that metric)", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     return {"stem": "weight_map", "title": "Weight sensitivity: the winner at each (w1, w2, w3) for six values of w4",
-            "png": _png(fig), "drawn": len(wm.points), "left_out": 0}
+            "png": png_bytes(fig), "drawn": len(wm.points), "left_out": 0}
 
 
 def target_plot(rows: Sequence[Row], target: float) -> Optional[Dict]:
@@ -115,7 +116,7 @@ def target_plot(rows: Sequence[Row], target: float) -> Optional[Dict]:
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.tight_layout()
     return {"stem": "time_to_target", "title": f"Accuracy against training time (target {target})",
-            "png": _png(fig), "drawn": drawn, "left_out": len(rows) - drawn}
+            "png": png_bytes(fig), "drawn": drawn, "left_out": len(rows) - drawn}
 
 
 def all_figures(rows: Sequence[Row], front: Front, wm: WeightMap, measured: Sequence[Row],

@@ -8,10 +8,10 @@ predicted from similar runs (basis "runs: ..."), the case the plan's goal (<= 15
 """
 from __future__ import annotations
 
-import io
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .figures import png_bytes
 from .scoring import Row
 
 COMPARED = ("train_time_s", "step_time_ms", "cost_usd", "energy_kwh")
@@ -98,11 +98,8 @@ def _plot(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Dict[str, An
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
     return {"stem": "predicted_vs_measured", "title": "Predicted vs measured train time (labels: # of the raw table)",
-            "png": buf.getvalue(), "drawn": len(pts), "left_out": len(rows) - len(pts)}
+            "png": png_bytes(fig), "drawn": len(pts), "left_out": len(rows) - len(pts)}
 
 
 def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> None:

@@ -10,10 +10,10 @@ another sweep had trained is that sweep's run and is not listed here.
 """
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from .figures import png_bytes
 from .pareto import Front, pareto
 from .scoring import Row
 
@@ -94,13 +94,10 @@ def front_plot(s: SearchFront) -> Optional[Dict[str, Any]]:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
     return {"stem": f"search_front_{s.sweep_id}", "title": f"Front found by search {s.sweep_id} "
             f"(labels: run # of its table; other objectives compared but not drawn)" if len(s.front.objectives) > 2
             else f"Front found by search {s.sweep_id} (labels: run # of its table)",
-            "png": buf.getvalue(), "drawn": len(pts), "left_out": len(s.values) - len(pts)}
+            "png": png_bytes(fig), "drawn": len(pts), "left_out": len(s.values) - len(pts)}
 
 
 def _cell(v: Optional[float]) -> str:
