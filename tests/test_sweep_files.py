@@ -11,7 +11,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from bertaccel.config import CONF_DIR, SWEEPS_DIR, register_configs, validate
 
-EXPECTED_RUNS = {"quick": 8, "thesis_grid": 24, "seed000_ablation": 8, "seed001_ablation": 5}
+EXPECTED_RUNS = {"quick": 8, "quick_search": 36, "thesis_grid": 24, "seed000_ablation": 8, "seed001_ablation": 5}
 
 
 @pytest.fixture(scope="module")
