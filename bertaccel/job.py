@@ -24,9 +24,10 @@ from omegaconf import DictConfig, OmegaConf
 from . import distributed
 from .batch_fit import cpu_refusal, fitted_batch
 from .carbon import co2e
+from .checks import validate
 from .collectors import Reading, build_collectors
 from .compile_cache import compile_caches
-from .config import MODEL_SHAPE_FIELDS, ConfigError, validate
+from .config import MODEL_SHAPE_FIELDS, ConfigError
 from .data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
 from .interrupt import Interrupted
 from .hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason

@@ -80,7 +80,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     """Run one configuration where cfg.launcher says; returns its job.Outcome. Bad input
     (ConfigError, DataError) is raised here, in the caller's process, before anything starts.
     devices: the GPUs the job's processes may see (the sweep launcher's share for this run)."""
-    from .config import validate
+    from .checks import validate
     from .hardware import check_gpu_count, resolve_device
     from .hub import hub_skip_reason
     from .job import execute, record_skipped, resumed

@@ -6,7 +6,8 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel.adaptive_accumulation import GradVariance, next_k
-from bertaccel.config import ConfigError, validate
+from bertaccel.checks import validate
+from bertaccel.config import ConfigError
 from bertaccel.data import PadCollator
 from bertaccel.precision import Precision
 from bertaccel.step import accumulate_window, windows

@@ -4,7 +4,8 @@ import textwrap
 import pytest
 import torch
 from bertaccel.attention.option import attention_unusable
-from bertaccel.config import ConfigError, validate
+from bertaccel.checks import validate
+from bertaccel.config import ConfigError
 
 CPU = torch.device("cpu")
 

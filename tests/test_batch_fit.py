@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from bertaccel.batch_fit import BatchFitError, fit_batch, largest_fitting, training_step
-from bertaccel.config import ConfigError, validate
+from bertaccel.checks import validate
+from bertaccel.config import ConfigError
 from bertaccel.model import build_model, load_tokenizer
 from bertaccel.optim import build_optimizer
 

@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 from bertaccel.carbon import REGIONS, co2e
 from bertaccel.collectors import Reading
-from bertaccel.config import ConfigError, validate
+from bertaccel.checks import validate
+from bertaccel.config import ConfigError
 from bertaccel.report import STRATEGIES, load_rows, score_rows
 from report_store import Store
 

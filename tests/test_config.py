@@ -5,7 +5,9 @@ import pytest
 from omegaconf.errors import ValidationError
 from hydra.errors import ConfigCompositionException
 
-from bertaccel.config import GROUPS, ConfigError, validate
+from bertaccel.checks import validate
+
+from bertaccel.config import GROUPS, ConfigError
 from conftest import CONF_DIR
 
 

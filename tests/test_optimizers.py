@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertaccel.config import ConfigError, validate
+from bertaccel.checks import validate
+
+from bertaccel.config import ConfigError
 from bertaccel.optim import build_optimizer, lr_factor, scaled_lr
 
 from bertaccel.config import CONF_DIR
@@ -89,7 +91,8 @@ def test_a_gpu_only_optimizer_is_a_skip_on_the_cpu_not_bad_input(tmp_path):
     code = textwrap.dedent(f"""
         from hydra import compose, initialize_config_dir
         import torch
-        from bertaccel.config import register_configs, validate
+        from bertaccel.checks import validate
+        from bertaccel.config import register_configs
         from bertaccel.hardware import probe, skip_reason
         register_configs()
         with initialize_config_dir(config_dir={str(CONF_DIR)!r}, version_base="1.3"):

@@ -4,7 +4,9 @@ import textwrap
 import pytest
 import torch
 
-from bertaccel.config import ConfigError, validate
+from bertaccel.checks import validate
+
+from bertaccel.config import ConfigError
 from bertaccel.hardware import Capabilities, skip_reason
 from bertaccel.precision import Precision, load_option, precision_unusable
 

@@ -5,7 +5,9 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from bertaccel.config import ConfigError, validate
+from bertaccel.checks import validate
+
+from bertaccel.config import ConfigError
 from bertaccel.tracking import runs_by_status
 
 SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")

@@ -6,7 +6,9 @@ import threading
 
 import pytest
 
-from bertaccel.config import ConfigError, validate
+from bertaccel.checks import validate
+
+from bertaccel.config import ConfigError
 from bertaccel.tracking import search_runs
 from hydra_plugins.bertaccel_launcher.bertaccel_launcher import GpuPool, visible_gpus
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from bertaccel.config import ConfigError, validate
+from bertaccel.checks import validate
+
+from bertaccel.config import ConfigError
 from bertaccel.job import Outcome
 from bertaccel.search import Objectives, TrialFailed, trial_result
 from bertaccel.tracking import runs_by_status, search_runs

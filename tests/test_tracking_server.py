@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 from typing import Iterator, List, Optional
 

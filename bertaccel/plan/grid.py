@@ -62,7 +62,9 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from ..config import CONF_DIR, GROUPS, ConfigError, register_configs, validate
+    from ..checks import validate
+
+    from ..config import CONF_DIR, GROUPS, ConfigError, register_configs
     from ..job import cfg_hash, group_choices, run_label
     from ..sweep_progress import swept_keys
     from ..sweep_runs import sweep_identity

@@ -8,7 +8,7 @@ submitit_local with these classes, so the plugin's options and documentation hol
 run); what this adds is on the submitting side, where the sweep's frame (sweep_progress's
 callback: parent run, "run k of N" lines, summary, exit status) lives:
 
-- Before anything is submitted, every configuration is checked here: config.validate, and its
+- Before anything is submitted, every configuration is checked here: checks.validate, and its
   GPU count against the GPUs its job asks for. A bad one is recorded failed with its reason,
   and a configuration whose earlier run means it is not run again (resume by config_hash) gets
   that outcome, both here, through Hydra's run_job as the bertaccel launcher would: a queue slot
@@ -113,7 +113,8 @@ class _BertaccelSubmitit:
 
     def _answer_here(self, sweep_cfg: DictConfig, params: Dict[str, Any]) -> Optional[Callable[[Any], Any]]:
         """A task that gives this configuration's outcome without submitting it, or None (submit)."""
-        from bertaccel.config import ConfigError, validate
+        from bertaccel.checks import validate
+        from bertaccel.config import ConfigError
         from bertaccel.job import record_bad_input, resumed
         from bertaccel.run import job_info
 
