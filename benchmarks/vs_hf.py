@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import traceback
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -501,7 +501,8 @@ def compose(overrides: List[str]):
 
 def bertaccel_part(index: int, spec: str, store_uri: Callable[[], str], device: torch.device) -> Row:
     from bertaccel.config import GROUPS, register_configs
-    from bertaccel.job import execute, run_label
+    from bertaccel.job import execute
+    from bertaccel.record import run_label
 
     overrides = shlex.split(spec)
     keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}

@@ -77,13 +77,14 @@ class Job:
 
 def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
            started_source: str, devices: Optional[Sequence[str]] = None) -> Any:
-    """Run one configuration where cfg.launcher says; returns its job.Outcome. Bad input
+    """Run one configuration where cfg.launcher says; returns its record.Outcome. Bad input
     (ConfigError, DataError) is raised here, in the caller's process, before anything starts.
     devices: the GPUs the job's processes may see (the sweep launcher's share for this run)."""
     from .checks import validate
     from .hardware import check_gpu_count, resolve_device
     from .hub import hub_skip_reason
-    from .job import execute, record_skipped, resumed
+    from .job import execute
+    from .record import record_skipped, resumed
 
     validate(cfg)
     check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
@@ -252,7 +253,7 @@ def _record_failure(job: Job, cfg: DictConfig, reason: str, main: Any, status: s
     """Mark the job's MLflow run failed with the reason (opening one if none was). status
     "interrupted" (SIGINT / SIGTERM): the run is marked so if it was opened, and None returned
     if it was not (nothing ran that a record would tell of)."""
-    from .job import Outcome, record_bad_input
+    from .record import Outcome, record_bad_input
     from .tracking import finish_run, search_runs
 
     log.warning(f"run {job.run_name}: {status}: {reason}")

@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .config import CONF_DIR, GROUPS, ConfigError, register_configs
 from .data import DataError
 from .interrupt import Interrupted, install as install_signal_handlers
-from .job import group_choices, record_bad_input, run_label
+from .record import group_choices, record_bad_input, run_label
 from .launch import launch
 from .search import trial_result, uses_search
 from .sweep_runs import context_from_env, interrupt_parent, set_env

@@ -25,7 +25,7 @@ H100 = {"name": "h100", "price_per_gpu_hour_usd": 2.99, "tdp_w": 700.0, "peak_tf
 CPU = {"name": "cpu", "price_per_gpu_hour_usd": 0.0893, "tdp_w": None, "peak_tflops_bf16": None,
        "peak_tflops_fp16": None, "peak_tflops_fp32": None}
 PROFILES = {p["name"]: p for p in (A100, H100, CPU)}
-# The params a run logs that the similarity key reads (job.open_tracker: choices + flattened config).
+# The params a run logs that the similarity key reads (record.open_tracker: choices + flattened config).
 PARAMS = {"model.hidden_size": "32", "model.num_hidden_layers": "2", "model.num_attention_heads": "2",
           "model.intermediate_size": "64", "precision": "bf16", "attention": "sdpa", "compile.mode": "off",
           "compile.step_graph": "False", "optimizer": "adamw", "accumulation": "1", "train.batch_size": "16",

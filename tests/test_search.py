@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from bertaccel.checks import validate
 
 from bertaccel.config import ConfigError
-from bertaccel.job import Outcome
+from bertaccel.record import Outcome
 from bertaccel.search import Objectives, TrialFailed, trial_result
 from bertaccel.tracking import runs_by_status, search_runs
 

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..flops import peak_tflops
 
-# Keys (run params, as job.open_tracker logs them) that must be equal.
+# Keys (run params, as record.open_tracker logs them) that must be equal.
 MUST_MATCH = ("model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.intermediate_size",
               "precision", "attention", "compile.mode", "compile.step_graph")
 # Keys that should be equal, let go in this order when no run matches them all.

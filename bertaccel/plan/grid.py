@@ -23,7 +23,7 @@ class PlanInputError(ValueError):
 @dataclass
 class PlannedConfig:
     number: int                      # Hydra's job number in the sweep
-    name: str                        # the run name the sweep will give it (job.run_label)
+    name: str                        # the run name the sweep will give it (record.run_label)
     overrides: List[str]             # the job's overrides, as Hydra hands them to the job
     cfg: DictConfig                  # the job's config, without the `hydra` node (what the run gets)
     choices: Dict[str, str]          # config group -> option, as the run logs them
@@ -65,7 +65,7 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
     from ..checks import validate
 
     from ..config import CONF_DIR, GROUPS, ConfigError, register_configs
-    from ..job import cfg_hash, group_choices, run_label
+    from ..record import cfg_hash, group_choices, run_label
     from ..sweep_progress import swept_keys
     from ..sweep_runs import sweep_identity
 

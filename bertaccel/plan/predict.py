@@ -1,7 +1,7 @@
 """Predictions for the configurations of a grid, on their own hardware and on others.
 
 One path for the plan CLI and for a run's own prediction (hook.py): the configuration's
-similarity key is built from the same params a run logs (job.open_tracker: the resolved config
+similarity key is built from the same params a run logs (record.open_tracker: the resolved config
 flattened, the group choices, the model's shape), so a configuration and the runs of the store
 are compared on equal terms.
 """
@@ -18,7 +18,7 @@ from .work import DataShape, Work, data_shape, hf_config, meta_model, work_of
 
 
 def run_params(cfg: Any, choices: Mapping[str, str], config: Any) -> Dict[str, str]:
-    """The params the run of this configuration logs (job.open_tracker), the model shape included."""
+    """The params the run of this configuration logs (record.open_tracker), the model shape included."""
     from ..model import built_shape
     from ..tracking import flatten
 

@@ -115,7 +115,7 @@ class _BertaccelSubmitit:
         """A task that gives this configuration's outcome without submitting it, or None (submit)."""
         from bertaccel.checks import validate
         from bertaccel.config import ConfigError
-        from bertaccel.job import record_bad_input, resumed
+        from bertaccel.record import record_bad_input, resumed
         from bertaccel.run import job_info
 
         cfg = _task_config(sweep_cfg)
@@ -190,7 +190,7 @@ class _BertaccelSubmitit:
     def _ended_without_result(self, sweep_cfg: DictConfig, reason: str) -> JobReturn:
         """A job killed from outside (not an outcome of its configuration): its run, if it opened
         one, is marked interrupted, which the same sweep command runs again."""
-        from bertaccel.job import Outcome, cfg_hash
+        from bertaccel.record import Outcome, cfg_hash
         from bertaccel.run import job_info
         from bertaccel.sweep_runs import context_from_env
         from bertaccel.tracking import finish_run, search_runs
