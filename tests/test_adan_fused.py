@@ -22,6 +22,7 @@ from torch import nn  # noqa: E402
 pytest.importorskip("triton")
 
 from bertaccel.optimizers import adan_fused as AF  # noqa: E402
+from bertaccel.optimizers import adan_kernel  # noqa: E402
 from bertaccel.optimizers.adan import Adan  # noqa: E402
 from bertaccel.optimizers.adan_fused import (AdanFused, grad_copies_last_step,  # noqa: E402
                                              kernel_launches_per_step)
@@ -355,8 +356,8 @@ def test_bad_arguments_raise_one_line():
 
 
 def test_without_triton_the_constructor_says_so(monkeypatch):
-    monkeypatch.setattr(AF, "triton", None)
-    monkeypatch.setattr(AF, "_TRITON_ERROR", ImportError("No module named 'triton'"))
+    monkeypatch.setattr(adan_kernel, "triton", None)
+    monkeypatch.setattr(adan_kernel, "TRITON_ERROR", ImportError("No module named 'triton'"))
     with pytest.raises(RuntimeError, match=r"^AdanFused needs Triton, which cannot be imported here "
                                            r"\(No module named 'triton'\); use Adan\(foreach=True\) instead$"):
         AdanFused([nn.Parameter(torch.zeros(3))])
