@@ -161,6 +161,6 @@ def validate(cfg: Any) -> None:
         raise ConfigError("tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db")
     # Last, as it may wait on the network (a few seconds at most): a tracking server that cannot be
     # reached is bad input too, said before any work instead of after minutes of MLflow's retries.
-    from .tracking import check_store
+    from .store import check_store
 
     check_store(cfg.tracking.uri)

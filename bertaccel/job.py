@@ -36,6 +36,7 @@ from .model import ModelUnavailable, build_model, built_shape, load_tokenizer
 from .plan.hook import log_prediction
 from .profiling import write_report
 from .record import Outcome, RankTracker, open_tracker, resumed
+from .store import store_lock
 from .tracking import RunTracker
 from .step_clock import steady_source
 from .step import uses_fixed_shapes
@@ -80,11 +81,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     if is_main:
         log.info(profile_note)
     marks["checked"] = time.time()
-    earlier = resumed(cfg, run_name)
-    if earlier is not None:
-        return earlier
-    marks["looked up"] = time.time()
-    try:
+    try:  # (bad data is raised here, before anything is written)
         raw, unavailable = load_raw(cfg.dataset, cfg.cache_dir), None
     except DatasetUnavailable as e:
         raw, unavailable = None, str(e)
@@ -93,12 +90,23 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     world = 1 if rank is None else rank.world_size
     what_if = {"hardware_what_if": f"hardware={profile['name']} priced and peaked a run that used "
                                    f"{device_name(device)} (hardware.what_if=true)"} if profile["what_if"] else {}
-    tracker = open_tracker(cfg, choices, run_name, {
-        "device_name": device_name(device), "world_size": str(world),
-        # the report's hardware column: a what-if run is not mistaken for one on that hardware
-        "hardware_profile": profile["name"] + (" (what-if)" if what_if else ""), **what_if,
-        "backend": distributed.backend_for(device.type) if world > 1 else "none (one process)",
-        **(launch_tags or {})}, profile) if is_main else RankTracker()
+    if not is_main:  # rank 0 looks up and writes the job's one run
+        tracker, marks["looked up"] = RankTracker(), time.time()
+    else:
+        # The look-up of earlier runs and the opening of this one are one step under the store's
+        # lock: of two sweeps on one store, one opens the run (its claim on the configuration),
+        # the other finds it running and waits for it (launch.py).
+        with store_lock(cfg.tracking.uri):
+            earlier = resumed(cfg, run_name)
+            if earlier is not None:
+                return earlier
+            marks["looked up"] = time.time()
+            tracker = open_tracker(cfg, choices, run_name, {
+                "device_name": device_name(device), "world_size": str(world),
+                # the report's hardware column: a what-if run is not mistaken for one on that hardware
+                "hardware_profile": profile["name"] + (" (what-if)" if what_if else ""), **what_if,
+                "backend": distributed.backend_for(device.type) if world > 1 else "none (one process)",
+                **(launch_tags or {})}, profile)
     marks["run opened"] = time.time()
     outcome = Outcome("running", run_name, run_id=tracker.run_id)
     with distributed.process_group(rank, device.type):
@@ -115,9 +123,9 @@ def startup_phases(marks: Mapping[str, float], started_at: float, result: Any) -
     phases = {
         "process start-up and imports (job start to the run's code)": marks["entered"] - started_at,
         "checks, device, hardware profile": marks["checked"] - marks["entered"],
-        "MLflow: earlier run of this config (resume)": marks["looked up"] - marks["checked"],
-        "dataset read (CSV parse or its cache)": marks["data read"] - marks["looked up"],
-        "MLflow run opened": marks["run opened"] - marks["data read"],
+        "dataset read (CSV parse or its cache)": marks["data read"] - marks["checked"],
+        "MLflow: earlier run of this config (resume)": marks["looked up"] - marks["data read"],
+        "MLflow run opened": marks["run opened"] - marks["looked up"],
         "tokenizer, tokenize (or token cache read)": marks["tokenized"] - marks["run opened"],
         "model build": marks["model built"] - marks["tokenized"],
         # (only a train.batch_size=auto run has the search)

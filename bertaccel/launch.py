@@ -26,17 +26,23 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import psutil
 
 from omegaconf import DictConfig, OmegaConf
 
 from . import interrupt
 from .distributed import Rank
+from .sweep_runs import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")
 
@@ -50,6 +56,8 @@ LAUNCH_TAG = "launch_id"
 FORKSERVER_PRELOAD = ["torch", "transformers", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
                       "bertaccel.job", "bertaccel.train"]
 TERMINATE_GRACE_S = 10.0  # an interrupted run's workers get this long to exit before SIGKILL
+CLAIM_POLL_S = 2.0  # how often a sweep waiting on another sweep's run of a configuration looks again
+WATCH_S = 0.5  # how often a worker looks whether its launching process is still there
 
 
 @dataclass
@@ -73,6 +81,10 @@ class Job:
     # The launching process's environment now: a forkserver worker would otherwise have the
     # environment of when the server started (the sweep's parent-run id is set after that).
     env: Optional[Dict[str, str]] = None
+    # The launching process (pid and start time): a worker whose launcher is gone (SIGKILL) marks
+    # its run interrupted and ends, rather than finishing a run that nobody waits for.
+    launcher_pid: int = 0
+    launcher_started_at: float = 0.0
 
 
 def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
@@ -85,28 +97,54 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     from .hub import hub_skip_reason
     from .job import execute
     from .record import record_skipped, resumed
+    from .store import repair_store
 
     validate(cfg)
     check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
+    repair_store(cfg.tracking.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
     # Needs the hub and it is unreachable (probed once per sweep): skipped now, not after
     # each run's process waited on connection retries.
     hub_reason = hub_skip_reason(cfg)
     if hub_reason is not None:
         log.warning(f"run {run_name} skipped: {hub_reason}")
         return record_skipped(cfg, choices, run_name, hub_reason)
-    if cfg.launcher.name == "inline":
-        return execute(cfg, choices, run_name, started_at, started_source)
-    earlier = resumed(cfg, run_name)  # a resumed sweep starts no process for a finished run
-    if earlier is not None:
-        return earlier
-    job = Job(OmegaConf.to_container(cfg, resolve=True), dict(choices), run_name, started_at,
-              started_source, uuid.uuid4().hex, list(devices) if devices is not None else None, dict(os.environ))
-    return _in_processes(job, cfg)
+    while True:
+        # A resumed sweep starts no process for a finished run, and none for a configuration that
+        # another sweep on this store runs now: it waits for that run's end, then takes its outcome
+        # (or runs it, if that run did not finish and its process is gone).
+        earlier = _wait_for_others(cfg, run_name, resumed)
+        if earlier is not None:
+            return earlier
+        if cfg.launcher.name == "inline":
+            outcome = execute(cfg, choices, run_name, started_at, started_source)
+        else:
+            me = psutil.Process()
+            job = Job(OmegaConf.to_container(cfg, resolve=True), dict(choices), run_name, started_at,
+                      started_source, uuid.uuid4().hex, list(devices) if devices is not None else None,
+                      dict(os.environ), me.pid, me.create_time())
+            outcome = _in_processes(job, cfg)
+        if outcome.status != RUNNING_ELSEWHERE:  # (else another sweep opened it between look-up and start)
+            return outcome
+
+
+def _wait_for_others(cfg: DictConfig, run_name: str, resumed: Callable[..., Any]) -> Any:
+    """resumed()'s outcome, once no other live process runs this configuration."""
+    told = False
+    while True:
+        earlier = resumed(cfg, run_name)
+        if earlier is None or earlier.status != RUNNING_ELSEWHERE:
+            return earlier
+        if not told:
+            log.info(f"run {run_name}: {earlier.reason}; waiting for it to end")
+            told = True
+        interrupt.STOP.wait(CLAIM_POLL_S)  # (a signal in the main thread raises Interrupted here)
+        interrupt.check()
 
 
 def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: int, timeout_s: float) -> None:
     """One process of a job (torch.multiprocessing entry point: module level, picklable)."""
     interrupt.in_worker()  # Ctrl-C reaches the whole process group: the launcher stops this process
+    _die_with_launcher(job)
     # Hydra configured logging in the launching process only; rank 0 speaks for the job, on
     # stdout as Hydra's console handler does (stderr stays for errors: "error: ..." one-liners).
     logging.basicConfig(stream=sys.stdout, level=logging.INFO if local_rank == 0 else logging.WARNING,
@@ -145,6 +183,38 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     results.put((local_rank, outcome))
 
 
+def _die_with_launcher(job: Job) -> None:
+    """A thread that ends this worker when its launching process is gone (SIGKILL leaves no
+    chance to stop it): the run is marked interrupted first, under the store's lock, so a run
+    that is being marked finished at that moment either is finished or stays interrupted, and a
+    later sweep runs the configuration again instead of counting an orphan's result twice."""
+    if not job.launcher_pid:
+        return
+    uri = job.cfg["tracking"]["uri"]
+    experiment = job.cfg["tracking"]["experiment"]
+
+    def watch() -> None:
+        from .sweep_runs import process_alive
+        from .store import store_lock
+        from .tracking import finish_run, search_runs
+
+        me = socket.gethostname()
+        while process_alive(me, str(job.launcher_pid), f"{job.launcher_started_at:.3f}"):
+            time.sleep(WATCH_S)
+        try:
+            with store_lock(uri):
+                for run in search_runs(uri, experiment, f"tags.{LAUNCH_TAG} = '{job.launch_id}'"):
+                    if run.data.tags.get("status") == "running":
+                        finish_run(uri, run.info.run_id, "interrupted",
+                                   f"its sweep's process (pid {job.launcher_pid}) ended before the run did "
+                                   "(killed); the run's worker stopped with it")
+                os._exit(137)  # (inside the lock: nothing of this process writes after the mark)
+        finally:
+            os._exit(137)
+
+    threading.Thread(target=watch, name="bertaccel-die-with-launcher", daemon=True).start()
+
+
 def _device_tag(job: Job) -> Dict[str, str]:
     """The GPUs a run was given by the sweep launcher (launcher.runs_at_once), for the record."""
     return {} if job.devices is None else {"cuda_visible_devices": ",".join(job.devices)}
@@ -159,6 +229,7 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
         # What the server imports once, for every later run to fork from (it has no effect
         # once the server runs: the first run of a sweep starts it, and pays these imports).
         multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+        _start_forkserver_without_sigint()
     ctx = mp.get_context(method)
     results = ctx.SimpleQueue()
     # The ranks meet through a file store in a directory of the job's own, not a TCP port: a
@@ -240,6 +311,20 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
         return main
     failure = failure or "no outcome from rank 0 (its process ended without one)"
     return _record_failure(job, cfg, failure, main)
+
+
+def _start_forkserver_without_sigint() -> None:
+    """Start the forkserver (if not yet) with SIGINT blocked: Ctrl-C reaches the whole process
+    group, and a server still importing its preload printed a ~40-line KeyboardInterrupt
+    traceback under the sweep's one line. The blocked mask is inherited through its fork and exec
+    (Python ignores SIGINT there itself only after the preload); the launcher stops the workers."""
+    from multiprocessing import forkserver
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _death(e: Any, world: int) -> str:

@@ -4,21 +4,20 @@ recorded without training (bad input, skipped here, resumed from an earlier run 
 job.py trains and fills the record; the launchers record what never reaches training."""
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from .config import MODEL_SHAPE_FIELDS
-from .sweep_runs import context_from_env, previous_outcome, scheduler_tags
+from .sweep_runs import context_from_env, previous_outcome, process_tags, scheduler_tags
 from .tracking import RunTracker, config_hash, flatten, git_sha
 
 
 @dataclass
 class Outcome:
-    # finished | skipped | failed; in a resumed sweep also already_finished | not_retried
+    # finished | skipped | failed; in a resumed sweep also already_finished | not_retried, and
+    # running_elsewhere (another live sweep runs it: the launcher waits, it is never a sweep's last word)
     status: str
     run_name: str
     reason: Optional[str] = None
@@ -50,9 +49,10 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     unset_shape = {f"model.{k}" for k in MODEL_SHAPE_FIELDS if cfg.model[k] is None}
     params = {k: v for k, v in flatten(logged).items() if k not in unset_shape}
     params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
-    # host + pid let a later sweep tell a run whose process died (SIGKILL) from a live one.
+    # host, pid and its start let a later sweep tell a run whose process died (SIGKILL) from a
+    # live one (sweep_runs.previous_outcome): the running run is the claim on its configuration.
     tags = {"config_hash": config_hash(resolved), "config_key_noseed": config_key_noseed(resolved), "git_sha": git_sha(), "status": "running",
-            "host": socket.gethostname(), "pid": str(os.getpid()), **scheduler_tags(), **extra_tags}
+            **process_tags(), **scheduler_tags(), **extra_tags}
     sweep = context_from_env()
     if sweep is not None:
         tags.update({"sweep_id": sweep.sweep_id, "mlflow.parentRunId": sweep.parent_run_id})

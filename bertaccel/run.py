@@ -11,10 +11,25 @@ is closed, one line is printed, exit 130 / 143.
 """
 from __future__ import annotations
 
-import os
-import shutil
+import signal
 import sys
-import time
+
+if __name__ == "__main__":
+    # Ctrl-C or SIGTERM while the libraries import (seconds, before cli() installs the handlers
+    # of interrupt.py) is one line and the signal's exit status, not a KeyboardInterrupt
+    # traceback: nothing has been written yet.
+    def _before_start(signum, frame):  # noqa: ANN001 - a signal handler's signature
+        name = signal.Signals(signum).name
+        print(f"\ninterrupted by {name} while starting: no run was started, nothing was written",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    for _s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_s, _before_start)
+
+import os  # noqa: E402 (after the start-up signal handlers)
+import shutil  # noqa: E402
+import time  # noqa: E402
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence

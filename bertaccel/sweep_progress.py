@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback
 
 from .search import parent_tags, uses_search
 from .sweep_runs import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
-from .tracking import exit_if_store_unusable
+from .store import exit_if_store_unusable, repair_store
 
 # interrupted: a submitit job killed from outside (its run is marked so and runs again next time)
 STATUSES = ("finished", "skipped", "failed", "interrupted", "already_finished", "not_retried")
@@ -118,6 +118,7 @@ class SweepProgress(Callback):
             state.total = int(config.hydra.sweeper.n_trials)
         state.uri = config.tracking.uri
         exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
+        repair_store(state.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
         # A search's sampler, seed, n_trials and objectives are Hydra-side settings, not task
         # overrides: they join its identity, so a search is not the grid of the same study and two
         # sampler seeds are two sweeps, each with its own parent and front.

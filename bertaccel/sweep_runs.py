@@ -7,7 +7,16 @@ run and the configurations that already finished.
 Per configuration, `previous_outcome` looks at earlier runs with the same config_hash:
 finished -> not run again; failed/skipped -> not run again unless sweep.retry_failed; a run
 still marked "running" whose process is gone (same host, dead pid: e.g. a SIGKILLed sweep)
-is marked "interrupted" and the configuration runs again.
+is marked "interrupted" and the configuration runs again; one whose process is alive (another
+sweep on this host is running it) -> "running_elsewhere": the launcher waits for it.
+
+That "running" run is the claim on its configuration: job.execute looks up earlier runs and opens
+its own under one store lock, so two sweeps on one store cannot both start a configuration, and a
+claim whose process is gone is taken over. A process is identified by host, pid and the pid's
+start time (a pid the kernel reused for another program is not mistaken for the run's).
+
+Two identical sweeps share their parent run (same sweep id): each sweep process adds itself to
+the parent's `sweep_processes` tag, and the last one to end closes it.
 """
 from __future__ import annotations
 
@@ -22,9 +31,32 @@ import psutil
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
-from .tracking import experiment_id, search_runs, store_lock
+from .store import store_lock
+from .tracking import experiment_id, search_runs
 
 SWEEP_ENV = "BERTACCEL_SWEEP"  # JSON {sweep_id, parent_run_id, swept}: reaches jobs of other launchers too
+RUNNING_ELSEWHERE = "running_elsewhere"  # Previous / Outcome status: a live process runs this configuration
+PROCESSES_TAG = "sweep_processes"  # on a parent run: the live sweep processes on it, host:pid:start
+
+
+def process_tags(pid: Optional[int] = None) -> Dict[str, str]:
+    """Tags that identify a process on this host (a run's worker, a sweep): host, pid, start."""
+    proc = psutil.Process(pid)
+    return {"host": socket.gethostname(), "pid": str(proc.pid), "pid_started_at": f"{proc.create_time():.3f}"}
+
+
+def process_alive(host: Optional[str], pid: Optional[str], started_at: Optional[str] = None) -> Optional[bool]:
+    """Whether the process a run's tags name still runs: None when it cannot be told (another
+    host's process). Without a start time (runs of older versions), the pid alone decides."""
+    if host != socket.gethostname() or not (pid or "").isdigit():
+        return None
+    try:
+        proc = psutil.Process(int(pid))
+        if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started_at is None or abs(proc.create_time() - float(started_at)) < 0.01
+    except (psutil.NoSuchProcess, ValueError):
+        return False
 
 
 @dataclass
@@ -48,13 +80,19 @@ def open_parent(uri: str, experiment: str, sweep_id: str, overrides: Sequence[st
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
         found = search_runs(uri, experiment, f"tags.sweep_id = '{sweep_id}' and tags.`bertaccel.role` = 'sweep'")
-        tags = {"bertaccel.role": "sweep", "sweep_id": sweep_id, "status": "running",
-                "host": socket.gethostname(), "pid": str(os.getpid()), **(extra_tags or {})}
+        me = process_tags()
+        tags = {"bertaccel.role": "sweep", "sweep_id": sweep_id, "status": "running", **me, **(extra_tags or {})}
         if found:
-            run_id = found[0].info.run_id
+            run = found[0]
+            run_id = run.info.run_id
+            # Another sweep process of the same command may be on it now (two sweeps started together).
+            tags[PROCESSES_TAG] = _processes_text(_live_processes(run.data.tags) + [_process_key(me)])
             client.update_run(run_id, status="RUNNING")
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            if "reason" in run.data.tags:  # an interrupted sweep's reason is not this sweep's
+                client.delete_tag(run_id, "reason")
             return run_id
+        tags[PROCESSES_TAG] = _processes_text([_process_key(me)])
         exp_id = experiment_id(client, uri, experiment)
         run = client.create_run(exp_id, run_name=f"sweep {sweep_id}", tags=tags)
         client.log_param(run.info.run_id, "sweep_overrides", " ".join(overrides)[:6000])
@@ -63,43 +101,65 @@ def open_parent(uri: str, experiment: str, sweep_id: str, overrides: Sequence[st
         return run.info.run_id
 
 
+def _process_key(tags: Mapping[str, str]) -> str:
+    return f"{tags['host']}:{tags['pid']}:{tags['pid_started_at']}"
+
+
+def _processes_text(keys: Sequence[str]) -> str:
+    return " ".join(dict.fromkeys(keys))
+
+
+def _live_processes(parent_tags: Mapping[str, str], leaving: str = "") -> List[str]:
+    """The sweep processes on a parent run that still run (another host's: kept, it cannot be
+    told), without `leaving`."""
+    live = []
+    for key in parent_tags.get(PROCESSES_TAG, "").split():
+        host, pid, started = (key.split(":") + ["", ""])[:3]
+        if key != leaving and process_alive(host, pid, started) is not False:
+            live.append(key)
+    return live
+
+
+def _leave_parent(client: MlflowClient, run_id: str) -> List[str]:
+    """This process leaves the parent run's processes; the ones still on it."""
+    others = _live_processes(client.get_run(run_id).data.tags, leaving=_process_key(process_tags()))
+    client.set_tag(run_id, PROCESSES_TAG, _processes_text(others))
+    return others
+
+
 def close_parent(uri: str, run_id: str, counts: Mapping[str, int]) -> None:
     """status says how many of the sweep's configurations have a finished run (this time or an
     earlier one): `finished (0 of 4 runs finished)` is a sweep that ran to its end with nothing to
-    report; runs_<status> count each outcome."""
+    report; runs_<status> count each outcome. While another sweep process of the same command is
+    still on the parent run, it stays running: the last one closes it (its counts cover every
+    configuration: it ran or waited for each)."""
     done, total = counts.get("finished", 0) + counts.get("already_finished", 0), sum(counts.values())
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
+        if _leave_parent(client, run_id):
+            return
         client.log_batch(run_id, tags=[RunTag("status", f"finished ({done} of {total} runs finished)")] +
                          [RunTag(f"runs_{k}", str(v)) for k, v in counts.items()])
+        if "reason" in client.get_run(run_id).data.tags:  # (from an earlier interruption)
+            client.delete_tag(run_id, "reason")
         client.set_terminated(run_id, "FINISHED")
 
 
 def interrupt_parent(uri: str, run_id: str, reason: str) -> None:
-    """A sweep stopped by SIGINT / SIGTERM: its parent run ends KILLED, status=interrupted. The
-    same command later reopens it and runs what did not finish (open_parent, previous_outcome)."""
+    """A sweep stopped by SIGINT / SIGTERM: its parent run ends KILLED, status=interrupted (unless
+    another sweep process of the same command is still on it). The same command later reopens it
+    and runs what did not finish (open_parent, previous_outcome)."""
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
+        if _leave_parent(client, run_id):
+            return
         client.log_batch(run_id, tags=[RunTag("status", "interrupted"), RunTag("reason", reason)])
         client.set_terminated(run_id, "KILLED")
 
 
-def _process_gone(run: Any) -> bool:
-    tags = run.data.tags
-    if tags.get("host") != socket.gethostname() or not tags.get("pid", "").isdigit():
-        return False  # another machine's run: it may well be alive
-    pid = int(tags["pid"])
-    if pid == os.getpid():
-        return False
-    try:
-        return not psutil.Process(pid).is_running()
-    except psutil.NoSuchProcess:
-        return True
-
-
 @dataclass
 class Previous:
-    status: str  # already_finished | not_retried
+    status: str  # already_finished | not_retried | running_elsewhere
     run_id: str
     reason: str
     metrics: Dict[str, float] = field(default_factory=dict)  # the earlier run's (the sweep's summary shows them)
@@ -114,13 +174,20 @@ def previous_outcome(uri: str, experiment: str, config_hash: str, retry_failed: 
             return Previous("already_finished", r.info.run_id, f"already finished as run {r.info.run_id}",
                             dict(r.data.metrics))
     for r in runs:
-        if r.data.tags.get("status") == "running" and _process_gone(r):
+        if r.data.tags.get("status") != "running":
+            continue
+        tags = r.data.tags
+        alive = process_alive(tags.get("host"), tags.get("pid"), tags.get("pid_started_at"))
+        if alive is False:
             with store_lock(uri):
                 client = MlflowClient(tracking_uri=uri)
                 client.log_batch(r.info.run_id, tags=[
                     RunTag("status", "interrupted"),
                     RunTag("reason", "its process ended before the run finished (found by a later sweep)")])
                 client.set_terminated(r.info.run_id, "KILLED")
+        elif alive and tags.get("pid") != str(os.getpid()):
+            return Previous(RUNNING_ELSEWHERE, r.info.run_id,
+                            f"running as run {r.info.run_id} in process {tags.get('pid')} (another sweep on this host)")
     if retry_failed:
         return None
     for r in reversed(runs):

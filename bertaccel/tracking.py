@@ -6,27 +6,20 @@ as a finished one.
 """
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
 import logging
-import socket
 import subprocess
-import sys
-import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
-from urllib.parse import urlparse
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from hydra.core.utils import env_override
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
-from .config import ConfigError
+from .store import sqlite_file, store_lock
 
 # Values that say where results go, not what was run: left out of the config hash.
 # carbon: how co2e_kg is priced from the measured energy, not what is trained (a region change
@@ -67,67 +60,10 @@ def git_sha() -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
-def sqlite_file(uri: str) -> Optional[Path]:
-    """The database file of a `sqlite:///` URI (relative to the working directory), else None."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///"):]).expanduser().resolve()
-
-
 def _artifact_location(uri: str, experiment: str) -> Optional[str]:
     """Keep artifacts beside a SQLite store instead of in whatever directory the run started from."""
     db = sqlite_file(uri)
     return None if db is None else (db.parent / "mlartifacts" / experiment).as_uri()
-
-
-CHECK_TIMEOUT_S = 5.0  # how long the store check waits on a tracking server
-
-
-def server_problem(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> Optional[str]:
-    """Why the MLflow tracking server of an http(s) URI cannot be used ("unreachable (...)"), or
-    None; None for any other kind of URI. Takes at most about 2 x timeout_s: without it a dead
-    server costs minutes of MLflow's retries and then a long traceback."""
-    parsed = urlparse(uri)
-    if parsed.scheme not in ("http", "https"):
-        return None
-    host = parsed.hostname or ""
-    try:
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except (OSError, ValueError) as e:  # refused, timed out, unknown host; ValueError: a bad port
-        why = getattr(e, "strerror", None) or str(e) or type(e).__name__
-        return f"unreachable ({why})"
-    # Something listens: one request of MLflow's own API, with MLflow's own settings for no retries
-    # and a short timeout, set for this call only (the runs keep MLflow's retries for a blip).
-    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
-
-    with env_override({MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0",
-                       MLFLOW_HTTP_REQUEST_TIMEOUT.name: str(max(1, round(timeout_s)))}):
-        try:
-            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-        except Exception as e:  # noqa: BLE001 - any answer but a good one: not a usable MLflow server
-            text = str(e).strip().splitlines()
-            return f"unreachable as an MLflow tracking server ({(text[0] if text else type(e).__name__)[:300]})"
-    return None
-
-
-def check_store(uri: str) -> None:
-    """A run's tracking.uri: ConfigError (one line) if it is a tracking server that cannot be used.
-    (A sqlite:/// store that does not exist yet is fine here: the first run creates it.)"""
-    why = server_problem(uri)
-    if why:
-        raise ConfigError(f"tracking.uri={uri}: {why}; start the tracking server (mlflow server --host ... "
-                          "--port ...) or use tracking.uri=sqlite:///mlflow.db (a local file, no server)")
-
-
-def exit_if_store_unusable(uri: str) -> None:
-    """check_store for a sweep, before its parent run is opened: one line on stderr and exit 2
-    (an exception there would reach Hydra, which prints a traceback)."""
-    try:
-        check_store(uri)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
@@ -138,37 +74,6 @@ def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
         return client.create_experiment(name, artifact_location=_artifact_location(uri, name))
     except MlflowException:  # created meanwhile by a parallel run
         return client.get_experiment_by_name(name).experiment_id
-
-
-_held = threading.local()
-
-
-@contextmanager
-def store_lock(uri: str) -> Iterator[None]:
-    """Serialize access to one SQLite store across processes.
-
-    SQLite allows one writer at a time and MLflow's retries give up under contention, so
-    parallel sweeps on one `sqlite:///` store take an exclusive flock on `<db>.lock` around
-    every store call. Re-entrant within a thread. Other stores (a tracking server) serialize
-    themselves: no lock.
-    """
-    if not uri.startswith("sqlite:///") or getattr(_held, "depth", 0):
-        _held.depth = getattr(_held, "depth", 0) + 1
-        try:
-            yield
-        finally:
-            _held.depth -= 1
-        return
-    db = sqlite_file(uri)
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        _held.depth = 1
-        try:
-            yield
-        finally:
-            _held.depth = 0
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _locked(method):

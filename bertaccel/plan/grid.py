@@ -87,6 +87,7 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
             every = list(master.hydra.overrides.task) + [f"{k}={v}" for k, v in params.items()]
             swept = sorted(swept_keys(every))
             grid = Grid(config_name, [], swept, sweep_identity(config_name, every))
+            _check_store(str(master.tracking.uri))
             for number, job in enumerate(jobs):
                 cfg = loader.load_sweep_config(master, job)  # (it adds the master's hydra.* overrides)
                 choices = group_choices(cfg.hydra.runtime.choices, GROUPS)
@@ -103,3 +104,16 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
     finally:
         GlobalHydra.instance().clear()
     return grid
+
+
+def _check_store(uri: str) -> None:
+    """The store the plan calibrates from: none yet is fine (a plan before the first run), one
+    that is not an MLflow store is bad input (nothing is read from it, nothing written to it)."""
+    from ..store import sqlite_file, sqlite_state, store_problem
+
+    db = sqlite_file(uri)
+    if db is not None and sqlite_state(db)[0] == "missing":
+        return
+    why = store_problem(uri, create=False)
+    if why:
+        raise PlanInputError(f"tracking.uri={uri}: {why}")

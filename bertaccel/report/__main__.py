@@ -57,19 +57,17 @@ def _args(argv=None) -> argparse.Namespace:
 
 
 def _check_store(uri: str) -> None:
-    """Before reading: a store that does not exist or cannot be reached is one line. (MLflow
-    would create an empty database for a sqlite:/// path, or retry a dead server for minutes.)"""
-    from ..tracking import server_problem, sqlite_file
+    """Before reading: a store that does not exist, is not an MLflow store or cannot be reached is
+    one line, and nothing is written (MLflow would create tables in any sqlite:/// path it is
+    given, an empty file or another program's database included, or retry a dead server for
+    minutes)."""
+    from ..store import store_problem
 
-    db = sqlite_file(uri)
-    if db is not None and not db.is_file():
-        raise ReportInputError(f"--uri {uri}: {db} does not exist (the report reads a store, it creates none); "
-                               "give the tracking.uri your runs wrote to, e.g. --uri sqlite:///mlflow.db "
-                               "from the directory they ran in")
-    why = server_problem(uri)
+    why = store_problem(uri, create=False)
     if why:
-        raise ReportInputError(f"--uri {uri}: {why}; start the tracking server or give another store, "
-                               "e.g. --uri sqlite:///mlflow.db")
+        hint = ("; start the tracking server or give another store, e.g. --uri sqlite:///mlflow.db"
+                if "unreachable" in why else " (the report reads a store, it creates none)")
+        raise ReportInputError(f"--uri {uri}: {why}{hint}")
 
 
 def main(argv=None) -> int:
