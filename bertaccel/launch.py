@@ -226,10 +226,7 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     world = cfg.num_gpus
     method = cfg.launcher.start_method
     if method == "forkserver":
-        # What the server imports once, for every later run to fork from (it has no effect
-        # once the server runs: the first run of a sweep starts it, and pays these imports).
-        multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
-        _start_forkserver_without_sigint()
+        start_forkserver()
     ctx = mp.get_context(method)
     results = ctx.SimpleQueue()
     # The ranks meet through a file store in a directory of the job's own, not a TCP port: a
@@ -313,18 +310,27 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     return _record_failure(job, cfg, failure, main)
 
 
-def _start_forkserver_without_sigint() -> None:
-    """Start the forkserver (if not yet) with SIGINT blocked: Ctrl-C reaches the whole process
+def start_forkserver() -> None:
+    """Start the forkserver (if not yet), with SIGINT ignored: Ctrl-C reaches the whole process
     group, and a server still importing its preload printed a ~40-line KeyboardInterrupt
-    traceback under the sweep's one line. The blocked mask is inherited through its fork and exec
-    (Python ignores SIGINT there itself only after the preload); the launcher stops the workers."""
+    traceback under the sweep's one line. An ignored signal stays ignored through fork and exec,
+    and Python then leaves it so (a blocked mask does not: the exec resets it); Python's
+    forkserver ignores SIGINT itself only once its preload is imported. The launcher stops the
+    workers. Only the main thread may set a handler: the sweep launcher calls this from there
+    before its first run (runs_at_once > 1 launches from other threads)."""
     from multiprocessing import forkserver
 
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # What the server imports once, for every later run to fork from (it has no effect once the
+    # server runs: the first run of a sweep starts it, and pays these imports).
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         forkserver.ensure_running()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.signal(signal.SIGINT, previous)
 
 
 def _death(e: Any, world: int) -> str:

@@ -247,7 +247,7 @@ def test_cli_plans_a_tiny_grid_and_lists_an_invalid_one(tmp_path):
     out = r.stdout
     assert "== Predicted time, cost and energy (before running) ==" in out and "Table 5.4 form" in out
     assert "optimizer.lr=-1.0 must be > 0" in out  # the invalid half of the grid, listed with its reason
-    assert "default MFU 0.3 x peak_tflops_fp32 19.5" in out and "does not exist" in out
+    assert "default MFU 0.3 x peak_tflops_fp32 19.5" in out and "does not exist yet" in out
     rows = rows_from_csv(str(tmp_path / "planout" / "plan.csv"))
     assert len(rows) == 8  # 4 configurations x (own hardware, a100)
     a100 = [x for x in rows if x.hardware == "a100" and x.time_s is not None]

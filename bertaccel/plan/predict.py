@@ -46,14 +46,17 @@ def own_profile(cfg: Any) -> Tuple[Optional[Dict[str, Any]], str]:
 def store_references(uri: str, experiment: str, memo: Optional[Dict[Tuple[str, str], Any]] = None
                      ) -> Tuple[List[Reference], str]:
     """The store's runs that can calibrate, and a note on the store ('' when it was read)."""
-    from ..store import store_problem
+    from ..store import sqlite_file, sqlite_state, store_problem
     from ..tracking import search_runs
 
     if memo is not None and (uri, experiment) in memo:
         return memo[(uri, experiment)]
+    db = sqlite_file(uri)
     why = store_problem(uri, create=False)  # (reading only: nothing is created in a path that is no store)
-    if why:
-        found: Tuple[List[Reference], str] = ([], f"store {uri}: {why}: no run to calibrate from")
+    if db is not None and sqlite_state(db)[0] == "missing":
+        found: Tuple[List[Reference], str] = ([], f"store {uri} does not exist yet: no run to calibrate from")
+    elif why:
+        found = ([], f"store {uri}: {why}: no run to calibrate from")
     else:
         found = (references(search_runs(uri, experiment, "tags.status = 'finished'")), "")
     if memo is not None:

@@ -94,6 +94,10 @@ class BertaccelLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         at_once = int(self.config.launcher.runs_at_once)
+        if self.config.launcher.name == "process" and self.config.launcher.start_method == "forkserver":
+            from bertaccel.launch import start_forkserver
+
+            start_forkserver()  # from this, the main thread: see its docstring
         jobs = [(initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
         if at_once <= 1:
             return [self._run(idx, overrides, self.task_function) for idx, overrides in jobs]
