@@ -1,0 +1,132 @@
+"""What `python -m bertaccel.run` is given, checked before anything is written (issue 24):
+every number finite and in its field's range; the data caches keyed by what the files hold."""
+from __future__ import annotations
+
+import typing
+from dataclasses import is_dataclass
+
+import pytest
+
+from bertaccel.checks import validate
+from bertaccel.config import ConfigError, RunConfig, schema_fields
+from bertaccel.tracking import runs_by_status
+from conftest import TINY
+
+
+def _numeric_fields(cls=RunConfig, prefix=""):
+    """{dotted key: its number types} for every int or float field of the schema, from the type
+    hints: a field added later is covered without editing this test."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        if is_dataclass(hint):
+            out.update(_numeric_fields(hint, f"{prefix}{name}."))
+            continue
+        types = set(typing.get_args(hint)) - {type(None)} or {hint}
+        if types & {int, float}:
+            out[f"{prefix}{name}"] = types
+    return out
+
+
+NUMERIC = _numeric_fields()
+FLOATS = sorted(k for k, types in NUMERIC.items() if float in types)
+# Numbers whose range is checked by their option's own check rather than declared on the field,
+# and the one number any value of which works (config.py says why).
+RANGE_CHECKED_ELSEWHERE = {"hardware.pue", "carbon.intensity_g_per_kwh", "dataset.subset_seed"}
+
+
+def test_the_schema_has_float_fields_to_check():
+    # (guards the parametrization below from silently becoming empty)
+    assert {"optimizer.lr", "optimizer.weight_decay", "optimizer.max_grad_norm", "launcher.timeout_s",
+            "telemetry.interval_s", "accumulation_target_variance"} <= set(FLOATS)
+
+
+def test_every_numeric_field_declares_a_range():
+    declared = {key for key, f in schema_fields() if "range" in f.metadata}
+    assert set(NUMERIC) - RANGE_CHECKED_ELSEWHERE - declared == set()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("key", FLOATS)
+def test_non_finite_numbers_are_refused_naming_the_key(compose_cfg, key, value):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg([f"{key}={value}"]))
+    message = str(info.value)
+    assert message.startswith(f"{key}={value} is not a finite number; give a finite value"), message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optimizer.impl.betas=[0.9,nan]", "optimizer.impl.betas[1]"),  # an option's own setting
+    ("optimizer.impl.eps=inf", "optimizer.impl.eps"),
+    ("accumulation=nan", "accumulation"),  # an Any-typed field
+    ("train.batch_size=inf", "train.batch_size"),
+])
+def test_non_finite_anywhere_in_the_config_is_refused(compose_cfg, override, key):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg([override]))
+    assert str(info.value).startswith(f"{key}="), str(info.value)
+    assert " is not a finite number; give a finite value" in str(info.value)
+
+
+def test_the_message_gives_a_working_example(compose_cfg):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg(["optimizer.lr=inf"]))
+    assert str(info.value) == "optimizer.lr=inf is not a finite number; give a finite value, e.g. optimizer.lr=5e-05"
+    validate(compose_cfg(["optimizer.lr=5e-05"]))  # (and the example is accepted)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optimizer.weight_decay=-0.1", "optimizer.weight_decay=-0.1 must be >= 0"),
+    ("optimizer.max_grad_norm=0", "optimizer.max_grad_norm=0.0 must be > 0 (null: no clipping)"),
+    ("optimizer.min_lr_ratio=1", "optimizer.min_lr_ratio=1.0 must be in [0, 1)"),
+    ("launcher.timeout_s=0", "launcher.timeout_s=0.0 must be > 0"),
+    ("launcher.collective_timeout_s=1e20", "launcher.collective_timeout_s=1e+20 must be in (0, 86400000000000]"),
+    ("telemetry.interval_s=-0.2", "telemetry.interval_s=-0.2 must be in (0, "),
+    ("telemetry.interval_s=1e12", "telemetry.interval_s=1000000000000.0 must be in (0, "),
+    ("accumulation_target_variance=0", "accumulation_target_variance=0.0 must be > 0"),
+    ("hardware.tdp_w=0", "hardware.tdp_w=0.0 must be > 0"),
+    ("hardware.peak_tflops_fp32=-1", "hardware.peak_tflops_fp32=-1.0 must be > 0"),
+    ("train.seed=-1", "train.seed=-1 must be in [0, 4294967295] (numpy's seed range"),
+    ("train.seed=4294967296", "train.seed=4294967296 must be in [0, 4294967295]"),
+    ("profile_window.warmup_steps=-1", "profile_window.warmup_steps=-1 must be >= 0"),
+    ("dataset.test_subset=0", "dataset.test_subset=0 must be > 0 (null: all rows)"),
+    ("num_gpus=0", "num_gpus=0 must be > 0"),
+])
+def test_numbers_out_of_their_declared_range_are_refused(compose_cfg, override, message):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg([override]))
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize("override", ["optimizer.max_grad_norm=null", "dataset.train_subset=null",
+                                      "train.seed=0", "train.seed=4294967295", "optimizer.warmup_ratio=0",
+                                      "launcher.timeout_s=1e9", "optimizer.weight_decay=0"])
+def test_edges_and_nulls_that_mean_something_are_accepted(compose_cfg, override):
+    validate(compose_cfg([override]))
+
+
+def _one_line_exit_2_nothing_written(cli, r):
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
+    assert not (cli.dir / "outputs").exists()
+    assert not (cli.dir / "mlflow.db").exists()
+    return lines[0]
+
+
+@pytest.mark.parametrize("override", ["optimizer.lr=inf", "launcher.timeout_s=nan"])
+def test_cli_non_finite_number_is_one_line_exit_2_nothing_written(cli, override):
+    r = cli([*TINY, "train.max_steps_per_epoch=1", override], timeout=300)
+    line = _one_line_exit_2_nothing_written(cli, r)
+    assert line.startswith(f"error: {override} is not a finite number; give a finite value, e.g. "), line
+
+
+def test_cli_sweep_records_the_nan_configuration_failed_and_runs_the_others(cli):
+    r = cli(["-m", "optimizer.max_grad_norm=1.0,nan,0.5", *TINY, "train.max_steps_per_epoch=2"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = runs_by_status(cli.store, "bertaccel")
+    assert {k: len(v) for k, v in runs.items()} == {"finished": 2, "failed": 1}, r.stdout[-3000:]
+    failed = runs["failed"][0]
+    assert failed.data.tags["reason"] == ("bad input: optimizer.max_grad_norm=nan is not a finite number; "
+                                          "give a finite value, e.g. optimizer.max_grad_norm=1")
+    assert sorted(run.data.params["optimizer.max_grad_norm"] for run in runs["finished"]) == ["0.5", "1.0"]
