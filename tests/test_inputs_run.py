@@ -2,13 +2,17 @@
 every number finite and in its field's range; the data caches keyed by what the files hold."""
 from __future__ import annotations
 
+import os
 import typing
 from dataclasses import is_dataclass
+from types import SimpleNamespace
 
 import pytest
 
 from bertaccel.checks import validate
 from bertaccel.config import ConfigError, RunConfig, schema_fields
+from bertaccel.data import RawData, RawSplit, load_raw, tokenize_cached
+from bertaccel.model import load_tokenizer
 from bertaccel.tracking import runs_by_status
 from conftest import TINY
 
@@ -130,3 +134,45 @@ def test_cli_sweep_records_the_nan_configuration_failed_and_runs_the_others(cli)
     assert failed.data.tags["reason"] == ("bad input: optimizer.max_grad_norm=nan is not a finite number; "
                                           "give a finite value, e.g. optimizer.max_grad_norm=1")
     assert sorted(run.data.params["optimizer.max_grad_norm"] for run in runs["finished"]) == ["0.5", "1.0"]
+
+
+# --- the data caches: keyed by what the files hold, not by their path, size and mtime ---
+
+def _csv_cfg(train, test):
+    return SimpleNamespace(source="csv", train_path=str(train), test_path=str(test), text_columns=["text"],
+                           label_column="label", train_subset=None, test_subset=None, hub_id=None, subset_seed=0)
+
+
+def _edit_in_place_keeping_size_and_mtime(path, new: bytes):
+    before = path.stat()
+    assert len(new) == before.st_size
+    path.write_bytes(new)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # as `touch -r` would
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def test_parse_cache_reads_a_file_edited_in_place_with_size_and_mtime_kept(tmp_path):
+    tr = tmp_path / "train.csv"
+    te = tmp_path / "test.csv"
+    tr.write_bytes(b"text,label\ngood movie,1\nbad movie,0\n")
+    te.write_bytes(b"text,label\nfine,1\n")
+    cache = str(tmp_path / "cache")
+    assert load_raw(_csv_cfg(tr, te), cache).train.texts == ["good movie", "bad movie"]
+    # the same length, other rows and labels
+    _edit_in_place_keeping_size_and_mtime(tr, b"text,label\ndull movie,0\nfun movie,1\n")
+    again = load_raw(_csv_cfg(tr, te), cache)
+    assert again.train.texts == ["dull movie", "fun movie"] and again.train.labels == [0, 1]
+
+
+def test_token_cache_tells_apart_splits_whose_rows_only_join_alike(tmp_path, compose_cfg):
+    # One row whose text holds what a naive fingerprint uses as separators, and two rows that
+    # would hash to the same bytes: each must get its own tokens.
+    tok = load_tokenizer(compose_cfg(["model=tiny"]).model)
+    one = RawData(RawSplit(["a\x000\x01b"], [1]), RawSplit(["c"], [0]), ["0", "1"])
+    two = RawData(RawSplit(["a", "b"], [0, 1]), RawSplit(["c"], [0]), ["0", "1"])
+    cache = str(tmp_path / "cache")
+    first = tokenize_cached(one, tok, 16, cache)
+    second = tokenize_cached(two, tok, 16, cache)
+    assert not second.cache_hit and len(first.train) == 1 and len(second.train) == 2
+    assert second.train.labels.tolist() == [0, 1]
