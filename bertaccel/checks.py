@@ -5,7 +5,9 @@ option lists, are config.py's; an option with settings of its own checks them in
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import MISSING
+from pathlib import Path
 from typing import Any, Iterator, Optional, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -57,6 +59,19 @@ def _declared_ranges(cfg: Any) -> None:
         declared = f.metadata.get("range")
         if declared is not None:
             _refuse(declared.refusal(key, OmegaConf.select(cfg, key)))
+
+
+def _writable_dir(key: str, value: str) -> None:
+    """A directory the run may create and write into (cache_dir), checked without creating
+    anything: its nearest existing part must be a directory this user can write. Otherwise the
+    first cache write fails inside the run's process, after its MLflow run was opened."""
+    path = Path(os.path.expanduser(value)).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    where = "" if existing == path else f" ({existing} exists)"
+    if not existing.is_dir():
+        raise ConfigError(f"{key}={value}: {existing} is not a directory; give a directory (created if missing)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={value}: cannot be written by this user{where}; give a directory you can write")
 
 
 def validate(cfg: Any) -> None:
@@ -115,6 +130,9 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"model={cfg.model.name} (source={cfg.model.source}) needs model.pretrained")
     if cfg.model.source == "random_init" and not cfg.model.tokenizer_package:
         raise ConfigError(f"model={cfg.model.name} (random_init) needs model.tokenizer_package")
+    from .model import check_model
+
+    _refuse(check_model(cfg.model))
     if cfg.model.source == "random_init":
         for k in MODEL_SHAPE_FIELDS:
             if cfg.model[k] is None:
@@ -156,6 +174,7 @@ def validate(cfg: Any) -> None:
     from .search import check_search
 
     _refuse(check_search(cfg.search))
+    _writable_dir("cache_dir", cfg.cache_dir)
     if not cfg.tracking.uri:
         raise ConfigError("tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db")
     # Last, as it may wait on the network (a few seconds at most): a tracking server that cannot be

