@@ -6,9 +6,11 @@ work, so a bad value costs one line and no half-written run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import threading
+from dataclasses import Field, dataclass, field, fields, is_dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -44,6 +46,58 @@ def uses_cuda_graphs(mode: str) -> bool:
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message is the one line the user sees."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take, declared on its field (`bounded`) so the setting and
+    its check have one home; checks.py walks the schema and applies every declared Range. A null
+    passes: an Optional field's null has its own meaning, said in the field's comment and note.
+    Written as `not (value > low)` etc., so NaN is refused here too, not only by the finite check."""
+    gt: Optional[float] = None
+    ge: Optional[float] = None
+    lt: Optional[float] = None
+    le: Optional[float] = None
+    note: str = ""  # why the range, or what null means: said with the refusal
+
+    def text(self) -> str:
+        def num(x: float) -> str:  # 4294967295, not 4.29497e+09
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+        low = f"[{num(self.ge)}" if self.ge is not None else f"({num(self.gt)}" if self.gt is not None else None
+        high = f"{num(self.le)}]" if self.le is not None else f"{num(self.lt)})" if self.lt is not None else None
+        if low and high:
+            return f"in {low}, {high}"
+        if low:
+            return (">= " if self.ge is not None else "> ") + low[1:]
+        return ("<= " if self.le is not None else "< ") + high[:-1]
+
+    def refusal(self, key: str, value: Any) -> Optional[str]:
+        """Why `key=value` is out of range (one line), or None."""
+        if value is None:
+            return None
+        ok = ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
+              and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le))
+        if ok:
+            return None
+        return f"{key}={value!r} must be {self.text()}" + (f" ({self.note})" if self.note else "")
+
+
+def bounded(default: Any, *, gt: Optional[float] = None, ge: Optional[float] = None, lt: Optional[float] = None,
+            le: Optional[float] = None, note: str = "") -> Any:
+    """A numeric schema field with its range: `lr: float = bounded(5e-5, gt=0)`."""
+    return field(default=default, metadata={"range": Range(gt, ge, lt, le, note)})
+
+
+def schema_fields(cls: type = None, prefix: str = "") -> Iterator[Tuple[str, Field]]:
+    """Every leaf field of the schema (RunConfig by default) as (dotted key, dataclass Field)."""
+    cls = cls or RunConfig
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            yield from schema_fields(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f
 
 
 @dataclass
@@ -87,14 +141,14 @@ class FreezingConfig:
 @dataclass
 class OptimizerConfig:
     name: str = "adamw"
-    lr: float = 5e-5
-    weight_decay: float = 0.01
+    lr: float = bounded(5e-5, gt=0)
+    weight_decay: float = bounded(0.01, ge=0)
     schedule: str = "linear"
-    warmup_ratio: float = 0.1
-    min_lr_ratio: float = 0.0           # cosine: decay to this fraction of lr (seed 001 eq. 10: 0.1)
+    warmup_ratio: float = bounded(0.1, ge=0, lt=1)  # fraction of the optimizer steps
+    min_lr_ratio: float = bounded(0.0, ge=0, lt=1)  # cosine: decay to this fraction of lr (seed 001 eq. 10: 0.1)
     scale_lr: str = "none"              # linear: lr x effective batch / base_batch_size (seed 001 eq. 11)
-    base_batch_size: int = 32           # the batch lr was tuned for (scale_lr=linear)
-    max_grad_norm: Optional[float] = 1.0  # null disables clipping
+    base_batch_size: int = bounded(32, gt=0)  # the batch lr was tuned for (scale_lr=linear)
+    max_grad_norm: Optional[float] = bounded(1.0, gt=0, note="null: no clipping")  # null disables clipping
     # The optimizer itself (bertaccel/optim.py): `_target_` a torch.optim.Optimizer class,
     # `_partial_: true`, and that class's own settings. lr and weight decay come from above.
     impl: Dict[str, Any] = field(default_factory=lambda: {"_target_": "torch.optim.AdamW", "_partial_": True})
@@ -105,19 +159,19 @@ class HardwareConfig:
     name: str = "auto"
     # Substrings of torch.cuda.get_device_name() that select this profile under hardware=auto.
     match: List[str] = field(default_factory=list)
-    price_per_gpu_hour_usd: Optional[float] = None
+    price_per_gpu_hour_usd: Optional[float] = bounded(None, gt=0, note="null: no cost_usd")
     price_source: str = ""
-    tdp_w: Optional[float] = None
-    peak_tflops_bf16: Optional[float] = None
-    peak_tflops_fp16: Optional[float] = None
-    peak_tflops_fp32: Optional[float] = None
+    tdp_w: Optional[float] = bounded(None, gt=0, note="watts; null: unknown")
+    peak_tflops_bf16: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
+    peak_tflops_fp16: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
+    peak_tflops_fp32: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
     # true: use this profile on a device it does not match (hardware.py profile_mismatch), on
     # purpose: "what would this run cost there". The record says so (tag hardware_what_if, and
     # hardware_profile "<name> (what-if)", which the report shows). Not for hardware=auto.
     what_if: bool = False
     # Power usage effectiveness of the data centre (total facility energy / IT energy, >= 1):
     # co2e_kg counts energy_kwh x pue (bertaccel/carbon.py). null: IT energy only, said in the tag.
-    pue: Optional[float] = None
+    pue: Optional[float] = None  # (its range, >= 1, is checked with the carbon block: carbon.check_carbon)
     pue_source: str = ""
 
 
@@ -126,7 +180,7 @@ class CarbonConfig:
     """co2e_kg = energy_kwh x hardware.pue x grid intensity / 1000; meaning, table of regions and
     checks in bertaccel/carbon.py."""
     region: str = "world"                         # a row of carbon.REGIONS (published annual averages)
-    intensity_g_per_kwh: Optional[float] = None   # given: used instead of the region's figure
+    intensity_g_per_kwh: Optional[float] = None   # given: used instead of the region's figure (>= 0: check_carbon)
 
 
 @dataclass
@@ -139,10 +193,10 @@ class ModelConfig:
     # a pretrained model, whose weights bring their own shape: a run logs the built model's shape
     # as params model.<field> (job.py), never a default that was not used.
     tokenizer_package: Optional[str] = None
-    hidden_size: Optional[int] = None
-    num_hidden_layers: Optional[int] = None
-    num_attention_heads: Optional[int] = None
-    intermediate_size: Optional[int] = None
+    hidden_size: Optional[int] = bounded(None, gt=0)
+    num_hidden_layers: Optional[int] = bounded(None, gt=0)
+    num_attention_heads: Optional[int] = bounded(None, gt=0)
+    intermediate_size: Optional[int] = bounded(None, gt=0)
 
 
 # The ModelConfig fields that give a random-init model its shape (also its Hugging Face config's names).
@@ -158,41 +212,42 @@ class DatasetConfig:
     test_path: Optional[str] = None
     text_columns: List[str] = field(default_factory=lambda: ["text"])
     label_column: str = "label"
-    max_length: int = 128
-    train_subset: Optional[int] = None  # first N rows after a seeded shuffle; null = all
-    test_subset: Optional[int] = None
+    max_length: int = bounded(128, ge=8, le=512, note="BERT positions")
+    train_subset: Optional[int] = bounded(None, gt=0, note="null: all rows")  # first N rows after a seeded shuffle; null = all
+    test_subset: Optional[int] = bounded(None, gt=0, note="null: all rows")
     # The subsets' shuffle seed. Not train.seed: runs that differ only in train.seed are repeats
     # (the report groups them) and must train and test on the same rows; a different sample of
     # the data is a different experiment, asked for by changing this.
+    # Any integer: Python's random.Random takes any (negative, or past 64 bits) as its seed.
     subset_seed: int = 0
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 1
+    epochs: int = bounded(1, gt=0)
     # Rows per micro-batch and device: an integer, or "auto" (the largest power of two that fits the
     # GPU at the dataset's longest padded length, found by trying: bertaccel/batch_fit.py).
     # Any-typed so both spellings compose (as accumulation); validate() checks.
     batch_size: Any = 32
-    eval_batch_size: int = 128
-    seed: int = 42
+    eval_batch_size: int = bounded(128, gt=0)
+    seed: int = bounded(42, ge=0, le=2**32 - 1, note="numpy's seed range; isolation.seed_everything seeds it")
     device: str = "auto"
-    num_workers: int = 0
+    num_workers: int = bounded(0, ge=0, note="0: batches made in the training process")
     # Workers kept alive between epochs (num_workers > 0), so each epoch does not pay their start.
     persistent_workers: bool = True
     # Batches each worker prepares ahead (null = torch's default of 2; needs num_workers > 0).
-    prefetch_factor: Optional[int] = None
+    prefetch_factor: Optional[int] = bounded(None, gt=0, note="null: torch's default")
     # Page-locked host batches (null = on a GPU only): a copy from pageable memory makes the host
     # wait for the GPU stream first, so the loop could never run ahead of the GPU.
     pin_memory: Optional[bool] = None
     # Batches of similar length (shuffled), so dynamic padding pads little; false = plain shuffle.
     group_by_length: bool = True
     # Round each batch's padded length up to this multiple (1 = exact longest sequence).
-    pad_to_multiple_of: int = 8
+    pad_to_multiple_of: int = bounded(8, gt=0, note="1: exact longest sequence")
     # Stop an epoch after this many optimizer steps (null = whole epoch); for smoke runs.
-    max_steps_per_epoch: Optional[int] = None
+    max_steps_per_epoch: Optional[int] = bounded(None, gt=0, note="null: whole epoch")
     # The loss is read back (a host sync) every this many optimizer steps: NaN check + progress bar.
-    log_every_steps: int = 10
+    log_every_steps: int = bounded(10, gt=0)
     # Activation checkpointing (seed 001 III-E): none | every (each encoder layer) | sqrt
     # (segments of sqrt(L) layers); bertaccel/checkpointing.py.
     gradient_checkpointing: str = "none"
@@ -204,16 +259,17 @@ class TelemetryConfig:
     # the measurements are then null with that reason.
     enabled: bool = True
     # Background sampling period of NVML power, GPM and utilization (RAPL polls at >= 1 s).
-    interval_s: float = 0.2
+    # At most threading.TIMEOUT_MAX: the samplers wait on a threading.Event for this long.
+    interval_s: float = bounded(0.2, gt=0, le=threading.TIMEOUT_MAX)
     # Where Linux exposes RAPL energy counters.
     rapl_root: str = "/sys/class/powercap"
 
 
 @dataclass
 class ProfileWindowConfig:
-    warmup_steps: int = 3   # run but not recorded (allocator, autotuning, caches settle)
-    active_steps: int = 5   # recorded
-    top_k: int = 10         # kernels listed in the artifact
+    warmup_steps: int = bounded(3, ge=0)  # run but not recorded (allocator, autotuning, caches settle)
+    active_steps: int = bounded(5, gt=0)  # recorded
+    top_k: int = bounded(10, gt=0)  # kernels listed in the artifact
 
 
 @dataclass
@@ -243,12 +299,14 @@ class LauncherConfig:
     # process = a fresh Python process per run (one per rank for num_gpus > 1).
     name: str = "process"
     # A run (all its ranks) still going after this many seconds is stopped and recorded failed.
-    timeout_s: float = 86400.0
+    # No "infinite" (the finite check refuses inf): give a long time instead, e.g. 864000 (ten days).
+    timeout_s: float = bounded(86400.0, gt=0)
     # num_gpus > 1: a collective waiting longer on a peer fails (a dead or hung rank ends the job).
-    collective_timeout_s: float = 300.0
+    # At most what a datetime.timedelta holds: torch.distributed takes the timeout as one.
+    collective_timeout_s: float = bounded(300.0, gt=0, le=timedelta.max.total_seconds())
     # A sweep (-m) runs this many configurations at a time, each in processes of its own and, on
     # a GPU host, on num_gpus GPUs of its own (hydra_plugins/bertaccel_launcher). 1: one by one.
-    runs_at_once: int = 1
+    runs_at_once: int = bounded(1, ge=1, note="1: one run at a time")
     # How run processes start. forkserver: forked from a server process that imported torch,
     # transformers, mlflow and bertaccel once, so a later run of a sweep starts in well under a
     # second instead of re-importing them (seconds to tens of seconds); the server never touches
@@ -269,12 +327,14 @@ class RunConfig:
     # variance of the last window's micro-batch gradients, in [2, accumulation_max];
     # bertaccel/adaptive_accumulation.py). Any-typed so both spellings compose; validate() checks.
     accumulation: Any = 1
-    accumulation_max: int = 8
-    accumulation_target_variance: float = 1.0  # sigma_target^2 of eq. 6 (squared gradient norm)
+    # Used by accumulation=adaptive only, but its range holds whatever accumulation is: a range
+    # belongs to the setting, not to one combination.
+    accumulation_max: int = bounded(8, ge=2, note="adaptive k is at least 2")
+    accumulation_target_variance: float = bounded(1.0, gt=0)  # sigma_target^2 of eq. 6 (squared gradient norm)
     freezing: FreezingConfig = field(default_factory=FreezingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    num_gpus: int = 1  # data-parallel ranks, one process and one GPU each (on a CPU host: gloo processes)
+    num_gpus: int = bounded(1, gt=0)  # data-parallel ranks, one process and one GPU each (on a CPU host: gloo processes)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)

