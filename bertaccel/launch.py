@@ -19,6 +19,12 @@ between runs. Failure handling, so that one bad run never stops a sweep:
 The MLflow run a dead worker may have left "running" is found by its launch_id tag and marked
 failed; if it died before opening one, a failed run is opened for it. SIGINT / SIGTERM to the
 launching process (interrupt.py) stops the workers the same way and marks their run interrupted.
+A launching process killed outright (SIGKILL) cannot stop anything: each worker watches it and,
+once it is gone, marks its run interrupted and exits (_die_with_launcher).
+
+One finished run per configuration, also with two sweeps on one store: a configuration another
+live process is running is waited for, then taken as already finished or run again
+(sweep_runs.previous_outcome, job.execute's claim).
 """
 from __future__ import annotations
 
