@@ -47,8 +47,11 @@ def _targets(spec: Optional[str]) -> List[str]:
     known = sorted(p["name"] for p in load_profiles())
     names = [n.strip() for n in spec.split(",") if n.strip()]
     bad = [n for n in names if n not in known]
-    if bad or not names:
-        raise PlanInputError(f"--hardware {spec}: {', '.join(bad) or 'no name'} is not a hardware profile; "
+    if not names:
+        raise PlanInputError(f"--hardware {spec!r}: give profile names, e.g. --hardware a100,h100; "
+                             f"choose from {', '.join(known)}")
+    if bad:
+        raise PlanInputError(f"--hardware {spec}: {', '.join(bad)} is not a hardware profile; "
                              f"choose from {', '.join(known)}")
     return list(dict.fromkeys(names))
 
