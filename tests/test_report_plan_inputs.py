@@ -231,7 +231,6 @@ def test_a_sweep_id_with_a_quote_is_found(store_dir, tmp_path):
 
 
 @pytest.mark.parametrize("args,starts", [
-    (["--nosuch"], "error: unrecognized arguments: --nosuch"),
     (["--hardware", ""], "error: --hardware '': give profile names"),  # (was: taken as not given)
     (["--config-dir", ""], "error: --config-dir '': give a folder of studies"),  # (was: taken as not given)
 ])
