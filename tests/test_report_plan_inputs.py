@@ -123,6 +123,18 @@ def test_out_that_is_not_a_new_or_bertaccel_folder_is_one_line_and_nothing_chang
     assert _tree(tmp_path) == before
 
 
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write in a folder without write permission")
+def test_out_in_a_folder_that_is_not_writable_is_one_line(tmp_path):
+    (tmp_path / "runs.csv").write_text(GOOD_CSV)
+    (tmp_path / "ro").mkdir()
+    os.chmod(tmp_path / "ro", 0o555)
+    try:
+        _refused(_report(["--csv", "runs.csv", "--out", "ro/rep"], tmp_path), "error: --out ro/rep: its parent ")
+        assert list((tmp_path / "ro").iterdir()) == []
+    finally:
+        os.chmod(tmp_path / "ro", 0o755)
+
+
 def test_a_report_folder_is_replaced_whole_but_not_once_the_user_put_something_in_it(tmp_path):
     (tmp_path / "runs.csv").write_text(GOOD_CSV)
     r = _report(["--csv", "runs.csv", "--out", "rep"], tmp_path)

@@ -26,8 +26,8 @@ SCALING = (f"--hardware: each configuration re-priced on the profile: achieved F
 
 def _args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap = OneLineParser(prog="python -m bertaccel.plan",
-                                 description="Predict time, cost and energy of every configuration of a sweep "
-                                             "before it runs (the overrides of bertaccel.run -m).")
+                       description="Predict time, cost and energy of every configuration of a sweep "
+                                   "before it runs (the overrides of bertaccel.run -m).")
     ap.add_argument("--config-name", default="config", help="the study (bertaccel/sweeps/) or primary config")
     ap.add_argument("--config-dir", help="a folder of your own studies (as for bertaccel.run)")
     ap.add_argument("-m", "--multirun", action="store_true", help="accepted for symmetry with bertaccel.run -m")

@@ -35,7 +35,7 @@ PROJECT_EPOCHS = Column("--project-epochs", "epochs to project every run to", ki
 
 def _args(argv=None) -> argparse.Namespace:
     ap = OneLineParser(prog="python -m bertaccel.report",
-                                 description="Weighted scoring report (thesis section 5.1) of MLflow runs or a CSV.")
+                       description="Weighted scoring report (thesis section 5.1) of MLflow runs or a CSV.")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--experiment", default="bertaccel", help="MLflow experiment (default bertaccel)")
     src.add_argument("--csv", help="CSV with columns name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy "

@@ -9,6 +9,7 @@ user made or added to (a store moved into an old report folder stays where it is
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import tempfile
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
 MARKER = ".bertaccel-output"
+KINDS = ("report", "plan")  # what writes output folders: python -m bertaccel.report, python -m bertaccel.plan
 _HEADER = "bertaccel {kind} output folder"
 _EXPLAINED = ("# bertaccel wrote this folder whole and replaces it whole when --out names it again,\n"
               "# but only while it holds nothing except the entries listed below: add anything else\n"
@@ -53,7 +55,7 @@ def _not_ours(folder: Path, kind: str) -> Optional[str]:
     """Why the existing folder may not be replaced by a new one of this kind (None: it may)."""
     listed = _listed(folder, kind)
     if listed is None:
-        other = [k for k in ("report", "plan") if k != kind and _listed(folder, k) is not None]
+        other = [k for k in KINDS if k != kind and _listed(folder, k) is not None]
         if other:  # e.g. the report's --out naming the plan folder whose plan.csv it reads
             return f"holds a bertaccel {other[0]}, not a {kind}"
         return f"exists and is not a folder bertaccel wrote (it has no {MARKER} of a {kind})"
@@ -70,6 +72,17 @@ def _not_ours(folder: Path, kind: str) -> Optional[str]:
         shown = ", ".join(sorted(extra)[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
         return f"holds {len(extra)} thing(s) bertaccel did not write there ({shown})"
     return None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders in one step (Linux renameat2 RENAME_EXCHANGE): no moment without either.
+    False, changing nothing, where the C library or the file system has no such call."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd, rename_exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE (linux/fcntl.h, linux/fs.h)
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), rename_exchange) == 0
 
 
 def check_folder(text: str, kind: str) -> Path:
@@ -107,7 +120,8 @@ def write_folder(text: str, kind: str, files: Mapping[str, str], plots: Sequence
     """files: name -> text; plots: {'stem', 'png'} dicts, saved under plots/. Written to a
     temporary folder beside --out TEXT first (same file system, so renames are atomic), then
     swapped in: an interrupted run leaves the earlier folder or the new one, never half of
-    either, and never a folder check_folder refuses. OutputFolderError when nothing was changed."""
+    either, and never replaces a folder check_folder refuses. OutputFolderError when nothing
+    was changed."""
     out = check_folder(text, kind)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=out.parent))
@@ -134,6 +148,10 @@ def write_folder(text: str, kind: str, files: Mapping[str, str], plots: Sequence
             why = _not_ours(out, kind) if out.is_dir() else "is a file, not a folder"
             if why:
                 raise OutputFolderError(f"--out {text}: {why}; {_FIX}")
+            if _exchange(tmp, out):  # tmp now holds the earlier folder, deleted below
+                return
+            # Else: the earlier folder aside, the new one in, then the earlier one deleted; only
+            # a crash between the two renames leaves both beside it, under hidden names.
             aside = Path(tempfile.mkdtemp(prefix=f".{kind}-old-", dir=out.parent))
             os.rename(out, aside / out.name)
         os.rename(tmp, out)  # fails, changing nothing, if a folder appeared there meanwhile
