@@ -98,7 +98,7 @@ def test_csv_columns_and_bad_input(tmp_path):
     (tmp_path / "bad.csv").write_text(f"{HEADER},epoch_accuracy,epoch_time_s\na,33,0.33,0.033,50,0.9,0.8;1.2,1;1\n")
     for args, expected in [
         (["--csv", "plain.csv", "--target-accuracy", "0.88"], "no epoch_accuracy column, which --target-accuracy needs"),
-        (["--csv", "runs.csv", "--target-accuracy", "88"], "--target-accuracy 88: give a fraction in (0, 1]"),
+        (["--csv", "runs.csv", "--target-accuracy", "88"], "--target-accuracy: '88' must be in (0, 1] (test accuracy as a fraction, e.g. 0.88 for 88%)"),
         (["--csv", "bad.csv"], "line 2 column epoch_accuracy value 2: '1.2' must be in [0, 1]"),
     ]:
         r = _cli(args + ["--out", "rep2"], tmp_path)

@@ -151,7 +151,7 @@ def test_cli_on_csv_writes_the_new_tables_and_the_mode_note(tmp_path):
 @pytest.mark.parametrize("args,content,expected", [
     (["--time", "total"], None, "no compile_time_s column, which --time total needs"),
     (["--project-epochs", "3"], None, "no step_time_ms column, which --project-epochs needs"),
-    (["--project-epochs", "0"], "", "--project-epochs 0: give a whole number of epochs > 0"),
+    (["--project-epochs", "0"], "", "--project-epochs: '0' is not a whole number > 0 (epochs to project every run to)"),
     ([], "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy,compile\na,1,1,1,1,1,fast\n",
      "line 2 column compile: 'fast' is not a compile mode (off, default, max-autotune, reduce-overhead)"),
     ([], "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy,batch_size\na,1,1,1,1,1,3.5\n",

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from ..report.folder import write_folder
+from ..report.args import OneLineParser
+from ..report.folder import OutputFolderError, check_folder, write_folder
 from .calibrate import DEFAULT_MFU, POWER_UTILISATION
 
 SCALING = (f"--hardware: each configuration re-priced on the profile: achieved FLOP/s from runs on that hardware "
@@ -24,9 +25,9 @@ SCALING = (f"--hardware: each configuration re-priced on the profile: achieved F
 
 
 def _args(argv: Optional[List[str]]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bertaccel.plan",
-                                 description="Predict time, cost and energy of every configuration of a sweep "
-                                             "before it runs (the overrides of bertaccel.run -m).")
+    ap = OneLineParser(prog="python -m bertaccel.plan",
+                       description="Predict time, cost and energy of every configuration of a sweep "
+                                   "before it runs (the overrides of bertaccel.run -m).")
     ap.add_argument("--config-name", default="config", help="the study (bertaccel/sweeps/) or primary config")
     ap.add_argument("--config-dir", help="a folder of your own studies (as for bertaccel.run)")
     ap.add_argument("-m", "--multirun", action="store_true", help="accepted for symmetry with bertaccel.run -m")
@@ -41,13 +42,16 @@ def _targets(spec: Optional[str]) -> List[str]:
     from ..hardware import load_profiles
     from .grid import PlanInputError
 
-    if not spec:
+    if spec is None:
         return []
     known = sorted(p["name"] for p in load_profiles())
     names = [n.strip() for n in spec.split(",") if n.strip()]
     bad = [n for n in names if n not in known]
-    if bad or not names:
-        raise PlanInputError(f"--hardware {spec}: {', '.join(bad) or 'no name'} is not a hardware profile; "
+    if not names:
+        raise PlanInputError(f"--hardware {spec!r}: give profile names, e.g. --hardware a100,h100; "
+                             f"choose from {', '.join(known)}")
+    if bad:
+        raise PlanInputError(f"--hardware {spec}: {', '.join(bad)} is not a hardware profile; "
                              f"choose from {', '.join(known)}")
     return list(dict.fromkeys(names))
 
@@ -77,9 +81,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     a = _args(argv)
     try:
+        if a.out is not None:
+            check_folder(a.out, "plan")  # before any work: a bad --out costs nothing
+        if a.config_dir is not None and not a.config_dir.strip():  # (else taken as not given)
+            raise PlanInputError("--config-dir '': give a folder of studies or leave --config-dir out")
         targets = _targets(a.hardware)
         grid = expand(a.config_name, a.overrides, a.config_dir)
-    except PlanInputError as e:
+    except (PlanInputError, OutputFolderError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException, HydraException) as e:
@@ -118,11 +126,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"note: {n}")
     for line in output.best_lines(preds, scored, several):
         print(line)
-    if a.out:
+    if a.out is not None:
         md = output.markdown(tables, notes, f"bertaccel plan: {grid.config_name}")
         md += "\n## Plots\n\n" + "\n\n".join(f"![{p['title']}](plots/{p['stem']}.png)" for p in _plots(preds, several))
-        write_folder(Path(a.out), {"plan.md": md + "\n", "plan.csv": output.to_csv(preds, several)},
-                     _plots(preds, several), prefix=".plan-")
+        try:
+            write_folder(a.out, "plan", {"plan.md": md + "\n", "plan.csv": output.to_csv(preds, several)},
+                         _plots(preds, several))
+        except OutputFolderError as e:  # --out changed since check_folder, or could not be written
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(f"plan: {Path(a.out) / 'plan.md'}, {Path(a.out) / 'plan.csv'}")
     return 0
 

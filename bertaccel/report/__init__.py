@@ -20,7 +20,7 @@ __all__ = ["DEFAULT_TIME_MODE", "OBJECTIVES", "ReportInputError", "Row", "STRATE
 def load_rows(uri: str = "sqlite:///mlflow.db", experiment: str = "bertaccel", sweep_id: Optional[str] = None,
               csv_path: Optional[str] = None, require: Sequence[Tuple[str, str]] = ()) -> List[Row]:
     """require: (CSV column, what needs it) pairs a CSV must have; MLflow rows say per run instead."""
-    return rows_from_csv(csv_path, require) if csv_path else rows_from_mlflow(uri, experiment, sweep_id)
+    return rows_from_csv(csv_path, require) if csv_path is not None else rows_from_mlflow(uri, experiment, sweep_id)
 
 
 def pareto_front(rows: Sequence[Row], objectives: Sequence[Tuple[str, str]] = TIME_ACCURACY) -> List[Row]:

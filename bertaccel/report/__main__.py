@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 from . import load_rows
-from .data import OPTIONAL_COLUMNS, ReportInputError
-from .folder import write_folder
+from .args import OneLineParser
+from .data import OPTIONAL_COLUMNS, Column, ReportInputError
+from .folder import check_folder, write_folder
 from .extend import extend
 from .gate import warning
 from .occupancy import DEFAULT_OCCUPANCY_METRIC, OCCUPANCY_METRICS, o_column, with_occupancy_metric
@@ -25,10 +26,16 @@ from .render import build, to_html, to_markdown, unequal_work
 from .scoring import STRATEGIES, parse_weights, score_rows
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view
 
+# The numbers of the command line, checked as a CSV's are: finite and in range.
+ACCURACY_FLOOR = Column("--accuracy-floor", "test accuracy as a fraction, 0.85 for 85%", low=0, high=1)
+TARGET_ACCURACY = Column("--target-accuracy", "test accuracy as a fraction, e.g. 0.88 for 88%", low=0, low_open=True,
+                         high=1)
+PROJECT_EPOCHS = Column("--project-epochs", "epochs to project every run to", kind="count")
+
 
 def _args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bertaccel.report",
-                                 description="Weighted scoring report (thesis section 5.1) of MLflow runs or a CSV.")
+    ap = OneLineParser(prog="python -m bertaccel.report",
+                       description="Weighted scoring report (thesis section 5.1) of MLflow runs or a CSV.")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--experiment", default="bertaccel", help="MLflow experiment (default bertaccel)")
     src.add_argument("--csv", help="CSV with columns name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy "
@@ -37,19 +44,19 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sweep", help="only the runs of this sweep id (tag sweep_id)")
     ap.add_argument("--weights", action="append", default=[], metavar="[NAME=]W1,W2,W3,W4[,W5]",
                     help="extra strategy: weights of time, cost, energy, occupancy, and optionally carbon (co2e_kg)")
-    ap.add_argument("--accuracy-floor", type=float, help="runs below it are marked and never 'best'")
+    ap.add_argument("--accuracy-floor", help="runs below it are marked and never 'best'")
     ap.add_argument("--baseline", help="run name (or MLflow run id) for speedup / accuracy change")
     ap.add_argument("--time", choices=TIME_MODES, default=DEFAULT_TIME_MODE,
                     help="T of the score: train = train_time_s, the training windows (default, the thesis' T); "
                          "total = compile_time_s + train_time_s, with cost scaled to match")
-    ap.add_argument("--project-epochs", type=int, metavar="N",
+    ap.add_argument("--project-epochs", metavar="N",
                     help="score every run projected to N epochs of its full train split "
                          "(steps x step_time_ms; energy, cost at the run's average rate)")
     ap.add_argument("--occupancy-metric", choices=tuple(OCCUPANCY_METRICS), default=DEFAULT_OCCUPANCY_METRIC,
                     help="what plays O in the score: occupancy (occupancy_pct, the thesis' O, default), sm_active "
                          "(sm_active_pct) or tensor_active (tensor_active_pct); on Hopper occupancy stays ~13%% "
                          "even for a saturated GEMM while SM activity is ~91%%")
-    ap.add_argument("--target-accuracy", type=float, metavar="A",
+    ap.add_argument("--target-accuracy", metavar="A",
                     help="add the time, energy and cost at which each run first reached test accuracy A "
                          "(a fraction; from per-epoch accuracy and training windows)")
     ap.add_argument("--out", default="report", help="output folder (report.md, report.html, plots/)")
@@ -73,30 +80,36 @@ def _check_store(uri: str) -> None:
 def main(argv=None) -> int:
     a = _args(argv)
     try:
+        check_folder(a.out, "report")  # before any work: a bad --out costs nothing
+        for flag, text in (("--csv", a.csv), ("--sweep", a.sweep), ("--baseline", a.baseline)):
+            if text is not None and not text.strip():  # (else taken as not given)
+                raise ReportInputError(f"{flag} '': give a value or leave {flag} out")
+        for column in (ACCURACY_FLOOR, TARGET_ACCURACY, PROJECT_EPOCHS):
+            dest = column.name.lstrip("-").replace("-", "_")
+            if getattr(a, dest) is not None:
+                setattr(a, dest, column.parse(getattr(a, dest), column.name, given=True))
         strategies = dict(STRATEGIES)
         for k, spec in enumerate(a.weights, 1):
             name, _, w = spec.rpartition("=")
-            strategies[name or f"custom{k}"] = parse_weights(w)
-        if a.project_epochs is not None and a.project_epochs <= 0:
-            raise ReportInputError(f"--project-epochs {a.project_epochs}: give a whole number of epochs > 0")
+            name = name or f"custom{k}"
+            if name in strategies:  # (else it would silently replace the thesis' strategy or the earlier one)
+                raise ReportInputError(f"--weights {spec}: there is already a strategy {name}; give another name")
+            strategies[name] = parse_weights(w)
         require = [("compile_time_s", "--time total")] if a.time == "total" else []
         if a.project_epochs is not None:
             require += [(c, "--project-epochs") for c in ("step_time_ms", "train_rows_full", "batch_size")]
         if a.target_accuracy is not None:
-            if not 0 < a.target_accuracy <= 1:
-                raise ReportInputError(f"--target-accuracy {a.target_accuracy:g}: give a fraction in (0, 1], "
-                                       "e.g. 0.88 for 88%")
             require += [(c, "--target-accuracy") for c in ("epoch_accuracy", "epoch_time_s")]
         if o_column(a.occupancy_metric) != "occupancy_pct":
             require.append((o_column(a.occupancy_metric), f"--occupancy-metric {a.occupancy_metric}"))
-        if not a.csv:
+        if a.csv is None:
             _check_store(a.uri)
         measured = with_occupancy_metric(load_rows(a.uri, a.experiment, a.sweep, a.csv, require),
                                          a.occupancy_metric)
         view = time_view(measured, a.time, a.project_epochs)
         rows = view.rows
         baseline = None
-        if a.baseline:
+        if a.baseline is not None:
             hits = [i for i, r in enumerate(rows) if a.baseline in (r.name, r.run_id)]
             if not hits:
                 raise ReportInputError(f"--baseline {a.baseline!r}: no run of that name or id among "
@@ -109,26 +122,29 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     scored = score_rows(rows, strategies, a.accuracy_floor, view.excluded)
-    source = f"CSV {a.csv}" if a.csv else (f"MLflow {a.uri}, experiment {a.experiment}"
+    source = f"CSV {a.csv}" if a.csv is not None else (f"MLflow {a.uri}, experiment {a.experiment}"
                                           + (f", sweep {a.sweep}" if a.sweep else ""))
     o_label = o_column(a.occupancy_metric)
     report = build(rows, scored, source, baseline, a.accuracy_floor, all_plots(rows, view.basis), view,
                    warning(rows), o_label)
     console = extend(report, rows, scored, view.measured, a.occupancy_metric, o_label, a.target_accuracy,
                      view.basis.label)
-    if not a.csv:  # each run's own prediction beside its measurement (report/predicted.py)
+    if a.csv is None:  # each run's own prediction beside its measurement (report/predicted.py)
         add_predicted(report, a.uri, a.experiment, measured)
         console += add_search_front(report, a.uri, a.experiment, measured, a.sweep)  # report/search_front.py
-    out = Path(a.out)
-    write_folder(out, {"report.md": to_markdown(report), "report.html": to_html(report)}, report.plots,
-                 prefix=".report-")
+    try:
+        write_folder(a.out, "report", {"report.md": to_markdown(report), "report.html": to_html(report)},
+                     report.plots)
+    except ValueError as e:  # --out changed since check_folder, or could not be written: nothing changed
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for label, _, b in scored.best_lines():
         print(f"{label:18s} best: {rows[b].name if b is not None else 'none eligible'}")
     for line in console:
         print(line)
     for note in filter(None, (scored.one_ranking and scored.one_ranking.reason, unequal_work(rows), warning(rows))):
         print(f"note: {note}")
-    print(f"report: {out / 'report.md'}, {out / 'report.html'}")
+    print(f"report: {Path(a.out) / 'report.md'}, {Path(a.out) / 'report.html'}")
     return 0
 
 

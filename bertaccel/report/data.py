@@ -17,23 +17,25 @@ class ReportInputError(ValueError):
     """Bad report input; the message is the one line the user sees."""
 
 
-def _number(text: str, where: str) -> Optional[float]:
-    text = text.strip()
-    if text == "" or text.lower() in ("null", "none", "nan", "n/a"):
-        return None
+BLANK = ("", "null", "none", "nan", "n/a")  # a CSV cell saying "not measured"
+
+
+def _number(text: str, where: str, hint: str) -> float:
+    """text as a finite number; ReportInputError names where, and hint says what to give instead."""
     try:
-        value = float(text.rstrip("%"))
+        value = float(text.strip().rstrip("%"))
     except ValueError:
-        raise ReportInputError(f"{where}: {text!r} is not a number (leave the cell empty for 'not measured')") from None
+        raise ReportInputError(f"{where}: {text.strip()!r} is not a number ({hint})") from None
     if not math.isfinite(value):
-        raise ReportInputError(f"{where}: {text!r} is not a finite number")
+        raise ReportInputError(f"{where}: {text.strip()!r} is not a finite number ({hint})")
     return value
 
 
 @dataclass(frozen=True)
 class Column:
-    """One CSV column, its one home: the Row field it fills, its type, the values it may take and
-    what it means (the meaning ends every out-of-range error, as the hint to fix the cell)."""
+    """One number or text a user gives, its one home: a CSV column (the Row field it fills) or a
+    command-line value such as --accuracy-floor or a weight; its type, the values it may take and
+    what it means (the meaning ends every out-of-range error, as the hint to fix it)."""
     name: str
     meaning: str
     kind: str = "number"              # number | count (whole number > 0) | compile (a mode) | text
@@ -60,8 +62,9 @@ class Column:
             return f"{'>' if self.low_open else '>='} {self.low:g}"
         return ""
 
-    def parse(self, text: str, where: str) -> Any:
-        """The cell's value (None = empty: not measured); ReportInputError names where and why."""
+    def parse(self, text: str, where: str, given: bool = False) -> Any:
+        """The cell's value (None = empty: not measured); ReportInputError names where and why.
+        given: a value the user must give (a flag, a weight), where empty or nan is refused."""
         if self.kind == "text":
             return text.strip()
         if self.kind == "series":  # each value as a number of this column (range included)
@@ -76,9 +79,9 @@ class Column:
             if mode and mode not in COMPILE_MODES:
                 raise ReportInputError(f"{where}: {text.strip()!r} is not a compile mode ({', '.join(COMPILE_MODES)})")
             return mode
-        value = _number(text, where)
-        if value is None:
+        if not given and text.strip().lower() in BLANK:
             return None
+        value = _number(text, where, self.meaning if given else "leave the cell empty for 'not measured'")
         if self.kind == "count":
             if value <= 0 or value != int(value):
                 raise ReportInputError(f"{where}: {text.strip()!r} is not {self.allowed} ({self.meaning})")
@@ -180,8 +183,20 @@ def rows_from_csv(path: str, require: Sequence[Tuple[str, str]] = ()) -> List[Ro
     """require: (optional column, what needs it) pairs, e.g. ("compile_time_s", "--time total")."""
     p = Path(path)
     if not p.is_file():
-        raise ReportInputError(f"--csv {path}: no such file")
-    text = p.read_text(encoding="utf-8-sig")
+        raise ReportInputError(f"--csv {path}: " + ("is a folder; give a CSV file in it" if p.is_dir() else "no such file"))
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ReportInputError(f"--csv {path}: not UTF-8 text (byte {e.start}); give a CSV saved as UTF-8") from None
+    except OSError as e:
+        raise ReportInputError(f"--csv {path}: cannot be read ({e.strerror})") from None
+    try:
+        return _rows_from_text(text, path, require)
+    except csv.Error as e:  # e.g. a field over the csv module's size limit: not a CSV of runs
+        raise ReportInputError(f"--csv {path}: not a readable CSV ({e})") from None
+
+
+def _rows_from_text(text: str, path: str, require: Sequence[Tuple[str, str]]) -> List[Row]:
     reader = csv.DictReader(io.StringIO(text))
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in CSV_COLUMNS if c not in header]
@@ -243,13 +258,24 @@ def _mlflow_timing(metrics: Mapping[str, float], params: Mapping[str, str], tags
     return fields
 
 
+def tag_equals(tag: str, value: str, given_as: str) -> str:
+    """The MLflow filter clause `tags.TAG = VALUE`. MLflow's filters have no escapes: a value is
+    quoted with the quote it does not contain, and one holding both cannot be asked for (no id
+    bertaccel writes does); given_as names where the value came from, for the error."""
+    quote = "'" if "'" not in value else '"'
+    if quote in value:
+        raise ReportInputError(f"{given_as} {value}: holds both ' and \", which an MLflow filter cannot match; "
+                               "give the id as bertaccel printed it")
+    return f"tags.{tag} = {quote}{value}{quote}"
+
+
 def _why_none_finished(uri: str, experiment: str, sweep_id: Optional[str]) -> str:
     """What the runs there ended as instead, and the most common reason per status."""
     from collections import Counter
 
     from ..tracking import search_runs
 
-    flt = f"tags.sweep_id = '{sweep_id}'" if sweep_id else ""
+    flt = tag_equals("sweep_id", sweep_id, "--sweep") if sweep_id else ""
     runs = [r for r in search_runs(uri, experiment, flt) if r.data.tags.get("bertaccel.role") != "sweep"]
     if not runs:
         return ": it has no runs"
@@ -271,7 +297,7 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
         raise ReportInputError(f"--experiment {experiment}: no such experiment in {uri}")
     flt = "tags.status = 'finished'"
     if sweep_id:
-        flt += f" and tags.sweep_id = '{sweep_id}'"
+        flt += " and " + tag_equals("sweep_id", sweep_id, "--sweep")
     runs = search_runs(uri, experiment, flt)  # the shared query, under the store lock
     runs = [r for r in runs if r.data.tags.get("bertaccel.role") != "sweep"]  # parent runs hold no metrics
     if not runs:

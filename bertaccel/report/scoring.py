@@ -81,16 +81,21 @@ def full_weights(weights: Sequence[float]) -> Tuple[float, ...]:
 
 def parse_weights(text: str) -> Tuple[float, ...]:
     """'0.4,0.4,0.1,0.1' or '0.3,0.3,0.1,0.1,0.2' -> weights; raises ValueError with the reason."""
-    parts = [p for p in text.replace(" ", "").split(",") if p]
+    from .data import Column  # (data.py builds Rows of this module)
+
+    # Weights are relative: any finite numbers >= 0 will do. A nan or inf one would make every
+    # score nan, and min() would still crown a "best" row.
+    weight = Column("weight", "weights are relative numbers >= 0, e.g. 0.3,0.3,0.3,0.1", low=0)
+    parts = text.replace(" ", "").split(",")
     if len(parts) not in (THESIS_TERMS, len(METRICS)):
         raise ValueError(f"--weights {text!r}: give four numbers w1,w2,w3,w4 (time, cost, energy, occupancy), "
                          "or five with w5 for carbon (co2e_kg)")
-    try:
-        w = tuple(float(p) for p in parts)
-    except ValueError:
-        raise ValueError(f"--weights {text!r}: not numbers") from None
-    if any(x < 0 for x in w) or sum(w) == 0:
-        raise ValueError(f"--weights {text!r}: weights must be >= 0 and not all 0")
+    w = tuple(weight.parse(p, f"--weights {text!r} w{k}", given=True) for k, p in enumerate(parts, 1))
+    if sum(w) == 0:
+        raise ValueError(f"--weights {text!r}: weights must not all be 0")
+    if not math.isfinite(sum(w)):
+        raise ValueError(f"--weights {text!r}: too large to add up; weights are relative, so scale them down, "
+                         "e.g. 0.3,0.3,0.3,0.1")
     return w  # type: ignore[return-value]
 
 

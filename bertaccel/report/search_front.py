@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from .data import tag_equals
 from .figures import png_bytes
 from .pareto import Front, pareto
 from .scoring import Row
@@ -45,7 +46,7 @@ def find(uri: str, experiment: str, rows: Sequence[Row], sweep_id: Optional[str]
         tags = parent.data.tags
         if "search.objectives" not in tags or (sweep_id and tags.get("sweep_id") != sweep_id):
             continue
-        runs = [r for r in search_runs(uri, experiment, f"tags.sweep_id = '{tags['sweep_id']}'")
+        runs = [r for r in search_runs(uri, experiment, tag_equals("sweep_id", tags["sweep_id"], "sweep id"))
                 if r.info.run_id in ids]
         if not runs:
             continue
