@@ -5,46 +5,41 @@ Per epoch: apply the freezing schedule, (re)build the optimizer, run accumulatio
 timed into train_time_s, and only it is measured by the collectors (energy, GPU activity);
 evaluation has its own clock (the thesis excludes it too). An optional profiler window runs
 after the last evaluation (profiling.py).
+
+`loop` is the whole loop on one screen; everything else hangs on its events, one object per
+concern (train_events.py: the events, their order, and what sits inside the timed window).
+`Step` is the optimizer step, `Window` one epoch's timed window, `Run` what they all share.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from . import distributed, layer_timing
 from .adaptive_accumulation import GradVariance, next_k
-from .attention.warmup import reset_kernel_caches
 from .checkpointing import apply_checkpointing
 from .config import uses_cuda_graphs
 from .collectors import CollectorSet
 from .flops import TokenCounts, bert_train_flops
-from .freezing import apply_freezing, count_trainable
+from .freezing import count_trainable
 from .isolation import warm_up_device
-from .optim import build_optimizer, lr_factor, scaled_lr, set_lr
+from .optim import scaled_lr
 from .precision import Precision
-from .profiling import KernelProfile, profile_steps
+from .profiling import KernelProfile
 from .step_clock import PhaseClock, StepClock, steady_median_ms, steady_phase_medians
 from .step import (_sync, accumulate_window, compile_model, data_parallel, dynamo_settings, eval_batch, evaluate,
-                   mark_length_dynamic, model_inputs, real_rows, sdpa_backends, windows)
+                   mark_length_dynamic, real_rows, sdpa_backends, windows)
 from .step_graph import StepGraphs
-from .warmup import (IGNORE_INDEX, WarmupPlan, compile_events, compiled_graph_count, new_events, padded_lengths,
-                     run_warmup)
-
-
-LAYER_TIMING_STEPS = 10  # timed forward+backward passes for layer_timing (after one untimed)
-
-
-class NonFiniteLoss(RuntimeError):
-    pass
+from .train_events import (LAYER_TIMING_STEPS, AfterTraining, Callback, CompileEventCount,  # noqa: F401 (re-exported)
+                           CompileWarmup, Collectors, Evaluation, Events, FreezingSchedule, LayerTiming, LrSchedule,
+                           NonFiniteCheck, NonFiniteLoss, Profiler, ProgressBar, RanksTogether)
+from .warmup import WarmupPlan, compiled_graph_count, padded_lengths
 
 
 @dataclass
@@ -130,257 +125,299 @@ class TrainResult:
         return sum(e.samples for e in self.epochs)
 
 
+
+class Accumulation:
+    """Micro-batches per window: accumulation=N, or accumulation=adaptive, whose first window has
+    accumulation_max and each later one what eq. 6 says after the step before it."""
+
+    def __init__(self, cfg: Any):
+        self.adaptive = cfg.accumulation == "adaptive"
+        self.first = cfg.accumulation_max if self.adaptive else cfg.accumulation
+        self.next = self.first
+        self.target_variance, self.k_max = cfg.accumulation_target_variance, cfg.accumulation_max
+
+    def k(self) -> int:
+        """Read by `windows` as each window begins."""
+        return self.next
+
+    def variance(self, params: List[torch.Tensor]) -> Optional[GradVariance]:
+        if not self.adaptive:
+            return None
+        variance = GradVariance(params)
+        variance.begin()
+        return variance
+
+    def after_window(self, variance: GradVariance, window: List[Any], precision: Precision,
+                     result: "TrainResult") -> None:
+        """Inside the step, before the update: it reads the micro-batches' gradients and the loss
+        scale the update may change."""
+        # Gradients carry the fp16 loss scale: sigma^2 scales with its square. (A host sync,
+        # which only this mode pays.)
+        sigma2 = variance.sigma2()
+        if sigma2 is not None:
+            sigma2 /= float(precision.scaler.get_scale()) ** 2 if precision.scaler.is_enabled() else 1.0
+            self.next = next_k(sigma2, self.target_variance, self.k_max)
+        result.accumulation_k.append(len(window))
+        result.grad_variance.append(sigma2)
+
+
+class Step(Callback):
+    """The optimizer step over a window, and the same forward/backward for the warm-up and
+    evaluation (what is compiled is what runs). As an event object it follows the parameters
+    trainable each epoch and keeps the one-step phase clock for the window only."""
+
+    def __init__(self, cfg: Any, model: torch.nn.Module, step_model: Callable, device: torch.device,
+                 precision: Precision, attention_ctx: Callable, no_sync: Callable, accumulation: Accumulation,
+                 result: "TrainResult"):
+        self.cfg, self.model, self.step_model, self.device = cfg, model, step_model, device
+        self.precision, self.attention_ctx, self.no_sync = precision, attention_ctx, no_sync
+        self.accumulation, self.result = accumulation, result
+        cuda_graphs = uses_cuda_graphs(cfg.compile.mode)
+        # A CUDA-graph mode records a graph per concrete shape anyway; a dynamic-length graph
+        # underneath only adds symbolic-size kernels (and failed in cudagraph trees on an H200).
+        self.dynamic_length = cfg.compile.mode != "off" and not cuda_graphs and cfg.compile.dynamic_length
+        self.drop_full_mask = cfg.compile.mode == "off"  # model_inputs: why compiled runs keep the mask
+        # compile=reduce-overhead with accumulation: the first micro-batch's gradients would be the
+        # CUDA graph's output buffers, overwritten by the next micro-batch's replay before autograd
+        # adds to them. Gradients in buffers of our own (zeroed, not freed, per step) make autograd
+        # add into them in place. Without accumulation the optimizer reads them before any replay.
+        self.graph_grad_buffers = cuda_graphs and accumulation.first > 1
+        self.optimizer = None
+        self.trainable_params: List[torch.Tensor] = []
+        self.graphs: Optional[StepGraphs] = None  # compile.step_graph: captured once the optimizer exists
+        self.phases: Optional[PhaseClock] = None  # the current window's one-step breakdown
+
+    def prepare(self, batch: Dict[str, torch.Tensor]) -> None:
+        if self.dynamic_length:
+            mark_length_dynamic(batch)
+
+    def __call__(self, window: List[Dict[str, torch.Tensor]]) -> torch.Tensor:
+        """Forward+backward over one window, then the update; returns the window's mean loss."""
+        if self.graphs is not None:
+            return self.graphs.step(window, sum(real_rows(b) for b in window))
+        if self.phases is not None:
+            self.phases.begin_step()
+        variance = self.accumulation.variance(self.trainable_params)
+        window_loss = accumulate_window(self.step_model, window, self.precision, self.device, self.attention_ctx,
+                                        self.prepare, self.drop_full_mask, self.no_sync, self.phases, variance)
+        if variance is not None:
+            self.accumulation.after_window(variance, window, self.precision, self.result)
+        scaler = self.precision.scaler
+        if self.cfg.optimizer.max_grad_norm:
+            scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.trainable_params, self.cfg.optimizer.max_grad_norm)
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.optimizer.zero_grad(set_to_none=not self.graph_grad_buffers)
+        if self.phases is not None:
+            self.phases.step_done()
+        return window_loss
+
+    def micro(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """One micro-batch's forward+backward, no update (the warm-up)."""
+        return accumulate_window(self.step_model, [batch], self.precision, self.device, self.attention_ctx,
+                                 self.prepare, self.drop_full_mask)
+
+    def eval_forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        return eval_batch(self.step_model, batch, self.precision, self.device, self.attention_ctx, self.prepare,
+                          self.drop_full_mask)
+
+    def evaluate(self, loader: Any) -> float:
+        return evaluate(self.model, loader, self.precision, self.device, self.attention_ctx, self.step_model,
+                        self.prepare, self.drop_full_mask)
+
+    def epoch_start(self, run: "Run", epoch: int) -> None:
+        self.trainable_params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.graph_grad_buffers:
+            for p in self.trainable_params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+
+    def window_start(self, run: "Run", win: "Window") -> None:
+        self.phases = PhaseClock(self.device)
+
+    def window_end(self, run: "Run", win: "Window") -> None:
+        win.phases, self.phases = self.phases, None  # the profiler window after training is not timed
+
+
+class Window:
+    """One epoch's training window: its clock, its per-step clocks, and what its steps add up.
+    Timed (train_time_s) from open() to close(); `timing` says which side of it the code is on."""
+
+    def __init__(self, epoch: int, model: torch.nn.Module, device: torch.device):
+        self.epoch, self.device = epoch, device
+        self.trainable = count_trainable(model)
+        self.loss_sum = torch.zeros((), device=device)
+        self.samples = self.steps = 0
+        self.tokens = TokenCounts()
+        self.clock = StepClock(device)
+        self.phases: Optional[PhaseClock] = None  # handed over by Step at window end
+        self.timing = False
+        self.start_unix = self.end_unix = 0.0
+        self.train_time_s = self.eval_time_s = self.test_accuracy = 0.0
+        self.compiles_in_window = 0
+        self._t0 = 0.0
+        self._mean_loss: Tuple[int, float] = (-1, math.nan)  # (at step, value)
+        self._epoch_loss: Optional[float] = None
+
+    def open(self, result: "TrainResult") -> None:
+        self.start_unix = time.time()
+        if result.first_window_opened_at is None:
+            result.first_window_opened_at = self.start_unix
+        self._t0 = time.perf_counter()
+        self.timing = True
+        self.clock.mark()
+
+    def close(self) -> None:
+        """The device finishes the window's work before the clock stops."""
+        _sync(self.device)
+        self.train_time_s = time.perf_counter() - self._t0
+        self.timing = False
+        self.end_unix = time.time()
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def add(self, window: List[Dict[str, torch.Tensor]], window_loss: torch.Tensor) -> None:
+        n = 0
+        for batch in window:  # shapes and masks are on the host: no device sync
+            self.tokens.add(batch)
+            n += real_rows(batch)
+        self.loss_sum += window_loss * n
+        self.samples += n
+        self.steps += 1
+
+    def mean_loss(self) -> float:
+        """The window's mean loss so far: one host sync per step, however many ask."""
+        if self._mean_loss[0] != self.steps:
+            self._mean_loss = (self.steps, float(self.loss_sum) / self.samples)
+        return self._mean_loss[1]
+
+    def epoch_loss(self) -> float:
+        """The epoch's mean loss (after the whole-job sums under data parallel)."""
+        if self._epoch_loss is None:
+            self._epoch_loss = float(self.loss_sum) / max(self.samples, 1)
+        return self._epoch_loss
+
+    def stats(self, model: torch.nn.Module) -> EpochStats:
+        return EpochStats(self.epoch, self.epoch_loss(), self.test_accuracy, self.trainable, self.train_time_s,
+                          self.eval_time_s, self.steps, self.samples, self.tokens,
+                          bert_train_flops(model, self.tokens), (self.start_unix, self.end_unix),
+                          self.clock.step_ms(), self.compiles_in_window, self.phases.per_step())
+
+
+@dataclass
+class Run:
+    """What the loop and its event objects share in one train() call."""
+    cfg: Any
+    device: torch.device
+    log: Callable[[str], None]
+    model: torch.nn.Module
+    parallel: Optional[torch.nn.Module]
+    train_loader: Any
+    test_loader: Any
+    step: Step
+    accumulation: Accumulation
+    result: TrainResult
+    plan: WarmupPlan
+    graphs_at_start: int   # dynamo's counters outlive torch.compiler.reset()
+    cuda_graphs: bool
+    has_triton: bool
+    steps_per_epoch: int
+    total_steps: int
+    base_lr: float
+    global_step: int = 0
+    micro_batches_done: int = 0
+
+    def log_due(self, win: Window) -> bool:
+        """Steps that read the loss on the host (NaN check, bar): every log_every_steps, and the last."""
+        return win.steps % self.cfg.train.log_every_steps == 0 or win.steps == self.steps_per_epoch
+
+
+def loop(run: Run, events: Events) -> TrainResult:
+    """The epoch / window / step loop; the events and their order are train_events.py's."""
+    cfg, result = run.cfg, run.result
+    events.run_start(run)
+    for epoch in range(cfg.train.epochs):
+        events.epoch_start(run, epoch)
+        run.model.train()
+        win = Window(epoch, run.model, run.device)
+        events.window_start(run, win)
+        try:
+            win.open(result)  # train_time_s from here
+            for window in windows(run.train_loader, run.accumulation.k):
+                if win.steps == run.steps_per_epoch:
+                    break
+                if result.first_step_started_at is None:
+                    result.first_step_started_at = time.time()
+                events.step_start(run, win)
+                window_loss = run.step(window)
+                run.micro_batches_done += len(window)
+                win.clock.mark()
+                win.add(window, window_loss)
+                run.global_step += 1
+                events.step_end(run, win)
+            win.close()  # to here, after a device sync
+        finally:
+            events.window_end(run, win)
+        events.epoch_end(run, win)
+        result.epochs.append(win.stats(run.model))
+        result.last_window_end_unix = win.end_unix
+        run.log(f"epoch {epoch + 1}/{cfg.train.epochs}: train_loss={win.epoch_loss():.4f} "
+                f"test_accuracy={win.test_accuracy:.4f} train_time_s={win.train_time_s:.1f} "
+                f"eval_time_s={win.eval_time_s:.1f} trainable_params={win.trainable:,}")
+    events.run_end(run)
+    return result
+
+
 def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
           device: torch.device, log: Callable[[str], None] = print,
           collectors: Optional[CollectorSet] = None, profile_dir: Optional[Path] = None,
           after_training: Optional[Callable[[], None]] = None,
-          warmup_plan: Optional[WarmupPlan] = None) -> TrainResult:
+          warmup_plan: Optional[WarmupPlan] = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
     """collectors: started/stopped around each training window. after_training: called after
     the last evaluation, before the optional profiler window (cfg.profile), which writes its
     trace to profile_dir. warmup_plan: the shapes to compile before the first window (job.py
-    builds it from the data); None = derive the lengths from max_length (every multiple)."""
+    builds it from the data); None = derive the lengths from max_length (every multiple).
+    callbacks: more event objects, innermost (their start hooks run last before the window's
+    clock starts, their end hooks first after it stops)."""
     collectors = collectors or CollectorSet()
+    run = _prepare(model, train_loader, test_loader, cfg, device, log, warmup_plan)
+    # Outermost first; the order is part of the measurement (train_events.py).
+    events = Events([Profiler(profile_dir), LayerTiming(), AfterTraining(after_training), FreezingSchedule(),
+                     CompileWarmup(), run.step, Evaluation(), ProgressBar(), NonFiniteCheck(), RanksTogether(),
+                     CompileEventCount(), Collectors(collectors), LrSchedule(), *callbacks])
+    with dynamo_settings(cfg, len(run.plan.train_lengths) + len(run.plan.eval_lengths)):
+        return loop(run, events)
+
+
+def _prepare(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any, device: torch.device,
+             log: Callable[[str], None], warmup_plan: Optional[WarmupPlan]) -> Run:
+    """The model on the device and wrapped (DDP, torch.compile), the step, and the step counts."""
     precision = Precision(cfg.precision, device)
     attention_ctx = sdpa_backends(cfg)
-    adaptive = cfg.accumulation == "adaptive"
-    # adaptive: the first window has accumulation_max micro-batches, later ones what eq. 6 says.
-    k = cfg.accumulation_max if adaptive else cfg.accumulation
-    next_window_k = [k]
+    accumulation = Accumulation(cfg)
+    k = accumulation.first  # adaptive: accumulation_max, the window's largest
     model.to(device)
     apply_checkpointing(model, cfg.train.gradient_checkpointing)
     warm_up_device(device)
     result = TrainResult(device_ready_at=time.time())
-    graphs_at_start = compiled_graph_count()  # dynamo's counters outlive torch.compiler.reset()
+    graphs_at_start = compiled_graph_count()
     parallel = data_parallel(model, device)
     step_model = compile_model(parallel or model, cfg)
     no_sync = parallel.no_sync if parallel is not None else nullcontext
-    cuda_graphs = uses_cuda_graphs(cfg.compile.mode)
-    # A CUDA-graph mode records a graph per concrete shape anyway; a dynamic-length graph
-    # underneath only adds symbolic-size kernels (and failed in cudagraph trees on an H200).
-    dynamic_length = cfg.compile.mode != "off" and not cuda_graphs and cfg.compile.dynamic_length
-
-    drop_full_mask = cfg.compile.mode == "off"  # model_inputs: why compiled runs keep the mask
-
-    def prepare(batch: Dict[str, torch.Tensor]) -> None:
-        if dynamic_length:
-            mark_length_dynamic(batch)
-
+    step = Step(cfg, model, step_model, device, precision, attention_ctx, no_sync, accumulation, result)
     # adaptive: windows have at least 2 micro-batches, so ceil(len/2) bounds the steps; the
     # schedule then runs over micro-batches, the one count known in advance.
-    steps_per_epoch = math.ceil(len(train_loader) / (2 if adaptive else k))
+    steps_per_epoch = math.ceil(len(train_loader) / (2 if accumulation.adaptive else k))
     if cfg.train.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
-    total_steps = cfg.train.epochs * (len(train_loader) if adaptive else steps_per_epoch)
-    micro_batches_done = 0
-    global_step = 0
-    optimizer = None
-    trainable_params: List[torch.Tensor] = []
-    graphs: Optional[StepGraphs] = None  # compile.step_graph: captured once the optimizer exists
-    phases: Optional[PhaseClock] = None  # the current window's one-step breakdown
+    total_steps = cfg.train.epochs * (len(train_loader) if accumulation.adaptive else steps_per_epoch)
     # The linear scaling rule counts the global batch: per-rank batch x accumulation x ranks.
-    # (adaptive: k is accumulation_max here, the window's largest.)
     base_lr = scaled_lr(cfg.optimizer, cfg.train.batch_size * k * distributed.world_size())
-    # compile=reduce-overhead with accumulation: the first micro-batch's gradients would be the
-    # CUDA graph's output buffers, overwritten by the next micro-batch's replay before autograd
-    # adds to them. Gradients in buffers of our own (zeroed, not freed, per step) make autograd
-    # add into them in place. Without accumulation the optimizer reads them before any replay.
-    graph_grad_buffers = cuda_graphs and k > 1
-
-    def optimizer_step(window: List[Dict[str, torch.Tensor]]) -> torch.Tensor:
-        """Forward+backward over one window, then the update; returns the window's mean loss."""
-        if graphs is not None:
-            return graphs.step(window, sum(real_rows(b) for b in window))
-        if phases is not None:
-            phases.begin_step()
-        variance = GradVariance(trainable_params) if adaptive else None
-        if variance is not None:
-            variance.begin()
-        window_loss = accumulate_window(step_model, window, precision, device, attention_ctx, prepare, drop_full_mask,
-                                        no_sync, phases, variance)
-        if variance is not None:
-            # Gradients carry the fp16 loss scale: sigma^2 scales with its square. (A host sync,
-            # which only this mode pays.)
-            sigma2 = variance.sigma2()
-            if sigma2 is not None:
-                sigma2 /= float(precision.scaler.get_scale()) ** 2 if precision.scaler.is_enabled() else 1.0
-                next_window_k[0] = next_k(sigma2, cfg.accumulation_target_variance, cfg.accumulation_max)
-            result.accumulation_k.append(len(window))
-            result.grad_variance.append(sigma2)
-        if cfg.optimizer.max_grad_norm:
-            precision.scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(trainable_params, cfg.optimizer.max_grad_norm)
-        precision.scaler.step(optimizer)
-        precision.scaler.update()
-        optimizer.zero_grad(set_to_none=not graph_grad_buffers)
-        if phases is not None:
-            phases.step_done()
-        return window_loss
-
     every_length = padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of)
     plan = warmup_plan or WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, every_length, every_length)
     has_triton = cfg.attention.swap == "triton" and device.type == "cuda"
     result.compiled_anything = cfg.compile.mode != "off" or has_triton or cfg.compile.step_graph
-    with dynamo_settings(cfg, len(plan.train_lengths) + len(plan.eval_lengths)):
-        if result.compiled_anything:
-            # Everything the loop will run, for every shape, before the first window.
-            reset_kernel_caches()  # this run loads or compiles its own Triton variants
-            if cuda_graphs:
-                # CUDA-graph trees: warm-up call, recording call, first replay (a copy: the
-                # caller's plan is not changed under it).
-                plan = dataclasses.replace(plan, repeats=3)
-            result.compile_time_s = run_warmup(
-                model, plan,
-                lambda b: accumulate_window(step_model, [b], precision, device, attention_ctx, prepare, drop_full_mask),
-                lambda b: eval_batch(step_model, b, precision, device, attention_ctx, prepare, drop_full_mask), device)
-            what = [f"torch.compile mode={cfg.compile.mode}" + (" (length dynamic)" if dynamic_length else "")
-                    ] if cfg.compile.mode != "off" else []
-            what += ["Triton attention kernels"] if has_triton else []
-            what += ["CUDA graphs of the whole step per length"] if cfg.compile.step_graph else []
-            result.compile_time_source = (f"wall clock of the warm-up before the first training window "
-                                          f"({' + '.join(what)}): {plan.describe()}")
-        elif parallel is not None:
-            # Nothing to compile, but DDP has one-time costs of its own: NCCL creates its
-            # communicators on the first all-reduce and DDP rebuilds its gradient buckets in the
-            # second forward. Two eager steps at the longest length pay them before the window
-            # (measured on 2 H200s: 0.45 s of a 4.4 s window went to such first-step costs).
-            eager = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, plan.train_lengths[-1:], [], repeats=2)
-            result.compile_time_s = run_warmup(
-                model, eager,
-                lambda b: accumulate_window(step_model, [b], precision, device, attention_ctx, prepare, drop_full_mask),
-                lambda b: None, device)
-            result.compile_time_source = (f"nothing compiled (compile=off); wall clock of the data-parallel warm-up "
-                                          f"before the first window (NCCL/gloo communicators, DDP bucket rebuild): "
-                                          f"{eager.describe()}")
-        else:
-            result.compile_time_source = (f"nothing compiled (compile=off, attention={cfg.attention.name}"
-                                          f"{' on CPU: interpreter' if cfg.attention.swap == 'triton' else ''})")
-        for epoch in range(cfg.train.epochs):
-            apply_freezing(model, cfg.freezing.name, epoch)
-            if optimizer is None or cfg.freezing.name != "none":
-                # Rebuilt over the parameters trainable this epoch (seed 000, section 3.2).
-                optimizer = build_optimizer(model, cfg.optimizer, capturable=cfg.compile.step_graph, lr=base_lr)
-            if cfg.compile.step_graph and graphs is None:
-                # Part of the warm-up (its time counts in compile_time_s), before the first window.
-                t_capture = time.perf_counter()
-                graphs = StepGraphs(step_model, model, optimizer, precision.autocast, attention_ctx,
-                                    cfg.optimizer.max_grad_norm, device, drop_full_mask)
-                graphs.capture(plan.train_rows, plan.train_lengths)
-                result.compile_time_s += time.perf_counter() - t_capture
-            trainable = count_trainable(model)
-            trainable_params = [p for p in model.parameters() if p.requires_grad]
-            if graph_grad_buffers:
-                for p in trainable_params:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-            model.train()
-            loss_sum = torch.zeros((), device=device)
-            samples = steps = 0
-            tokens = TokenCounts()
-            clock = StepClock(device)
-            phases = PhaseClock(device)
-            bar = tqdm(total=None if adaptive else steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="step",
-                       dynamic_ncols=True, mininterval=1.0,
-                       disable=distributed.rank() != 0)  # one bar per job, not per rank
-            distributed.start_together(device)
-            _sync(device)
-            compiles_before = compile_events(device)
-            collectors.start()
-            window_start_unix = time.time()
-            if result.first_window_opened_at is None:
-                result.first_window_opened_at = window_start_unix
-            t0 = time.perf_counter()
-            try:
-                clock.mark()
-                for window in windows(train_loader, lambda: next_window_k[0]):
-                    if steps == steps_per_epoch:
-                        break
-                    if result.first_step_started_at is None:
-                        result.first_step_started_at = time.time()
-                    lr_now = base_lr * lr_factor(cfg.optimizer.schedule,
-                                                 micro_batches_done if adaptive else global_step, total_steps,
-                                                 cfg.optimizer.warmup_ratio, cfg.optimizer.min_lr_ratio)
-                    result.lr_per_step.append(lr_now)
-                    set_lr(optimizer, lr_now)
-                    window_loss = optimizer_step(window)
-                    micro_batches_done += len(window)
-                    clock.mark()
-                    n = 0
-                    for batch in window:  # shapes and masks are on the host: no device sync
-                        tokens.add(batch)
-                        n += real_rows(batch)
-                    loss_sum += window_loss * n
-                    samples += n
-                    steps += 1
-                    global_step += 1
-                    if steps % cfg.train.log_every_steps == 0 or steps == steps_per_epoch:
-                        # One host sync every few steps: the NaN check and the bar, not every step.
-                        mean_loss = float(loss_sum) / samples
-                        if not math.isfinite(mean_loss):
-                            raise NonFiniteLoss(f"non-finite training loss ({mean_loss}) by optimizer step "
-                                                f"{global_step} (epoch {epoch + 1})")
-                        bar.set_postfix(loss=f"{mean_loss:.4f}",
-                                        samples_s=f"{samples / (time.perf_counter() - t0):.1f}")
-                    bar.update(1)
-                _sync(device)
-                train_time_s = time.perf_counter() - t0
-                phases_in_window, phases = phases, None  # the profiler window after training is not timed
-                window_end_unix = time.time()
-            finally:
-                collectors.stop()  # also when the window ends in an exception: no sampler left running
-                bar.close()
-            in_window = new_events(compiles_before, compile_events(device))
-            compiles_in_window = sum(in_window.values())
-            if distributed.active():
-                # Whole-job figures: the slowest rank's window, every rank's samples and tokens.
-                (train_time_s,) = distributed.max_across([train_time_s], device)
-                totals = distributed.sum_across([float(loss_sum), samples, tokens.sequences, tokens.padded_tokens,
-                                                 tokens.real_tokens, tokens.attention_pairs], device)
-                loss_total, samples = totals[0], int(totals[1])
-                loss_sum = torch.tensor(loss_total)
-                tokens = TokenCounts(*(int(v) for v in totals[2:]))
-            if compiles_in_window:
-                kinds = ", ".join(f"{n} {kind}" for kind, n in in_window.items())
-                log(f"warning: {compiles_in_window} compile(s) inside the training window of epoch {epoch + 1} "
-                    f"({kinds}): its time includes compilation (a shape the warm-up did not cover)")
-            epoch_loss = float(loss_sum) / max(samples, 1)
-            if not math.isfinite(epoch_loss):
-                raise NonFiniteLoss(f"non-finite training loss ({epoch_loss}) in epoch {epoch + 1}")
-            t1 = time.perf_counter()
-            accuracy = evaluate(model, test_loader, precision, device, attention_ctx, step_model, prepare,
-                                drop_full_mask)
-            _sync(device)
-            eval_time_s = time.perf_counter() - t1
-            result.epochs.append(EpochStats(epoch, epoch_loss, accuracy, trainable, train_time_s,
-                                            eval_time_s, steps, samples, tokens,
-                                            bert_train_flops(model, tokens),
-                                            (window_start_unix, window_end_unix), clock.step_ms(),
-                                            compiles_in_window, phases_in_window.per_step()))
-            result.last_window_end_unix = window_end_unix
-            log(f"epoch {epoch + 1}/{cfg.train.epochs}: train_loss={epoch_loss:.4f} test_accuracy={accuracy:.4f} "
-                f"train_time_s={train_time_s:.1f} eval_time_s={eval_time_s:.1f} trainable_params={trainable:,}")
-        if cfg.compile.mode != "off":
-            result.compile_graphs = compiled_graph_count() - graphs_at_start
-        if after_training is not None:
-            after_training()
-        if cfg.layer_timing:
-            # After the last evaluation, on the eager model (hooks do not survive compile or
-            # CUDA graphs); forward+backward only, the weights are not changed.
-            def timing_loss(host_batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-                batch = model_inputs(host_batch, device, drop_full_mask)
-                with precision.autocast(), attention_ctx():
-                    logits = (parallel or model)(input_ids=batch["input_ids"],
-                                                 attention_mask=batch["attention_mask"]).logits
-                return F.cross_entropy(logits.float(), batch["labels"], ignore_index=IGNORE_INDEX)
-
-            result.backprop = layer_timing.measure(model, timing_loss, train_loader, device, LAYER_TIMING_STEPS)
-        if cfg.profile:
-            # After the last evaluation: its extra steps change weights nobody reads any more.
-            pw = cfg.profile_window
-            try:
-                result.profile = profile_steps(optimizer_step, windows(train_loader, k), device,
-                                               pw.warmup_steps, pw.active_steps, profile_dir or Path("profile"),
-                                               pw.top_k)
-            except Exception as e:  # noqa: BLE001 - a failed profile costs the profile, not the run
-                result.profile_error = f"{type(e).__name__}: {e}"
-                log(f"profile failed: {result.profile_error}")
-    return result
+    return Run(cfg, device, log, model, parallel, train_loader, test_loader, step, accumulation, result, plan,
+               graphs_at_start, uses_cuda_graphs(cfg.compile.mode), has_triton, steps_per_epoch, total_steps, base_lr)

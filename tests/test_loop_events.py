@@ -1,0 +1,179 @@
+"""The loop's events (train_events.py): their order, which side of the timed window each runs
+on, and a few of the event objects alone. Real tiny model and data, the real loop."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bertaccel.collectors import CollectorSet
+from bertaccel.collectors.base import Collector, Reading
+from bertaccel.data import load_raw, make_loader, tokenize_cached
+from bertaccel.model import build_model, load_tokenizer
+from bertaccel.optim import lr_factor
+from bertaccel.step import uses_fixed_shapes, windows
+from bertaccel.train import Window, _prepare, train
+from bertaccel.train_events import (Callback, CompileEventCount, FreezingSchedule, LrSchedule, NonFiniteCheck,
+                                    NonFiniteLoss)
+
+CPU = torch.device("cpu")
+EPOCHS, STEPS = 2, 3
+
+
+def _setup(compose_cfg, tmp_path, overrides=()):
+    cfg = compose_cfg(["model=tiny", "train.device=cpu", "dataset.train_subset=160", "dataset.test_subset=48",
+                       "train.batch_size=16", "train.eval_batch_size=32", f"cache_dir={tmp_path}", *overrides])
+    raw = load_raw(cfg.dataset)
+    tok = load_tokenizer(cfg.model)
+    data = tokenize_cached(raw, tok, cfg.dataset.max_length, cfg.cache_dir)
+    torch.manual_seed(0)
+    model, _ = build_model(cfg.model, raw.num_labels, cfg.attention, len(tok))
+    loaders = [make_loader(split, bs, tok.pad_token_id, shuffle, 0, 0, False, True, cfg.train.pad_to_multiple_of,
+                           uses_fixed_shapes(cfg))
+               for split, bs, shuffle in ((data.train, 16, True), (data.test, 32, False))]
+    return cfg, model, loaders
+
+
+class Recorder(Callback):
+    """Per event, and per forward of the model, whether the window's clock was running."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.seen: list = []  # (what, clock running)
+        self.win = None
+        self.last_event = None
+        model.register_forward_hook(self._forward)
+
+    def running(self) -> bool:
+        return self.win is not None and self.win.timing
+
+    def _note(self, event: str) -> None:
+        self.last_event = event
+        self.seen.append((event, self.running()))
+
+    def _forward(self, module, args, output) -> None:
+        kind = "train forward" if module.training else "eval forward"
+        self.seen.append((f"{kind} after {self.last_event}", self.running()))
+
+    def run_start(self, run): self._note("run_start")
+    def epoch_start(self, run, epoch): self._note("epoch_start")
+
+    def window_start(self, run, win):
+        self.win = win
+        self._note("window_start")
+
+    def step_start(self, run, win): self._note("step_start")
+    def step_end(self, run, win): self._note("step_end")
+    def window_end(self, run, win): self._note("window_end")
+    def epoch_end(self, run, win): self._note("epoch_end")
+    def run_end(self, run): self._note("run_end")
+
+
+class WindowWatch(Collector):
+    """A collector noting, at start and stop, whether the window's clock was running."""
+    metrics = ("watch",)
+
+    def __init__(self, recorder: Recorder):
+        self.recorder = recorder
+
+    def start(self) -> None:
+        self.recorder.seen.append(("collectors start", self.recorder.running()))
+
+    def stop(self) -> None:
+        self.recorder.seen.append(("collectors stop", self.recorder.running()))
+
+    def results(self):
+        return {"watch": Reading(0.0, "test")}
+
+
+def test_events_run_in_order_and_only_the_steps_are_timed(compose_cfg, tmp_path):
+    cfg, model, (tr, te) = _setup(compose_cfg, tmp_path, [f"train.epochs={EPOCHS}",
+                                                           f"train.max_steps_per_epoch={STEPS}",
+                                                           "layer_timing=true", "profile=true"])
+    rec = Recorder(model)
+    result = train(model, tr, te, cfg, CPU, log=lambda m: None, collectors=CollectorSet([WindowWatch(rec)]),
+                   profile_dir=tmp_path / "profile", callbacks=[rec])
+    events = [(what, running) for what, running in rec.seen if "forward" not in what]
+    window = [("collectors start", False), ("window_start", False),
+              *[("step_start", True), ("step_end", True)] * STEPS,
+              ("window_end", False), ("collectors stop", False)]
+    assert events == [("run_start", False),
+                      *[("epoch_start", False), *window, ("epoch_end", False)] * EPOCHS,
+                      ("run_end", False)]
+    forwards = [(what, running) for what, running in rec.seen if "forward" in what]
+    # Training forwards all inside the window; evaluation (at epoch end) and the run-end work
+    # (layer timing: train mode, the profiler: train mode) all outside it.
+    assert {f for f in forwards if f[1]} == {("train forward after step_start", True)}
+    assert ("eval forward after epoch_end", False) in forwards
+    assert {what for what, running in forwards if not running} == {"eval forward after epoch_end",
+                                                                    "train forward after run_end"}
+    # Between the collectors' start and stop only the steps run: no evaluation inside.
+    start = rec.seen.index(("collectors start", False))
+    stop = rec.seen.index(("collectors stop", False))
+    assert all(what.startswith(("step_", "train forward after step_start", "window_"))
+               for what, _ in rec.seen[start + 1:stop])
+    assert result.optimizer_steps == EPOCHS * STEPS and len(result.lr_per_step) == EPOCHS * STEPS
+    assert all(e.eval_time_s > 0 and e.train_time_s > 0 for e in result.epochs)
+    assert result.backprop is not None and result.profile is not None, result.profile_error
+    first, second = (e.window_unix for e in result.epochs)
+    assert first[0] < first[1] < second[0] < second[1] == result.last_window_end_unix
+
+
+def _run_and_window(compose_cfg, tmp_path, overrides=()):
+    cfg, model, (tr, te) = _setup(compose_cfg, tmp_path, list(overrides))
+    run = _prepare(model, tr, te, cfg, CPU, lambda m: None, None)
+    return run, next(iter(windows(tr, 1)))
+
+
+def test_nonfinite_check_alone(compose_cfg, tmp_path):
+    run, batches = _run_and_window(compose_cfg, tmp_path, ["train.log_every_steps=2"])
+    check = NonFiniteCheck()
+    win = Window(0, run.model, CPU)
+    win.add(batches, torch.tensor(float("nan")))
+    run.global_step = 1
+    check.step_end(run, win)  # step 1 of a log interval of 2: the loss is not read
+    win.add(batches, torch.tensor(0.5))
+    run.global_step = 2
+    with pytest.raises(NonFiniteLoss, match=r"non-finite training loss \(nan\) by optimizer step 2 \(epoch 1\)"):
+        check.step_end(run, win)
+    with pytest.raises(NonFiniteLoss, match=r"in epoch 1"):
+        check.epoch_end(run, win)
+    fine = Window(1, run.model, CPU)
+    fine.add(batches, torch.tensor(0.5))
+    fine.add(batches, torch.tensor(0.7))
+    check.step_end(run, fine)
+    check.epoch_end(run, fine)
+    assert fine.epoch_loss() == pytest.approx(0.6)
+
+
+def test_freezing_schedule_and_lr_schedule_alone(compose_cfg, tmp_path):
+    run, _ = _run_and_window(compose_cfg, tmp_path, ["freezing=layerwise", "optimizer.schedule=linear",
+                                                    "optimizer.warmup_ratio=0.5"])
+    freezing, schedule = FreezingSchedule(), LrSchedule()
+    trainable = []
+    for epoch in range(2):
+        freezing.epoch_start(run, epoch)
+        params = {id(p) for g in run.step.optimizer.param_groups for p in g["params"]}
+        assert params == {id(p) for p in run.model.parameters() if p.requires_grad}
+        trainable.append(params)
+    assert trainable[0] != trainable[1]  # the optimizer was rebuilt over the next layer
+    win = Window(0, run.model, CPU)
+    for step in range(3):
+        run.global_step = step
+        schedule.step_start(run, win)
+        expected = run.base_lr * lr_factor("linear", step, run.total_steps, 0.5, run.cfg.optimizer.min_lr_ratio)
+        assert run.result.lr_per_step[-1] == pytest.approx(expected)
+        assert all(g["lr"] == run.result.lr_per_step[-1] for g in run.step.optimizer.param_groups)
+    assert run.result.lr_per_step[0] < run.result.lr_per_step[1] < run.result.lr_per_step[2]  # warming up
+
+
+def test_eager_window_counts_no_compiles(compose_cfg, tmp_path):
+    run, batches = _run_and_window(compose_cfg, tmp_path)
+    lines = []
+    run.log = lines.append
+    count, win = CompileEventCount(), Window(0, run.model, CPU)
+    count.window_start(run, win)
+    run.step.micro(batches[0])
+    count.epoch_end(run, win)
+    assert win.compiles_in_window == 0 and lines == []
+    assert math.isfinite(float(win.loss_sum))
