@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Tuple
 from urllib.parse import urlparse
 
+import psutil
 from hydra.core.utils import env_override
 
 from .config import ConfigError
@@ -203,7 +204,7 @@ def _build_store(db: Path) -> None:
 
     for stale in db.parent.glob(f"{db.name}{CREATING}*"):
         pid = stale.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or not _pid_alive(int(pid)):
+        if not pid.isdigit() or not psutil.pid_exists(int(pid)):
             stale.unlink(missing_ok=True)
     tmp = db.with_name(f"{db.name}{CREATING}{os.getpid()}")
     try:
@@ -212,16 +213,6 @@ def _build_store(db: Path) -> None:
         os.replace(tmp, db)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _held = threading.local()
