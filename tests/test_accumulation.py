@@ -5,8 +5,8 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel.data import PadCollator
-from bertaccel.precision import Precision
-from bertaccel.step import accumulate_window, model_inputs, windows
+from bertaccel.options.precision import Precision
+from bertaccel.train.step import accumulate_window, model_inputs, windows
 
 
 def _model():

@@ -5,12 +5,12 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from bertaccel.adaptive_accumulation import GradVariance, next_k
-from bertaccel.checks import validate
+from bertaccel.options.accumulation import GradVariance, next_k
+from bertaccel.options.checks import validate
 from bertaccel.config import ConfigError
 from bertaccel.data import PadCollator
-from bertaccel.precision import Precision
-from bertaccel.step import accumulate_window, windows
+from bertaccel.options.precision import Precision
+from bertaccel.train.step import accumulate_window, windows
 
 CPU = torch.device("cpu")
 

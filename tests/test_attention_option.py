@@ -4,7 +4,7 @@ import textwrap
 import pytest
 import torch
 from bertaccel.attention.option import attention_unusable
-from bertaccel.checks import validate
+from bertaccel.options.checks import validate
 from bertaccel.config import ConfigError
 
 CPU = torch.device("cpu")

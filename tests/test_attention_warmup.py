@@ -9,9 +9,9 @@ from transformers import BertConfig, BertForSequenceClassification
 from bertaccel.attention.swap import FusedSelfAttention, swap_attention
 from bertaccel.attention.warmup import reset_kernel_caches
 from bertaccel.data import PadCollator, TokenizedSplit, make_loader
-from bertaccel.precision import Precision
-from bertaccel.step import accumulate_window, eval_batch
-from bertaccel.warmup import WarmupPlan, data_lengths, padded_lengths, run_warmup
+from bertaccel.options.precision import Precision
+from bertaccel.train.step import accumulate_window, eval_batch
+from bertaccel.train.warmup import WarmupPlan, data_lengths, padded_lengths, run_warmup
 
 
 def test_padded_lengths_cover_every_length_the_collator_produces():

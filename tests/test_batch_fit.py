@@ -1,4 +1,4 @@
-"""train.batch_size=auto (bertaccel/batch_fit.py): the search against a memory limit that raises
+"""train.batch_size=auto (bertaccel/train/batch_fit.py): the search against a memory limit that raises
 torch's own out-of-memory error above a size, real training steps of the tiny model, and the
 CPU's one-line refusal."""
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertaccel.batch_fit import BatchFitError, fit_batch, largest_fitting, training_step
-from bertaccel.checks import validate
+from bertaccel.train.batch_fit import BatchFitError, fit_batch, largest_fitting, training_step
+from bertaccel.options.checks import validate
 from bertaccel.config import ConfigError
 from bertaccel.model import build_model, load_tokenizer
-from bertaccel.optim import build_optimizer
+from bertaccel.options.optimizer import build_optimizer
 
 from conftest import TINY
 

@@ -1,4 +1,4 @@
-"""Carbon: co2e_kg from energy, grid intensity and PUE (bertaccel/carbon.py), its checks, and the
+"""Carbon: co2e_kg from energy, grid intensity and PUE (bertaccel/measure/carbon.py), its checks, and the
 report's fifth score term, column and plot."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from bertaccel.carbon import REGIONS, co2e
-from bertaccel.collectors import Reading
-from bertaccel.checks import validate
+from bertaccel.measure.carbon import REGIONS, co2e
+from bertaccel.measure.collectors import Reading
+from bertaccel.options.checks import validate
 from bertaccel.config import ConfigError
 from bertaccel.report import STRATEGIES, load_rows, score_rows
 from report_store import Store
@@ -38,7 +38,7 @@ def test_co2e_is_null_with_energys_reason_never_zero():
 
 
 @pytest.mark.parametrize("override,message", [
-    ("carbon.region=mars", "carbon.region='mars' is not in bertaccel/carbon.py's table; choose one of world"),
+    ("carbon.region=mars", "carbon.region='mars' is not in bertaccel/measure/carbon.py's table; choose one of world"),
     ("carbon.intensity_g_per_kwh=-3", "carbon.intensity_g_per_kwh=-3.0 must be >= 0"),
     ("hardware.pue=0.9", "hardware.pue=0.9 must be >= 1"),
 ])
@@ -48,7 +48,7 @@ def test_bad_carbon_settings_are_one_line(compose_cfg, override, message):
 
 
 def test_carbon_is_not_part_of_the_config_hash(compose_cfg):
-    from bertaccel.record import cfg_hash
+    from bertaccel.runs.record import cfg_hash
 
     assert cfg_hash(compose_cfg(["carbon.region=fr"])) == cfg_hash(compose_cfg(["carbon.region=us"]))
 

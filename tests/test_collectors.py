@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertaccel.collectors import ACTIVITY_METRICS, ENERGY_METRICS, CollectorSet, build_collectors
-from bertaccel.collectors.base import Collector, Sampler, TimeWeightedMean
-from bertaccel.collectors.cpu_energy import RaplEnergy, find_packages, wrapped_delta_uj
-from bertaccel.collectors.gpu_energy import counter_delta_j
-from bertaccel.collectors.nvml import nvml_handles
+from bertaccel.measure.collectors import ACTIVITY_METRICS, ENERGY_METRICS, CollectorSet, build_collectors
+from bertaccel.measure.collectors.base import Collector, Sampler, TimeWeightedMean
+from bertaccel.measure.collectors.cpu_energy import RaplEnergy, find_packages, wrapped_delta_uj
+from bertaccel.measure.collectors.gpu_energy import counter_delta_j
+from bertaccel.measure.collectors.nvml import nvml_handles
 
 ALL = ENERGY_METRICS + ACTIVITY_METRICS
 
@@ -120,7 +120,7 @@ class _Counting(Sampler):
         self.covered_s += dt
 
     def results(self):
-        from bertaccel.collectors.base import Reading
+        from bertaccel.measure.collectors.base import Reading
 
         return {"ticks": Reading(float(self.ticks), "test")}
 

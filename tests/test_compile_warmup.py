@@ -7,14 +7,14 @@ import os
 import pytest
 import torch
 
-from bertaccel.compile_cache import cache_key, cache_key_parts, compile_caches
+from bertaccel.train.compile_cache import cache_key, cache_key_parts, compile_caches
 from bertaccel.data import load_raw, make_loader, tokenize_cached
-from bertaccel.hardware import probe
+from bertaccel.options.hardware import probe
 from bertaccel.model import build_model, load_tokenizer
-from bertaccel.step_clock import steady_median_ms
-from bertaccel.step import uses_fixed_shapes
-from bertaccel.train import train
-from bertaccel.warmup import WarmupPlan, data_lengths
+from bertaccel.measure.step_clock import steady_median_ms
+from bertaccel.train.step import uses_fixed_shapes
+from bertaccel.train.loop import train
+from bertaccel.train.warmup import WarmupPlan, data_lengths
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,7 @@ import pytest
 from omegaconf.errors import ValidationError
 from hydra.errors import ConfigCompositionException
 
-from bertaccel.checks import validate
+from bertaccel.options.checks import validate
 
 from bertaccel.config import GROUPS, ConfigError
 from conftest import CONF_DIR

@@ -16,11 +16,11 @@ import torch.multiprocessing as mp
 from mlflow.tracking import MlflowClient
 from transformers import BertConfig, BertForSequenceClassification
 
-from bertaccel import distributed
+from bertaccel.train import distributed
 from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
-from bertaccel.predict_dp import PredictError, predict
-from bertaccel.precision import Precision
-from bertaccel.step import accumulate_window, data_parallel, evaluate
+from bertaccel.measure.predict_dp import PredictError, predict
+from bertaccel.options.precision import Precision
+from bertaccel.train.step import accumulate_window, data_parallel, evaluate
 
 
 HANG_S = 240

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bertaccel.tracking import search_runs
+from bertaccel.runs.tracking import search_runs
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "energy_check.py"
 

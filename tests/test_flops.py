@@ -6,8 +6,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertForSequenceClassification
 
-from bertaccel.flops import TokenCounts, bert_train_flops, mfu, peak_tflops
-from bertaccel.freezing import apply_freezing
+from bertaccel.measure.flops import TokenCounts, bert_train_flops, mfu, peak_tflops
+from bertaccel.options.freezing import apply_freezing
 
 
 def _model(attn: str) -> BertForSequenceClassification:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from bertaccel.freezing import apply_freezing, count_trainable, layerwise_layer_index
+from bertaccel.options.freezing import apply_freezing, count_trainable, layerwise_layer_index
 
 
 def test_schedule_follows_the_paper_formula_mod_L():
@@ -39,7 +39,7 @@ def test_only_the_scheduled_layer_and_the_head_train():
 def test_training_updates_only_the_scheduled_layer(compose_cfg):
     """The real loop over 3 epochs: per epoch, the optimizer rebuilt over what is trainable."""
     from bertaccel.data import PadCollator
-    from bertaccel.train import train
+    from bertaccel.train.loop import train
 
     torch.manual_seed(0)
     model = _model(4)

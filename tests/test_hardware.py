@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from bertaccel.config import ConfigError
-from bertaccel.hardware import (Capabilities, check_gpu_count, load_profiles, match_profile,
+from bertaccel.options.hardware import (Capabilities, check_gpu_count, load_profiles, match_profile,
                                 resolve_profile, skip_reason)
 from bertaccel.report import rows_from_mlflow
-from bertaccel.tracking import runs_by_status
+from bertaccel.runs.tracking import runs_by_status
 from conftest import TINY
 
 
@@ -47,7 +47,7 @@ def test_a_profile_for_another_device_is_refused_unless_what_if(compose_cfg):
     ("NVIDIA A100-SXM4-80GB", "a10", False), ("NVIDIA A10", "a10", True), ("NVIDIA A10", "cpu", False),
 ])
 def test_profile_mismatch_on_a_gpu(device_name, profile, ok):
-    from bertaccel.hardware import profile_mismatch
+    from bertaccel.options.hardware import profile_mismatch
 
     prof = next(p for p in load_profiles() if p["name"] == profile)
     why = profile_mismatch(prof, device_name, "cuda")
@@ -94,7 +94,7 @@ def test_compile_without_compiler_is_skipped(compose_cfg):
 
 
 def test_auto_reads_profiles_through_the_schema_hydra_applies(tmp_path, monkeypatch):
-    import bertaccel.hardware as hw
+    import bertaccel.options.hardware as hw
 
     profiles = hw.load_profiles()
     assert {p["name"] for p in profiles} >= {"cpu", "h100", "h200"} and "auto" not in {p["name"] for p in profiles}

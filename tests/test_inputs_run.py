@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from bertaccel.checks import validate
+from bertaccel.options.checks import validate
 from bertaccel.config import ConfigError, RunConfig, schema_fields
 from bertaccel.data import RawData, RawSplit, load_raw, tokenize_cached
 from bertaccel.model import load_tokenizer
-from bertaccel.tracking import runs_by_status
+from bertaccel.runs.tracking import runs_by_status
 from conftest import TINY
 
 

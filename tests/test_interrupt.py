@@ -11,7 +11,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from bertaccel.tracking import search_runs
+from bertaccel.runs.tracking import search_runs
 
 # Long enough to be still training when the signal comes (the tiny model on the CPU).
 LONG = ["model=tiny", "train.device=cpu", "dataset.train_subset=4000", "dataset.test_subset=64",

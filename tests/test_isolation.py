@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from bertaccel.isolation import isolated_run
-from bertaccel.warmup import compiled_graph_count
+from bertaccel.runs.isolation import isolated_run
+from bertaccel.train.warmup import compiled_graph_count
 
 
 def _compiled_twice(shared_process: bool) -> int:

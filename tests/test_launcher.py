@@ -18,7 +18,7 @@ from typing import Dict, List
 
 import pytest
 
-from bertaccel.tracking import search_runs
+from bertaccel.runs.tracking import search_runs
 
 POISON_DIR = Path(__file__).resolve().parent / "launcher_poison"
 # A tiny BERT on 32 train / 16 test rows of the bundled AG News sample: 2 optimizer steps a run.
@@ -158,8 +158,8 @@ def test_forkserver_workers_see_the_launchers_environment_of_now(compose_cfg, tm
     parent-run id is set after the server may have started)."""
     import time
 
-    from bertaccel.launch import launch
-    from bertaccel.sweep_runs import SweepContext, set_env
+    from bertaccel.runs.launch import launch
+    from bertaccel.runs.sweep import SweepContext, set_env
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"

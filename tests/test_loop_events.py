@@ -1,4 +1,4 @@
-"""The loop's events (train_events.py): their order, which side of the timed window each runs
+"""The loop's events (train/events.py): their order, which side of the timed window each runs
 on, and a few of the event objects alone. Real tiny model and data, the real loop."""
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from bertaccel.collectors import CollectorSet
-from bertaccel.collectors.base import Collector, Reading
+from bertaccel.measure.collectors import CollectorSet
+from bertaccel.measure.collectors.base import Collector, Reading
 from bertaccel.data import load_raw, make_loader, tokenize_cached
 from bertaccel.model import build_model, load_tokenizer
-from bertaccel.optim import lr_factor
-from bertaccel.step import uses_fixed_shapes, windows
-from bertaccel.train import Window, _prepare, train
-from bertaccel.train_events import (Callback, CompileEventCount, FreezingSchedule, LrSchedule, NonFiniteCheck,
+from bertaccel.options.optimizer import lr_factor
+from bertaccel.train.step import uses_fixed_shapes, windows
+from bertaccel.train.loop import Window, _prepare, train
+from bertaccel.train.events import (Callback, CompileEventCount, FreezingSchedule, LrSchedule, NonFiniteCheck,
                                     NonFiniteLoss)
 
 CPU = torch.device("cpu")

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from bertaccel.tracking import search_runs
+from bertaccel.runs.tracking import search_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 from mlflow.tracking import MlflowClient
 
-from bertaccel.store import sqlite_state
-from bertaccel.tracking import search_runs
+from bertaccel.runs.store import sqlite_state
+from bertaccel.runs.tracking import search_runs
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=32", "train.batch_size=16"]
@@ -153,7 +153,7 @@ def test_three_identical_sweeps_at_once_one_killed_and_rerun_count_each_configur
 
 def test_a_parent_run_stays_open_while_another_sweep_process_is_on_it(tmp_path):
     """The first of two sweeps of one command to end does not close their shared parent run."""
-    from bertaccel.sweep_runs import close_parent, open_parent, process_tags
+    from bertaccel.runs.sweep import close_parent, open_parent, process_tags
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     other = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom bertaccel.sweep_runs import open_parent\n"

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertaccel.checks import validate
+from bertaccel.options.checks import validate
 
 from bertaccel.config import ConfigError
-from bertaccel.optim import build_optimizer, lr_factor, scaled_lr
+from bertaccel.options.optimizer import build_optimizer, lr_factor, scaled_lr
 
 from bertaccel.config import CONF_DIR
 OPTIONS = sorted(p.stem for p in (CONF_DIR / "optimizer").glob("*.yaml"))

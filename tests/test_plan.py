@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from bertaccel.flops import TokenCounts
+from bertaccel.measure.flops import TokenCounts
 from bertaccel.plan.calibrate import DEFAULT_MFU, POWER_UTILISATION, RELAX_ORDER, similarity_key
 from bertaccel.plan.output import dominated, score
 from bertaccel.plan.predict import predict_one, store_references
@@ -182,7 +182,7 @@ def test_similarity_key_reads_compile_off_either_way():
 def test_work_replays_the_runs_own_batches(compose_cfg, overrides):
     """epoch_batches against the real DataLoader of data.py on the same lengths, every epoch."""
     from bertaccel.data import TokenizedSplit, make_loader
-    from bertaccel.step import uses_fixed_shapes
+    from bertaccel.train.step import uses_fixed_shapes
 
     cfg = compose_cfg(["model=tiny", "train.batch_size=8", "train.epochs=2", *overrides])
     g = torch.Generator().manual_seed(1)

@@ -1,14 +1,14 @@
-"""The precision option's one home: conf/precision/<name>.yaml + bertaccel/precision.py."""
+"""The precision option's one home: conf/precision/<name>.yaml + bertaccel/options/precision.py."""
 import textwrap
 
 import pytest
 import torch
 
-from bertaccel.checks import validate
+from bertaccel.options.checks import validate
 
 from bertaccel.config import ConfigError
-from bertaccel.hardware import Capabilities, skip_reason
-from bertaccel.precision import Precision, load_option, precision_unusable
+from bertaccel.options.hardware import Capabilities, skip_reason
+from bertaccel.options.precision import Precision, load_option, precision_unusable
 
 CPU = torch.device("cpu")
 

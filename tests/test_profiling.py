@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertForSequenceClassification
 
-from bertaccel.profiling import CATEGORIES, categorize, profile_steps, write_report
+from bertaccel.measure.profiling import CATEGORIES, categorize, profile_steps, write_report
 
 
 @pytest.mark.parametrize("name,category", [

@@ -5,10 +5,10 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from bertaccel.checks import validate
+from bertaccel.options.checks import validate
 
 from bertaccel.config import ConfigError
-from bertaccel.tracking import runs_by_status
+from bertaccel.runs.tracking import runs_by_status
 
 SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 

@@ -10,7 +10,7 @@ from collections import Counter
 
 from conftest import TINY
 
-from bertaccel.tracking import runs_by_status, search_runs
+from bertaccel.runs.tracking import runs_by_status, search_runs
 
 SWEEP = ["-m", "train.seed=1,2,3", *TINY, "dataset.train_subset=384", "train.epochs=2"]
 

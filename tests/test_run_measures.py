@@ -6,9 +6,9 @@ import json
 import pytest
 from mlflow import MlflowClient
 
-from bertaccel.optim import lr_factor
-from bertaccel.profiling import CATEGORIES
-from bertaccel.tracking import runs_by_status
+from bertaccel.options.optimizer import lr_factor
+from bertaccel.measure.profiling import CATEGORIES
+from bertaccel.runs.tracking import runs_by_status
 
 from conftest import TINY
 

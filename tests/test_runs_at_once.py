@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from bertaccel.checks import validate
+from bertaccel.options.checks import validate
 
 from bertaccel.config import ConfigError
-from bertaccel.tracking import search_runs
+from bertaccel.runs.tracking import search_runs
 from hydra_plugins.bertaccel_launcher.bertaccel_launcher import GpuPool, visible_gpus
 
 SMALL = ["model=tiny", "train.device=cpu", "dataset.train_subset=32", "dataset.test_subset=16", "train.batch_size=16"]

@@ -1,16 +1,16 @@
-"""Multi-objective search (bertaccel/search.py, hydra/sweeper=optuna_pareto): what a trial returns,
+"""Multi-objective search (bertaccel/runs/search.py, hydra/sweeper=optuna_pareto): what a trial returns,
 the search block's checks, and a real search on the CPU whose trials are runs of the sweep."""
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from bertaccel.checks import validate
+from bertaccel.options.checks import validate
 
 from bertaccel.config import ConfigError
-from bertaccel.record import Outcome
-from bertaccel.search import Objectives, TrialFailed, trial_result
-from bertaccel.tracking import runs_by_status, search_runs
+from bertaccel.runs.record import Outcome
+from bertaccel.runs.search import Objectives, TrialFailed, trial_result
+from bertaccel.runs.tracking import runs_by_status, search_runs
 
 from conftest import TINY
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import yaml
 from mlflow.tracking import MlflowClient
 
-from bertaccel.tracking import runs_by_status
+from bertaccel.runs.tracking import runs_by_status
 from conftest import TINY
 
 PARAMS = ["precision", "attention", "compile", "accumulation", "freezing", "optimizer", "hardware",
@@ -102,7 +102,7 @@ def test_hub_model_and_dataset_offline_are_skipped_with_reason(cli):
     runs = runs_by_status(cli.store, "bertaccel")
     assert {k: len(v) for k, v in runs.items()} == {"finished": 1, "skipped": 3}
     reasons = sorted(r.data.tags["reason"] for r in runs["skipped"])
-    # Skipped before any process started (bertaccel/hub.py), each naming what it needs and the offline way.
+    # Skipped before any process started (bertaccel/runs/hub.py), each naming what it needs and the offline way.
     assert all(r.startswith("needs the Hugging Face hub for ") and "offline: " in r for r in reasons), reasons
     assert sum("dataset=ag_news (fancyzhx/ag_news)" in r for r in reasons) == 2
     assert sum("model=bert_base_uncased (bert-base-uncased)" in r for r in reasons) == 2

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from bertaccel.checks import validate
+from bertaccel.options.checks import validate
 
 from bertaccel.config import CONF_DIR, SWEEPS_DIR, register_configs
 

@@ -7,7 +7,7 @@ import sys
 
 from conftest import TINY
 
-from bertaccel.tracking import search_runs
+from bertaccel.runs.tracking import search_runs
 
 ONE = ["-m", "train.seed=1", *TINY, "train.max_steps_per_epoch=2"]
 

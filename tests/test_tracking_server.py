@@ -26,7 +26,7 @@ import pytest
 from mlflow import MlflowClient
 from nbclient import NotebookClient
 
-from bertaccel.tracking import search_runs
+from bertaccel.runs.tracking import search_runs
 
 pytestmark = pytest.mark.postgres
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Per-run state of our Triton attention kernels (the warm-up itself is bertaccel/warmup.py).
+"""Per-run state of our Triton attention kernels (the warm-up itself is bertaccel/train/warmup.py).
 
 Triton keeps the variants it compiled in memory, per kernel, for the life of the process. A
 later run of a sweep in the same process would then compile nothing and report no warm-up at

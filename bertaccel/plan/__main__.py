@@ -39,7 +39,7 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def _targets(spec: Optional[str]) -> List[str]:
-    from ..hardware import load_profiles
+    from bertaccel.options.hardware import load_profiles
     from .grid import PlanInputError
 
     if spec is None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..flops import peak_tflops
+from bertaccel.measure.flops import peak_tflops
 
 # Keys (run params, as record.open_tracker logs them) that must be equal.
 MUST_MATCH = ("model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.intermediate_size",

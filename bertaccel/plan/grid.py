@@ -62,12 +62,12 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from ..checks import validate
+    from bertaccel.options.checks import validate
 
     from ..config import CONF_DIR, GROUPS, ConfigError, register_configs
-    from ..record import cfg_hash, group_choices, run_label
-    from ..sweep_progress import swept_keys
-    from ..sweep_runs import sweep_identity
+    from bertaccel.runs.record import cfg_hash, group_choices, run_label
+    from bertaccel.runs.progress import swept_keys
+    from bertaccel.runs.sweep import sweep_identity
 
     register_configs()
     arguments = list(overrides)
@@ -109,7 +109,7 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
 def _check_store(uri: str) -> None:
     """The store the plan calibrates from: none yet is fine (a plan before the first run), one
     that is not an MLflow store is bad input (nothing is read from it, nothing written to it)."""
-    from ..store import sqlite_file, sqlite_state, store_problem
+    from bertaccel.runs.store import sqlite_file, sqlite_state, store_problem
 
     db = sqlite_file(uri)
     if db is not None and sqlite_state(db)[0] == "missing":

@@ -20,7 +20,7 @@ from .work import DataShape, Work, data_shape, hf_config, meta_model, work_of
 def run_params(cfg: Any, choices: Mapping[str, str], config: Any) -> Dict[str, str]:
     """The params the run of this configuration logs (record.open_tracker), the model shape included."""
     from ..model import built_shape
-    from ..tracking import flatten
+    from bertaccel.runs.tracking import flatten
 
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     params.update({f"model.{k}": str(v) for k, v in built_shape(meta_model(config)).items()})
@@ -33,7 +33,7 @@ def own_profile(cfg: Any) -> Tuple[Optional[Dict[str, Any]], str]:
     used as it is (planning for hardware not at hand is the point); hardware=auto is resolved on
     this machine, as the run would resolve it here."""
     from ..config import ConfigError
-    from ..hardware import resolve_device, resolve_profile
+    from bertaccel.options.hardware import resolve_device, resolve_profile
 
     if cfg.hardware.name != "auto":
         return {k: cfg.hardware[k] for k in cfg.hardware}, f"hardware={cfg.hardware.name} (as configured)"
@@ -46,8 +46,8 @@ def own_profile(cfg: Any) -> Tuple[Optional[Dict[str, Any]], str]:
 def store_references(uri: str, experiment: str, memo: Optional[Dict[Tuple[str, str], Any]] = None
                      ) -> Tuple[List[Reference], str]:
     """The store's runs that can calibrate, and a note on the store ('' when it was read)."""
-    from ..store import sqlite_file, sqlite_state, store_problem
-    from ..tracking import search_runs
+    from bertaccel.runs.store import sqlite_file, sqlite_state, store_problem
+    from bertaccel.runs.tracking import search_runs
 
     if memo is not None and (uri, experiment) in memo:
         return memo[(uri, experiment)]
@@ -73,7 +73,7 @@ class Planner:
     notes: List[str] = field(default_factory=list)
 
     def profiles(self) -> Dict[str, Dict[str, Any]]:
-        from ..hardware import load_profiles
+        from bertaccel.options.hardware import load_profiles
 
         return {p["name"]: p for p in load_profiles()}
 

@@ -44,7 +44,7 @@ class Prediction:
 
 def price(name: str, config_hash: str, work: Work, cal: Calibration, profile: Mapping[str, Any],
           precision: str, num_gpus: int) -> Prediction:
-    from ..flops import peak_tflops
+    from bertaccel.measure.flops import peak_tflops
 
     p = Prediction(name, profile["name"], precision, num_gpus, config_hash, work, cal.tflops_per_gpu,
                    basis=cal.basis, power_basis=cal.power_basis, run_ids=list(cal.run_ids))

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from omegaconf import OmegaConf
 
-from ..flops import TokenCounts, bert_train_flops
+from bertaccel.measure.flops import TokenCounts, bert_train_flops
 
 WORK_SOURCE = ("data.py's batch sampler replayed on the tokenized train split (same seed, epochs, ranks), "
                "batches padded as data.PadCollator pads; FLOPs by flops.py on the meta-device model, "
@@ -116,12 +116,12 @@ def _batch_counts(lengths: torch.Tensor, batch: List[int], multiple: int, rows: 
 def epoch_batches(lengths: torch.Tensor, cfg: Any) -> Tuple[List[TokenCounts], List[int], List[int], int]:
     """Per epoch: the tokens trained (all ranks), micro-batches (all ranks) and optimizer steps;
     and the rows trained in all (filler rows not counted),
-    as train.py's loop takes them (windows of `accumulation`, train.max_steps_per_epoch)."""
-    from ..step import uses_fixed_shapes
+    as train/loop.py's loop takes them (windows of `accumulation`, train.max_steps_per_epoch)."""
+    from bertaccel.train.step import uses_fixed_shapes
 
     world = int(cfg.num_gpus)
     adaptive = cfg.accumulation == "adaptive"
-    k = 2 if adaptive else int(cfg.accumulation)  # train.py: adaptive k is at least 2
+    k = 2 if adaptive else int(cfg.accumulation)  # train/loop.py: adaptive k is at least 2
     rows = cfg.train.batch_size if uses_fixed_shapes(cfg) else None
     samplers = [_sampler(lengths, cfg, r, world) for r in range(world)]
     per_rank = len(samplers[0])
@@ -146,7 +146,7 @@ def epoch_batches(lengths: torch.Tensor, cfg: Any) -> Tuple[List[TokenCounts], L
 
 def work_of(cfg: Any, data: DataShape, config: Any) -> Work:
     """The configuration's whole training: every epoch's tokens and FLOPs (freezing per epoch)."""
-    from ..freezing import apply_freezing
+    from bertaccel.options.freezing import apply_freezing
 
     if cfg.train.batch_size == "auto":
         raise ValueError("train.batch_size=auto: the batch is found by trying sizes on the GPU when the run starts, so "

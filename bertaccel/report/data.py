@@ -221,7 +221,7 @@ def _rows_from_text(text: str, path: str, require: Sequence[Tuple[str, str]]) ->
 
 def _mlflow_timing(metrics: Mapping[str, float], params: Mapping[str, str], tags: Mapping[str, str]) -> Dict[str, Any]:
     """Row fields for --time total, --project-epochs and break-even, with why each is null."""
-    from ..tracking import HASH_EXCLUDED_KEYS
+    from bertaccel.runs.tracking import HASH_EXCLUDED_KEYS
 
     fields: Dict[str, Any] = {}
     extra: Dict[str, str] = {}
@@ -273,7 +273,7 @@ def _why_none_finished(uri: str, experiment: str, sweep_id: Optional[str]) -> st
     """What the runs there ended as instead, and the most common reason per status."""
     from collections import Counter
 
-    from ..tracking import search_runs
+    from bertaccel.runs.tracking import search_runs
 
     flt = tag_equals("sweep_id", sweep_id, "--sweep") if sweep_id else ""
     runs = [r for r in search_runs(uri, experiment, flt) if r.data.tags.get("bertaccel.role") != "sweep"]
@@ -291,7 +291,7 @@ def _why_none_finished(uri: str, experiment: str, sweep_id: Optional[str]) -> st
 def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) -> List[Row]:
     from mlflow import MlflowClient
 
-    from ..tracking import search_runs
+    from bertaccel.runs.tracking import search_runs
 
     if MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment) is None:
         raise ReportInputError(f"--experiment {experiment}: no such experiment in {uri}")

@@ -104,7 +104,7 @@ def _plot(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Dict[str, An
 
 def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> None:
     """The report's hook: a table (and a plot) when any of the rows' runs logged a prediction."""
-    from ..tracking import search_runs
+    from bertaccel.runs.tracking import search_runs
 
     runs = {r.info.run_id: r for r in search_runs(uri, experiment, "tags.status = 'finished'")}
     cells, s = comparison(rows, runs)

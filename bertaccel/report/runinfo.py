@@ -26,7 +26,7 @@ def params_group_key(params: Mapping[str, str], where_roots: Iterable[str]) -> s
 def group_keys(runs: Sequence[Any]) -> Tuple[List[str], str]:
     """(one key per run, how the keys were made). The tag when every run has it; else every
     key from params, so that runs logged before the tag and after it still group together."""
-    from ..tracking import HASH_EXCLUDED_KEYS
+    from bertaccel.runs.tracking import HASH_EXCLUDED_KEYS
 
     tags = [r.data.tags.get(GROUP_TAG) for r in runs]
     if all(tags):

@@ -1,7 +1,7 @@
 """The thesis' weighted score (seed 004, section 5.1): max-normalize, weight, rank.
 
 Score = w1*T + w2*C + w3*E - w4*O (+ w5*CO2e), each metric divided by its column maximum first
-(Table 5.2); lower is better. The fifth term, carbon (co2e_kg, bertaccel/carbon.py), is ours, not
+(Table 5.2); lower is better. The fifth term, carbon (co2e_kg, bertaccel/measure/carbon.py), is ours, not
 the thesis': a strategy of four weights has w5 = 0 and scores exactly as the thesis does. A row missing a metric is scored over the metrics it has, with the weights
 of those metrics scaled up so their absolute sum equals the strategy's (never as if the
 missing value were 0), and the row is listed as affected.
@@ -68,7 +68,7 @@ class Row:
     test_rows: Optional[int] = None          # rows accuracy was measured on (None = unknown or the full split)
     epoch_accuracy: Tuple[float, ...] = ()   # test accuracy after each epoch, in order
     epoch_time_s: Tuple[float, ...] = ()     # each epoch's training window in seconds
-    co2e_kg: Optional[float] = None          # carbon (bertaccel/carbon.py), the optional fifth score term
+    co2e_kg: Optional[float] = None          # carbon (bertaccel/measure/carbon.py), the optional fifth score term
 
     def get(self, metric: str) -> Optional[float]:
         return getattr(self, metric)

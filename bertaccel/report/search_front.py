@@ -1,4 +1,4 @@
-"""The Pareto front a multi-objective search found (hydra/sweeper=optuna_pareto, bertaccel/search.py).
+"""The Pareto front a multi-objective search found (hydra/sweeper=optuna_pareto, bertaccel/runs/search.py).
 
 A search sweep's parent run carries its sampler and objectives (search.parent_tags). Its trials
 are ordinary runs of the sweep, so the report's tables already hold them; this adds, per search
@@ -38,7 +38,7 @@ class SearchFront:
 
 def find(uri: str, experiment: str, rows: Sequence[Row], sweep_id: Optional[str] = None) -> List[SearchFront]:
     """The searches whose trials are among rows (or the one sweep_id names), each with its front."""
-    from ..tracking import search_runs
+    from bertaccel.runs.tracking import search_runs
 
     ids = {r.run_id for r in rows}
     found = []

@@ -135,7 +135,7 @@ def with_time_mode(rows: Sequence[Row], mode: str) -> List[Row]:
 
 def steps_per_epoch(train_rows_full: int, batch_size: int, accumulation: int, num_gpus: int) -> int:
     """Optimizer steps of one epoch over the full split: a step takes num_gpus x batch_size x
-    accumulation rows, and a last shorter accumulation window still steps (train.py): a ceiling."""
+    accumulation rows, and a last shorter accumulation window still steps (train/loop.py): a ceiling."""
     return -(-train_rows_full // (num_gpus * batch_size * accumulation))
 
 

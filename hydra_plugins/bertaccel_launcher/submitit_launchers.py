@@ -43,7 +43,7 @@ EXECUTOR_INIT_KEYS = ("submitit_folder", "max_num_timeout")
 
 def resources_problem(cfg: DictConfig, params: Dict[str, Any]) -> Optional[str]:
     """Why this configuration cannot run in the job these launcher options describe, or None.
-    A run starts its own num_gpus ranks on one node (bertaccel/launch.py), as it does locally."""
+    A run starts its own num_gpus ranks on one node (bertaccel/runs/launch.py), as it does locally."""
     if int(params.get("tasks_per_node") or 1) != 1 or int(params.get("nodes") or 1) != 1:
         return (f"hydra.launcher.tasks_per_node={params.get('tasks_per_node')} nodes={params.get('nodes')}: "
                 "give 1 and 1 (a run starts its own num_gpus ranks inside its one job)")
@@ -113,9 +113,9 @@ class _BertaccelSubmitit:
 
     def _answer_here(self, sweep_cfg: DictConfig, params: Dict[str, Any]) -> Optional[Callable[[Any], Any]]:
         """A task that gives this configuration's outcome without submitting it, or None (submit)."""
-        from bertaccel.checks import validate
+        from bertaccel.options.checks import validate
         from bertaccel.config import ConfigError
-        from bertaccel.record import record_bad_input, resumed
+        from bertaccel.runs.record import record_bad_input, resumed
         from bertaccel.run import job_info
 
         cfg = _task_config(sweep_cfg)
@@ -156,8 +156,8 @@ class _BertaccelSubmitit:
         Ctrl-C / SIGTERM here (bertaccel.interrupt): the jobs still queued or running are
         cancelled and their runs marked interrupted, as a local sweep stops its current run."""
         import submitit
-        from bertaccel.interrupt import Interrupted
-        from bertaccel.sweep_progress import SweepProgress
+        from bertaccel.runs.interrupt import Interrupted
+        from bertaccel.runs.progress import SweepProgress
 
         where = {id(job): (idx, sweep_cfg) for job, idx, sweep_cfg in submitted}
         pending = {id(job): job for job, _, _ in submitted}
@@ -190,10 +190,10 @@ class _BertaccelSubmitit:
     def _ended_without_result(self, sweep_cfg: DictConfig, reason: str) -> JobReturn:
         """A job killed from outside (not an outcome of its configuration): its run, if it opened
         one, is marked interrupted, which the same sweep command runs again."""
-        from bertaccel.record import Outcome, cfg_hash
+        from bertaccel.runs.record import Outcome, cfg_hash
         from bertaccel.run import job_info
-        from bertaccel.sweep_runs import context_from_env
-        from bertaccel.tracking import finish_run, search_runs
+        from bertaccel.runs.sweep import context_from_env
+        from bertaccel.runs.tracking import finish_run, search_runs
 
         cfg = _task_config(sweep_cfg)
         info = job_info(sweep_cfg.hydra)

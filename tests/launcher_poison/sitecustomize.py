@@ -12,11 +12,11 @@ BERTACCEL_TEST_POISON is a comma-separated list of faults, each `action:key=valu
   abort:seed=N                  the run with train.seed=N calls os.abort() (dies from SIGABRT)
   memory:seed=N                 the run with train.seed=N raises MemoryError
   kill:seed=N:rank=R:window=W   rank R of the run with train.seed=N sends itself SIGKILL at
-                                its W-th call of bertaccel.train.accumulate_window
-All of them fire when the run enters training (bertaccel.job.train), i.e. after the run's
+                                its W-th call of bertaccel.train.loop.accumulate_window
+All of them fire when the run enters training (bertaccel.runs.job.train), i.e. after the run's
 MLflow record is open, as a real crash in training would.
 
-How: a meta-path finder that lets Python import `bertaccel.job` as usual, then replaces the
+How: a meta-path finder that lets Python import `bertaccel.runs.job` as usual, then replaces the
 `train` that job.py imported (`from .train import train`) with a wrapper. Nothing in bertaccel
 knows about any of this.
 """
@@ -26,7 +26,7 @@ import sys
 _SPEC = os.environ.get("BERTACCEL_TEST_POISON")
 
 # A spawned worker has --multiprocessing-fork in argv; with launcher.start_method=forkserver the
-# workers are forked from the forkserver, which imports bertaccel.job once (patched here) for all.
+# workers are forked from the forkserver, which imports bertaccel.runs.job once (patched here) for all.
 _WORKER = "--multiprocessing-fork" in sys.argv or "multiprocessing.forkserver" in " ".join(getattr(sys, "orig_argv", []))
 
 if _SPEC and _WORKER:
@@ -39,7 +39,7 @@ if _SPEC and _WORKER:
         _FAULTS.append((action, {k: int(v) for k, v in (c.split("=") for c in conds)}))
 
     def _kill_at(tmod, rank: int, window: int) -> None:
-        """Wrap accumulate_window (looked up by name in train.py's loop) to die at call `window`."""
+        """Wrap accumulate_window (looked up by name in train/loop.py's loop) to die at call `window`."""
         real, calls = tmod.accumulate_window, [0]
 
         def accumulate_window(*args, **kwargs):
@@ -55,7 +55,7 @@ if _SPEC and _WORKER:
         tmod.accumulate_window = accumulate_window
 
     def _poison(job_module) -> None:
-        import bertaccel.train as tmod
+        import bertaccel.train.loop as tmod
 
         real_train = job_module.train
 
@@ -78,7 +78,7 @@ if _SPEC and _WORKER:
 
     class _PoisonAfterImport(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name != "bertaccel.job":
+            if name != "bertaccel.runs.job":
                 return None
             sys.meta_path.remove(self)  # once; and lets find_spec below use the real finders
             spec = importlib.util.find_spec(name)

@@ -93,8 +93,8 @@ def release_device(device: torch.device) -> None:
 def training_step(model: torch.nn.Module, cfg: Any, device: torch.device, length: int,
                   optimizer: torch.optim.Optimizer) -> Callable[[int], None]:
     """One real optimizer step of the run's kind on a synthetic batch of `size` rows x length."""
-    from .precision import Precision
-    from .step import sdpa_backends
+    from bertaccel.options.precision import Precision
+    from bertaccel.train.step import sdpa_backends
 
     precision = Precision(cfg.precision, device)
     attention_ctx = sdpa_backends(cfg)
@@ -121,8 +121,8 @@ def training_step(model: torch.nn.Module, cfg: Any, device: torch.device, length
 def fit_batch(model: torch.nn.Module, cfg: Any, device: torch.device, length: int, rows: int) -> Fit:
     """The search of the module's docstring for this run's model on its device; model comes back
     with its weights, mode and the RNG state as they were (on the device)."""
-    from .checkpointing import apply_checkpointing
-    from .optim import build_optimizer
+    from bertaccel.train.checkpointing import apply_checkpointing
+    from bertaccel.options.optimizer import build_optimizer
 
     started = time.perf_counter()
     cap = 1 << max(0, int(rows).bit_length() - 1)  # the largest power of two <= rows
@@ -152,8 +152,8 @@ def fitted_batch(cfg: Any, model: Any, device: torch.device, data: Any, tracker:
     copy of cfg that has it (the run's record keeps `auto` as typed, like hardware=auto)."""
     import copy
 
-    from .hardware import device_name
-    from .warmup import data_lengths
+    from bertaccel.options.hardware import device_name
+    from bertaccel.train.warmup import data_lengths
 
     length = max(data_lengths(data.train.lengths, cfg.train.pad_to_multiple_of))
     fit = fit_batch(model, cfg, device, length, len(data.train))

@@ -19,29 +19,29 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from omegaconf import DictConfig
 
-from . import distributed
-from .batch_fit import cpu_refusal, fitted_batch
-from .carbon import co2e
-from .checks import validate
-from .collectors import Reading, build_collectors
-from .compile_cache import compile_caches
-from .config import ConfigError
-from .data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
-from .interrupt import Interrupted
-from .hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
-from .isolation import isolated_run
-from .measures import derived
-from .memory import PeakMemory
-from .model import ModelUnavailable, build_model, built_shape, load_tokenizer
-from .plan.hook import log_prediction
-from .profiling import write_report
-from .record import Outcome, RankTracker, open_tracker, resumed
-from .store import store_lock
-from .tracking import RunTracker
-from .step_clock import steady_source
-from .step import uses_fixed_shapes
-from .train import train
-from .warmup import WarmupPlan, data_lengths
+from bertaccel.train import distributed
+from bertaccel.train.batch_fit import cpu_refusal, fitted_batch
+from bertaccel.measure.carbon import co2e
+from bertaccel.options.checks import validate
+from bertaccel.measure.collectors import Reading, build_collectors
+from bertaccel.train.compile_cache import compile_caches
+from bertaccel.config import ConfigError
+from bertaccel.data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
+from bertaccel.runs.interrupt import Interrupted
+from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
+from bertaccel.runs.isolation import isolated_run
+from bertaccel.measure.readings import derived
+from bertaccel.measure.memory import PeakMemory
+from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tokenizer
+from bertaccel.plan.hook import log_prediction
+from bertaccel.measure.profiling import write_report
+from bertaccel.runs.record import Outcome, RankTracker, open_tracker, resumed
+from bertaccel.runs.store import store_lock
+from bertaccel.runs.tracking import RunTracker
+from bertaccel.measure.step_clock import steady_source
+from bertaccel.train.step import uses_fixed_shapes
+from bertaccel.train.loop import train
+from bertaccel.train.warmup import WarmupPlan, data_lengths
 
 log = logging.getLogger("bertaccel")
 

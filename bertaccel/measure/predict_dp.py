@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional
 
-from .backprop_estimator import error_pct, predict_step_ms
+from bertaccel.measure.backprop_estimator import error_pct, predict_step_ms
 
 
 class PredictError(ValueError):

@@ -12,7 +12,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .config import CONF_DIR
+from bertaccel.config import CONF_DIR
 
 OPTIONS_DIR = CONF_DIR / "precision"
 # The dtypes autocast can run in, by the names the YAML files use.
@@ -24,7 +24,7 @@ def load_option(name: str) -> Any:
     Hydra applies when it composes precision=<name>."""
     from omegaconf import OmegaConf
 
-    from .config import PrecisionConfig
+    from bertaccel.config import PrecisionConfig
 
     path = OPTIONS_DIR / f"{name}.yaml"
     if not path.is_file():

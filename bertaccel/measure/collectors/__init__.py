@@ -10,11 +10,11 @@ from typing import Any, Callable, List, Sequence
 
 import torch
 
-from .base import Collector, CollectorSet, Reading, Unavailable
-from .cpu_energy import DEFAULT_ROOT, RaplEnergy, find_packages
-from .gpm import GPM_METRICS, GpmActivity, NvmlUtilization, gpm_support
-from .gpu_energy import NvmlEnergy
-from .nvml import nvml_handles
+from bertaccel.measure.collectors.base import Collector, CollectorSet, Reading, Unavailable
+from bertaccel.measure.collectors.cpu_energy import DEFAULT_ROOT, RaplEnergy, find_packages
+from bertaccel.measure.collectors.gpm import GPM_METRICS, GpmActivity, NvmlUtilization, gpm_support
+from bertaccel.measure.collectors.gpu_energy import NvmlEnergy
+from bertaccel.measure.collectors.nvml import nvml_handles
 
 __all__ = ["Collector", "CollectorSet", "Reading", "build_collectors", "ENERGY_METRICS", "ACTIVITY_METRICS"]
 

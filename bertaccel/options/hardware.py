@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from .config import CONF_DIR, ConfigError
+from bertaccel.config import CONF_DIR, ConfigError
 
 PROFILES_DIR = CONF_DIR / "hardware"
 
@@ -74,7 +74,7 @@ def load_profiles() -> List[Dict[str, Any]]:
     refuse, or read a field the schema does not know."""
     from omegaconf import OmegaConf
 
-    from .config import HardwareConfig
+    from bertaccel.config import HardwareConfig
 
     profiles = []
     for path in sorted(PROFILES_DIR.glob("*.yaml")):
@@ -160,13 +160,13 @@ def probe() -> Capabilities:
 def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[str]:
     """Why this machine cannot run this combination, or None if it can."""
     mode = cfg.compile.mode
-    from .precision import precision_unusable  # the option's own machine check
+    from bertaccel.options.precision import precision_unusable  # the option's own machine check
 
     reason = precision_unusable(cfg.precision, device, caps.cpu_native_bf16)
     if reason:
         return reason
     if device.type == "cpu":
-        from .config import uses_cuda_graphs
+        from bertaccel.config import uses_cuda_graphs
 
         if uses_cuda_graphs(mode):
             return (f"compile={mode} means CUDA graphs, which need a CUDA GPU; on the CPU it "
@@ -178,13 +178,13 @@ def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[
     else:
         if mode != "off" and not caps.triton:
             return f"compile={mode} on a GPU needs triton, which is not importable"
-    from .attention.option import attention_unusable  # the option's own machine check
+    from bertaccel.attention.option import attention_unusable  # the option's own machine check
 
     reason = attention_unusable(cfg.attention, device)
     if reason:
         return reason
     if mode != "off" and not torch._dynamo.is_dynamo_supported():
         return f"compile={mode}: torch.compile does not support this Python/platform"
-    from .optim import optimizer_unusable  # the option's own class says (e.g. a GPU-only kernel)
+    from bertaccel.options.optimizer import optimizer_unusable  # the option's own class says (e.g. a GPU-only kernel)
 
     return optimizer_unusable(cfg.optimizer, device)

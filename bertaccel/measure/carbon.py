@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, NamedTuple, Optional
 
-from .collectors import Reading
+from bertaccel.measure.collectors import Reading
 
 
 class Intensity(NamedTuple):
@@ -44,7 +44,7 @@ DEFAULT_REGION = "world"
 def check_carbon(carbon: Any, pue: Optional[float]) -> Optional[str]:
     """Why the carbon block (or the profile's pue) cannot work, in one line; None when it can."""
     if carbon.intensity_g_per_kwh is None and carbon.region not in REGIONS:
-        return (f"carbon.region={carbon.region!r} is not in bertaccel/carbon.py's table; choose one of "
+        return (f"carbon.region={carbon.region!r} is not in bertaccel/measure/carbon.py's table; choose one of "
                 f"{', '.join(REGIONS)}, or give carbon.intensity_g_per_kwh=<grams CO2e per kWh> for another grid")
     if carbon.intensity_g_per_kwh is not None and not carbon.intensity_g_per_kwh >= 0:
         return f"carbon.intensity_g_per_kwh={carbon.intensity_g_per_kwh!r} must be >= 0 (grams CO2e per kWh)"

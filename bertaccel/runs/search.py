@@ -34,7 +34,7 @@ class TrialFailed(RuntimeError):
 
 class Objectives(tuple):
     """The objective values, as the sweeper reads them (a tuple of floats), with the run's
-    Outcome attached for the sweep's progress lines and summary (sweep_progress.py)."""
+    Outcome attached for the sweep's progress lines and summary (runs/progress.py)."""
     outcome: Any = None
 
 

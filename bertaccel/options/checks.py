@@ -12,7 +12,7 @@ from typing import Any, Iterator, Optional, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .config import (COMPILE_CACHES, COMPILE_MODES, DATASET_SOURCES, DEVICES, FREEZINGS, LAUNCHERS, LR_SCHEDULES,
+from bertaccel.config import (COMPILE_CACHES, COMPILE_MODES, DATASET_SOURCES, DEVICES, FREEZINGS, LAUNCHERS, LR_SCHEDULES,
                      MODEL_SHAPE_FIELDS, MODEL_SOURCES, SCALE_LR, START_METHODS, ConfigError, schema_fields)
 
 
@@ -80,16 +80,16 @@ def validate(cfg: Any) -> None:
     # compare, divide and combine values knowing each one is sane on its own.
     _finite_everywhere(cfg)
     _declared_ranges(cfg)
-    from .precision import check_precision  # the option's own settings, checked where they are used
+    from bertaccel.options.precision import check_precision  # the option's own settings, checked where they are used
 
     _refuse(check_precision(cfg.precision))
-    from .attention.option import check_attention
+    from bertaccel.attention.option import check_attention
 
     _refuse(check_attention(cfg.attention))
     _one_of("compile.mode", cfg.compile.mode, COMPILE_MODES)
     _one_of("compile.cache", cfg.compile.cache, COMPILE_CACHES)
     if cfg.compile.step_graph:
-        from .step_graph import unsupported
+        from bertaccel.train.step_graph import unsupported
 
         _refuse(unsupported(cfg))
     if cfg.accumulation != "adaptive" and (isinstance(cfg.accumulation, bool) or not isinstance(cfg.accumulation, int)
@@ -106,11 +106,11 @@ def validate(cfg: Any) -> None:
     opt = cfg.optimizer
     _one_of("optimizer.schedule", opt.schedule, LR_SCHEDULES)
     _one_of("optimizer.scale_lr", opt.scale_lr, SCALE_LR)
-    from .optim import check_optimizer  # the option's own class checks its settings
+    from bertaccel.options.optimizer import check_optimizer  # the option's own class checks its settings
 
     _refuse(check_optimizer(opt, capturable=False) or (check_optimizer(opt, capturable=True)
                                                        if cfg.compile.step_graph else None))
-    from .carbon import check_carbon
+    from bertaccel.measure.carbon import check_carbon
 
     _refuse(check_carbon(cfg.carbon, cfg.hardware.pue))
     if cfg.num_gpus > 1 and cfg.freezing.name != "none":
@@ -130,7 +130,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"model={cfg.model.name} (source={cfg.model.source}) needs model.pretrained")
     if cfg.model.source == "random_init" and not cfg.model.tokenizer_package:
         raise ConfigError(f"model={cfg.model.name} (random_init) needs model.tokenizer_package")
-    from .model import check_model
+    from bertaccel.model import check_model
 
     _refuse(check_model(cfg.model))
     if cfg.model.source == "random_init":
@@ -168,10 +168,10 @@ def validate(cfg: Any) -> None:
     if tr.prefetch_factor is not None and tr.num_workers == 0:
         raise ConfigError(f"train.prefetch_factor={tr.prefetch_factor} needs loader workers: set train.num_workers > 0 "
                           "(without workers batches are made in the training loop, nothing is prefetched)")
-    from .checkpointing import MODES as CHECKPOINTING
+    from bertaccel.train.checkpointing import MODES as CHECKPOINTING
 
     _one_of("train.gradient_checkpointing", tr.gradient_checkpointing, CHECKPOINTING)
-    from .search import check_search
+    from bertaccel.runs.search import check_search
 
     _refuse(check_search(cfg.search))
     _writable_dir("cache_dir", cfg.cache_dir)
@@ -179,6 +179,6 @@ def validate(cfg: Any) -> None:
         raise ConfigError("tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db")
     # Last, as it may wait on the network (a few seconds at most): a tracking server that cannot be
     # reached is bad input too, said before any work instead of after minutes of MLflow's retries.
-    from .store import check_store
+    from bertaccel.runs.store import check_store
 
     check_store(cfg.tracking.uri)

@@ -27,8 +27,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 import torch.distributed as dist
 
-from . import distributed
-from .backprop_estimator import LayerTimes, error_pct, estimate_backward
+from bertaccel.train import distributed
+from bertaccel.measure.backprop_estimator import LayerTimes, error_pct, estimate_backward
 
 COMM_REPEATS = 5
 

@@ -46,9 +46,9 @@ import psutil
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import interrupt
-from .distributed import Rank
-from .sweep_runs import RUNNING_ELSEWHERE
+from bertaccel.runs import interrupt
+from bertaccel.train.distributed import Rank
+from bertaccel.runs.sweep import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")
 
@@ -60,7 +60,7 @@ LAUNCH_TAG = "launch_id"
 # MLflow imports its SQL store (SQLAlchemy, alembic) only when a run first opens a sqlite:// store:
 # 0.6 s per run on a CI core, 1.3-1.7 s on an H200 host, unless the forkserver has it already.
 FORKSERVER_PRELOAD = ["torch", "transformers", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
-                      "bertaccel.job", "bertaccel.train"]
+                      "bertaccel.runs.job", "bertaccel.train.loop"]
 TERMINATE_GRACE_S = 10.0  # an interrupted run's workers get this long to exit before SIGKILL
 CLAIM_POLL_S = 2.0  # how often a sweep waiting on another sweep's run of a configuration looks again
 WATCH_S = 0.5  # how often a worker looks whether its launching process is still there
@@ -98,12 +98,12 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     """Run one configuration where cfg.launcher says; returns its record.Outcome. Bad input
     (ConfigError, DataError) is raised here, in the caller's process, before anything starts.
     devices: the GPUs the job's processes may see (the sweep launcher's share for this run)."""
-    from .checks import validate
-    from .hardware import check_gpu_count, resolve_device
-    from .hub import hub_skip_reason
-    from .job import execute
-    from .record import record_skipped, resumed
-    from .store import repair_store
+    from bertaccel.options.checks import validate
+    from bertaccel.options.hardware import check_gpu_count, resolve_device
+    from bertaccel.runs.hub import hub_skip_reason
+    from bertaccel.runs.job import execute
+    from bertaccel.runs.record import record_skipped, resumed
+    from bertaccel.runs.store import repair_store
 
     validate(cfg)
     check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
@@ -165,7 +165,7 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.devices)
     import torch
 
-    from .job import execute
+    from bertaccel.runs.job import execute
 
     if world > 1:
         # NVLink multicast (NVLS) off unless the user's environment says otherwise: it needs
@@ -175,8 +175,8 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     if world > 1 and not torch.cuda.is_available():
         # CPU ranks share the cores: without this every rank starts a thread per core.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    from .config import ConfigError
-    from .data import DataError
+    from bertaccel.config import ConfigError
+    from bertaccel.data import DataError
 
     rank = Rank(local_rank, world, init_method, timeout_s) if world > 1 else None
     try:
@@ -200,9 +200,9 @@ def _die_with_launcher(job: Job) -> None:
     experiment = job.cfg["tracking"]["experiment"]
 
     def watch() -> None:
-        from .sweep_runs import process_alive
-        from .store import store_lock
-        from .tracking import finish_run, search_runs
+        from bertaccel.runs.sweep import process_alive
+        from bertaccel.runs.store import store_lock
+        from bertaccel.runs.tracking import finish_run, search_runs
 
         me = socket.gethostname()
         while process_alive(me, str(job.launcher_pid), f"{job.launcher_started_at:.3f}"):
@@ -350,8 +350,8 @@ def _record_failure(job: Job, cfg: DictConfig, reason: str, main: Any, status: s
     """Mark the job's MLflow run failed with the reason (opening one if none was). status
     "interrupted" (SIGINT / SIGTERM): the run is marked so if it was opened, and None returned
     if it was not (nothing ran that a record would tell of)."""
-    from .record import Outcome, record_bad_input
-    from .tracking import finish_run, search_runs
+    from bertaccel.runs.record import Outcome, record_bad_input
+    from bertaccel.runs.tracking import finish_run, search_runs
 
     log.warning(f"run {job.run_name}: {status}: {reason}")
     runs = search_runs(cfg.tracking.uri, cfg.tracking.experiment, f"tags.{LAUNCH_TAG} = '{job.launch_id}'")

@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .base import Reading, Sampler
-from .gpu_energy import J_PER_KWH
+from bertaccel.measure.collectors.base import Reading, Sampler
+from bertaccel.measure.collectors.gpu_energy import J_PER_KWH
 
 DEFAULT_ROOT = "/sys/class/powercap"
 

@@ -26,8 +26,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .config import uses_cuda_graphs
-from .warmup import IGNORE_INDEX, synthetic_batch
+from bertaccel.config import uses_cuda_graphs
+from bertaccel.train.warmup import IGNORE_INDEX, synthetic_batch
 
 
 def unsupported(cfg) -> Optional[str]:

@@ -9,9 +9,9 @@ from typing import Any, Dict, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import MODEL_SHAPE_FIELDS
-from .sweep_runs import context_from_env, previous_outcome, process_tags, scheduler_tags
-from .tracking import RunTracker, config_hash, flatten, git_sha
+from bertaccel.config import MODEL_SHAPE_FIELDS
+from bertaccel.runs.sweep import context_from_env, previous_outcome, process_tags, scheduler_tags
+from bertaccel.runs.tracking import RunTracker, config_hash, flatten, git_sha
 
 
 @dataclass

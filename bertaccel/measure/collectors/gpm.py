@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional
 
-from .base import Reading, Sampler, TimeWeightedMean
+from bertaccel.measure.collectors.base import Reading, Sampler, TimeWeightedMean
 
 # metric name -> pynvml constant name
 GPM_METRICS = {

@@ -1,4 +1,4 @@
-"""One training step's pieces, apart from the epoch loop that runs them (train.py): host batch
+"""One training step's pieces, apart from the epoch loop that runs them (train/loop.py): host batch
 to model inputs, a window of accumulated micro-batches, an evaluation batch, and the per-run
 wrappers around the model (torch.compile, DDP, dynamo settings, SDPA backends).
 
@@ -13,11 +13,11 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Unio
 import torch
 import torch.nn.functional as F
 
-from . import distributed
-from .adaptive_accumulation import GradVariance
-from .precision import Precision
-from .step_clock import PhaseClock
-from .warmup import IGNORE_INDEX
+from bertaccel.train import distributed
+from bertaccel.options.accumulation import GradVariance
+from bertaccel.options.precision import Precision
+from bertaccel.measure.step_clock import PhaseClock
+from bertaccel.train.warmup import IGNORE_INDEX
 
 
 def sdpa_backends(cfg: Any):
@@ -96,7 +96,7 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
     Under data parallel n is this rank's count and DDP averages over the ranks: the gradient of
     the global batch when ranks have equal counts (every full step; see data.shard).
     phases: marks the forward/backward boundaries of the one-step breakdown (step_clock.py).
-    grad_variance: accumulation=adaptive, sees each micro-batch's gradient (adaptive_accumulation.py).
+    grad_variance: accumulation=adaptive, sees each micro-batch's gradient (options/accumulation.py).
     """
     n = sum(real_rows(b) for b in window)
     total = torch.zeros((), device=device)

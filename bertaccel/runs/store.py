@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import psutil
 from hydra.core.utils import env_override
 
-from .config import ConfigError
+from bertaccel.config import ConfigError
 
 CHECK_TIMEOUT_S = 5.0  # how long the store check waits on a tracking server
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file

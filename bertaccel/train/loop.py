@@ -7,7 +7,7 @@ evaluation has its own clock (the thesis excludes it too). An optional profiler 
 after the last evaluation (profiling.py).
 
 `loop` is the whole loop on one screen; everything else hangs on its events, one object per
-concern (train_events.py: the events, their order, and what sits inside the timed window).
+concern (train/events.py: the events, their order, and what sits inside the timed window).
 `Step` is the optimizer step, `Window` one epoch's timed window, `Run` what they all share.
 """
 from __future__ import annotations
@@ -21,25 +21,26 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import distributed, layer_timing
-from .adaptive_accumulation import GradVariance, next_k
-from .checkpointing import apply_checkpointing
-from .config import uses_cuda_graphs
-from .collectors import CollectorSet
-from .flops import TokenCounts, bert_train_flops
-from .freezing import count_trainable
-from .isolation import warm_up_device
-from .optim import scaled_lr
-from .precision import Precision
-from .profiling import KernelProfile
-from .step_clock import PhaseClock, StepClock, steady_median_ms, steady_phase_medians
-from .step import (_sync, accumulate_window, compile_model, data_parallel, dynamo_settings, eval_batch, evaluate,
+from bertaccel.train import distributed
+from bertaccel.measure import layer_timing
+from bertaccel.options.accumulation import GradVariance, next_k
+from bertaccel.train.checkpointing import apply_checkpointing
+from bertaccel.config import uses_cuda_graphs
+from bertaccel.measure.collectors import CollectorSet
+from bertaccel.measure.flops import TokenCounts, bert_train_flops
+from bertaccel.options.freezing import count_trainable
+from bertaccel.runs.isolation import warm_up_device
+from bertaccel.options.optimizer import scaled_lr
+from bertaccel.options.precision import Precision
+from bertaccel.measure.profiling import KernelProfile
+from bertaccel.measure.step_clock import PhaseClock, StepClock, steady_median_ms, steady_phase_medians
+from bertaccel.train.step import (_sync, accumulate_window, compile_model, data_parallel, dynamo_settings, eval_batch, evaluate,
                    mark_length_dynamic, real_rows, sdpa_backends, windows)
-from .step_graph import StepGraphs
-from .train_events import (LAYER_TIMING_STEPS, AfterTraining, Callback, CompileEventCount,  # noqa: F401 (re-exported)
+from bertaccel.train.step_graph import StepGraphs
+from bertaccel.train.events import (LAYER_TIMING_STEPS, AfterTraining, Callback, CompileEventCount,  # noqa: F401 (re-exported)
                            CompileWarmup, Collectors, Evaluation, Events, FreezingSchedule, LayerTiming, LrSchedule,
                            NonFiniteCheck, NonFiniteLoss, Profiler, ProgressBar, RanksTogether)
-from .warmup import WarmupPlan, compiled_graph_count, padded_lengths
+from bertaccel.train.warmup import WarmupPlan, compiled_graph_count, padded_lengths
 
 
 @dataclass
@@ -335,7 +336,7 @@ class Run:
 
 
 def loop(run: Run, events: Events) -> TrainResult:
-    """The epoch / window / step loop; the events and their order are train_events.py's."""
+    """The epoch / window / step loop; the events and their order are train/events.py's."""
     cfg, result = run.cfg, run.result
     events.run_start(run)
     for epoch in range(cfg.train.epochs):
@@ -383,7 +384,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
     clock starts, their end hooks first after it stops)."""
     collectors = collectors or CollectorSet()
     run = _prepare(model, train_loader, test_loader, cfg, device, log, warmup_plan)
-    # Outermost first; the order is part of the measurement (train_events.py).
+    # Outermost first; the order is part of the measurement (train/events.py).
     events = Events([Profiler(profile_dir), LayerTiming(), AfterTraining(after_training), FreezingSchedule(),
                      CompileWarmup(), run.step, Evaluation(), ProgressBar(), NonFiniteCheck(), RanksTogether(),
                      CompileEventCount(), Collectors(collectors), LrSchedule(), *callbacks])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from .base import Reading, Sampler
+from bertaccel.measure.collectors.base import Reading, Sampler
 
 J_PER_KWH = 3.6e6
 

@@ -38,19 +38,20 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from . import distributed, layer_timing
-from .attention.warmup import reset_kernel_caches
-from .collectors import CollectorSet
-from .flops import TokenCounts
-from .freezing import apply_freezing
-from .optim import build_optimizer, lr_factor, set_lr
-from .profiling import profile_steps
-from .step import _sync, model_inputs, windows
-from .step_graph import StepGraphs
-from .warmup import IGNORE_INDEX, WarmupPlan, compile_events, compiled_graph_count, new_events, run_warmup
+from bertaccel.train import distributed
+from bertaccel.measure import layer_timing
+from bertaccel.attention.warmup import reset_kernel_caches
+from bertaccel.measure.collectors import CollectorSet
+from bertaccel.measure.flops import TokenCounts
+from bertaccel.options.freezing import apply_freezing
+from bertaccel.options.optimizer import build_optimizer, lr_factor, set_lr
+from bertaccel.measure.profiling import profile_steps
+from bertaccel.train.step import _sync, model_inputs, windows
+from bertaccel.train.step_graph import StepGraphs
+from bertaccel.train.warmup import IGNORE_INDEX, WarmupPlan, compile_events, compiled_graph_count, new_events, run_warmup
 
 if TYPE_CHECKING:
-    from .train import Run, Window
+    from bertaccel.train.loop import Run, Window
 
 LAYER_TIMING_STEPS = 10  # timed forward+backward passes for layer_timing (after one untimed)
 
