@@ -10,7 +10,7 @@ from typing import Any, Dict, Mapping
 from bertaccel.measure.collectors import Reading
 from bertaccel.measure.flops import mfu, peak_tflops
 from bertaccel.measure.profiling import CATEGORIES
-from bertaccel.train.loop import TrainResult
+from bertaccel.train.result import TrainResult
 
 FLOPS_SOURCE = ("analytic matmul FLOPs of forward+backward (flops.py: 6*P*T + 12*L*B*S^2*H when all "
                 "layers train; frozen layers' backward left out), T = padded tokens computed")
