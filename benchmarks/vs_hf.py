@@ -52,7 +52,7 @@ from bertaccel.train.compile_cache import compile_caches  # noqa: E402
 from bertaccel.data import encode_labels, read_csv_split  # noqa: E402
 from bertaccel.measure.flops import TokenCounts, bert_train_flops, peak_tflops  # noqa: E402
 from bertaccel.options.hardware import device_name, load_profiles, match_profile  # noqa: E402
-from bertaccel.runs.isolation import isolated_run  # noqa: E402
+from bertaccel.train.isolation import isolated_run  # noqa: E402
 from bertaccel.measure.memory import PeakMemory  # noqa: E402
 
 from bertaccel.config import CONF_DIR  # noqa: E402

@@ -274,7 +274,7 @@ class ProfileWindowConfig:
 
 @dataclass
 class SearchConfig:
-    """hydra/sweeper=optuna_pareto: what a trial returns (bertaccel/runs/search.py)."""
+    """hydra/sweeper=optuna_pareto: what a trial returns (bertaccel/options/search.py)."""
     objectives: List[str] = field(default_factory=lambda: ["train_time_s", "cost_usd", "energy_kwh", "test_accuracy"])
     directions: List[str] = field(default_factory=lambda: ["minimize", "minimize", "minimize", "maximize"])
 

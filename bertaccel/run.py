@@ -47,7 +47,7 @@ from .data import DataError
 from bertaccel.runs.interrupt import Interrupted, install as install_signal_handlers
 from bertaccel.runs.record import group_choices, record_bad_input, run_label
 from bertaccel.runs.launch import launch
-from bertaccel.runs.search import trial_result, uses_search
+from bertaccel.options.search import trial_result, uses_search
 from bertaccel.runs.sweep import context_from_env, interrupt_parent, set_env
 
 register_configs()

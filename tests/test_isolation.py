@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bertaccel.runs.isolation import isolated_run
+from bertaccel.train.isolation import isolated_run
 from bertaccel.train.warmup import compiled_graph_count
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 from mlflow.tracking import MlflowClient
 
-from bertaccel.runs.store import sqlite_state
+from bertaccel.store import sqlite_state
 from bertaccel.runs.tracking import search_runs
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -1,4 +1,4 @@
-"""Multi-objective search (bertaccel/runs/search.py, hydra/sweeper=optuna_pareto): what a trial returns,
+"""Multi-objective search (bertaccel/options/search.py, hydra/sweeper=optuna_pareto): what a trial returns,
 the search block's checks, and a real search on the CPU whose trials are runs of the sweep."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from bertaccel.options.checks import validate
 
 from bertaccel.config import ConfigError
 from bertaccel.runs.record import Outcome
-from bertaccel.runs.search import Objectives, TrialFailed, trial_result
+from bertaccel.options.search import Objectives, TrialFailed, trial_result
 from bertaccel.runs.tracking import runs_by_status, search_runs
 
 from conftest import TINY

@@ -171,7 +171,7 @@ def validate(cfg: Any) -> None:
     from bertaccel.train.checkpointing import MODES as CHECKPOINTING
 
     _one_of("train.gradient_checkpointing", tr.gradient_checkpointing, CHECKPOINTING)
-    from bertaccel.runs.search import check_search
+    from bertaccel.options.search import check_search
 
     _refuse(check_search(cfg.search))
     _writable_dir("cache_dir", cfg.cache_dir)
@@ -179,6 +179,6 @@ def validate(cfg: Any) -> None:
         raise ConfigError("tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db")
     # Last, as it may wait on the network (a few seconds at most): a tracking server that cannot be
     # reached is bad input too, said before any work instead of after minutes of MLflow's retries.
-    from bertaccel.runs.store import check_store
+    from bertaccel.store import check_store
 
     check_store(cfg.tracking.uri)

@@ -109,7 +109,7 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
 def _check_store(uri: str) -> None:
     """The store the plan calibrates from: none yet is fine (a plan before the first run), one
     that is not an MLflow store is bad input (nothing is read from it, nothing written to it)."""
-    from bertaccel.runs.store import sqlite_file, sqlite_state, store_problem
+    from bertaccel.store import sqlite_file, sqlite_state, store_problem
 
     db = sqlite_file(uri)
     if db is not None and sqlite_state(db)[0] == "missing":

@@ -46,7 +46,7 @@ def own_profile(cfg: Any) -> Tuple[Optional[Dict[str, Any]], str]:
 def store_references(uri: str, experiment: str, memo: Optional[Dict[Tuple[str, str], Any]] = None
                      ) -> Tuple[List[Reference], str]:
     """The store's runs that can calibrate, and a note on the store ('' when it was read)."""
-    from bertaccel.runs.store import sqlite_file, sqlite_state, store_problem
+    from bertaccel.store import sqlite_file, sqlite_state, store_problem
     from bertaccel.runs.tracking import search_runs
 
     if memo is not None and (uri, experiment) in memo:

@@ -68,7 +68,7 @@ def _check_store(uri: str) -> None:
     one line, and nothing is written (MLflow would create tables in any sqlite:/// path it is
     given, an empty file or another program's database included, or retry a dead server for
     minutes)."""
-    from bertaccel.runs.store import store_problem
+    from bertaccel.store import store_problem
 
     why = store_problem(uri, create=False)
     if why:

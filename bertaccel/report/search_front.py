@@ -1,4 +1,4 @@
-"""The Pareto front a multi-objective search found (hydra/sweeper=optuna_pareto, bertaccel/runs/search.py).
+"""The Pareto front a multi-objective search found (hydra/sweeper=optuna_pareto, bertaccel/options/search.py).
 
 A search sweep's parent run carries its sampler and objectives (search.parent_tags). Its trials
 are ordinary runs of the sweep, so the report's tables already hold them; this adds, per search

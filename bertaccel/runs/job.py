@@ -29,14 +29,14 @@ from bertaccel.config import ConfigError
 from bertaccel.data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
-from bertaccel.runs.isolation import isolated_run
+from bertaccel.train.isolation import isolated_run
 from bertaccel.measure.readings import derived
 from bertaccel.measure.memory import PeakMemory
 from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tokenizer
 from bertaccel.plan.hook import log_prediction
 from bertaccel.measure.profiling import write_report
 from bertaccel.runs.record import Outcome, RankTracker, open_tracker, resumed
-from bertaccel.runs.store import store_lock
+from bertaccel.store import store_lock
 from bertaccel.runs.tracking import RunTracker
 from bertaccel.measure.step_clock import steady_source
 from bertaccel.train.step import uses_fixed_shapes

@@ -103,7 +103,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     from bertaccel.runs.hub import hub_skip_reason
     from bertaccel.runs.job import execute
     from bertaccel.runs.record import record_skipped, resumed
-    from bertaccel.runs.store import repair_store
+    from bertaccel.store import repair_store
 
     validate(cfg)
     check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
@@ -201,7 +201,7 @@ def _die_with_launcher(job: Job) -> None:
 
     def watch() -> None:
         from bertaccel.runs.sweep import process_alive
-        from bertaccel.runs.store import store_lock
+        from bertaccel.store import store_lock
         from bertaccel.runs.tracking import finish_run, search_runs
 
         me = socket.gethostname()

@@ -21,9 +21,9 @@ from typing import Any, List, Optional, Set
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
-from bertaccel.runs.search import parent_tags, uses_search
+from bertaccel.options.search import parent_tags, uses_search
 from bertaccel.runs.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
-from bertaccel.runs.store import exit_if_store_unusable, repair_store
+from bertaccel.store import exit_if_store_unusable, repair_store
 
 # interrupted: a submitit job killed from outside (its run is marked so and runs again next time)
 STATUSES = ("finished", "skipped", "failed", "interrupted", "already_finished", "not_retried")

@@ -31,7 +31,7 @@ import psutil
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
-from bertaccel.runs.store import store_lock
+from bertaccel.store import store_lock
 from bertaccel.runs.tracking import experiment_id, search_runs
 
 SWEEP_ENV = "BERTACCEL_SWEEP"  # JSON {sweep_id, parent_run_id, swept}: reaches jobs of other launchers too

@@ -19,7 +19,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
-from bertaccel.runs.store import sqlite_file, store_lock
+from bertaccel.store import sqlite_file, store_lock
 
 # Values that say where results go, not what was run: left out of the config hash.
 # carbon: how co2e_kg is priced from the measured energy, not what is trained (a region change

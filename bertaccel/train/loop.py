@@ -29,7 +29,7 @@ from bertaccel.options.accumulation import GradVariance, next_k
 from bertaccel.options.freezing import count_trainable
 from bertaccel.options.optimizer import scaled_lr
 from bertaccel.options.precision import Precision
-from bertaccel.runs.isolation import warm_up_device
+from bertaccel.train.isolation import warm_up_device
 from bertaccel.train import distributed
 from bertaccel.train.checkpointing import apply_checkpointing
 from bertaccel.train.events import (AfterTraining, Callback, CompileEventCount, CompileWarmup, Collectors, Evaluation,
