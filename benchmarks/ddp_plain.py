@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # vs_hf's data and model helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # vs_hf_common: vs_hf.py's data and model helpers
 
-from vs_hf import (EnergyMeter, StepClock, bert_config, csv_header, fixed_batches,  # noqa: E402
-                   load_tokenizer_from, package_dir, random_bert, read_rows, shuffled_subset)
+from vs_hf_common import (EnergyMeter, StepClock, bert_config, csv_header, fixed_batches,  # noqa: E402
+                          load_tokenizer_from, package_dir, random_bert, read_rows, shuffled_subset)
 
 from bertaccel.data import encode_labels  # noqa: E402
 

@@ -127,7 +127,7 @@ def found_at(jobs: Sequence[Tuple[str, str]], done) -> Optional[Tuple[int, int]]
     return None
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", default="quick_search", help="sweeps/<study>.yaml: its grid is the search space")
     ap.add_argument("--seeds", default="0,1,2")
@@ -144,9 +144,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--reuse", action="store_true", help="take the sweeps already in --out (not run again)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="added to the grid and every search alike (tests: a few steps on a few rows)")
-    a = ap.parse_args(argv)
-    out = Path(a.out)
+    return ap.parse_args(argv)
 
+
+def plan(a: argparse.Namespace) -> Tuple[List[Tuple[str, str]], List[str], List[List[str]]]:
+    """(sampler spec, seed) per search, the sweep names (the grid first) and each sweep's overrides."""
     seeds = a.seeds.split(",")
     # "nsgaii:population_size=8": a sampler and its settings (hydra.sweeper.sampler.<key>=<value>)
     samplers = [(spec.split(":")[0], [f"hydra.sweeper.sampler.{kv}" for kv in spec.split(":")[1:]])
@@ -156,6 +158,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     extras = [a.override] + [["hydra/sweeper=optuna_pareto", f"hydra/sweeper/sampler={name}", *settings,
                               f"hydra.sweeper.sampler.seed={seed}", f"hydra.sweeper.n_trials={a.trials}", *a.override]
                              for name, settings in samplers for seed in seeds]
+    return labels, names, extras
+
+
+def run_sweeps(a: argparse.Namespace, out: Path, names: List[str], extras: List[List[str]]) -> List[List[Tuple[str, str]]]:
+    """Every sweep's (configuration, status) per job, --jobs at once, each on cores of its own."""
     cores = sorted(os.sched_getaffinity(0))
     per = len(cores) // a.jobs if a.jobs > 1 else 0
     if a.jobs > 1 and per < 1:
@@ -178,7 +185,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         return jobs
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        all_jobs = list(pool.map(run, range(len(names))))
+        return list(pool.map(run, range(len(names))))
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    a = parse_args(argv)
+    out = Path(a.out)
+    labels, names, extras = plan(a)
+    all_jobs = run_sweeps(a, out, names, extras)
     grid_jobs = all_jobs[0]
     front, grid = grid_front(out)
     n = len(grid)

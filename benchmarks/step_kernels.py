@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from bertaccel.measure.flops import TokenCounts, bert_train_flops, peak_tflops  # noqa: E402
 from bertaccel.train.isolation import isolated_run  # noqa: E402
 from bertaccel.measure.profiling import CATEGORIES, categorize, summarize  # noqa: E402
-from vs_hf import (SEED, StepClock, bert_config, fixed_batches, free_memory, hardware_profile,  # noqa: E402
-                   load_tokenizer_from, package_dir, random_bert, read_rows, shuffled_subset, sync)
+from vs_hf_common import (SEED, StepClock, bert_config, fixed_batches, free_memory, hardware_profile,  # noqa: E402
+                          load_tokenizer_from, package_dir, random_bert, read_rows, shuffled_subset, sync)
 
 MODES = {"eager": None, "compile": "default", "reduce-overhead": "reduce-overhead"}
 

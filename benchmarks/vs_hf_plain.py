@@ -1,0 +1,169 @@
+"""vs_hf.py's plain-HF rungs: BertForSequenceClassification trained by a hand-written loop
+(zero_grad, forward under autocast, backward, AdamW step; no clipping) on fixed B x S batches of
+real text already on the device, one table row per rung and batch size."""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+import traceback
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+import torch
+
+# First: it puts the repository on sys.path and sets the offline hub variables.
+from vs_hf_common import (SEED, EnergyMeter, StepClock, bert_config, fixed_batches, free_memory,
+                          load_tokenizer_from, mfu_cell, package_dir, random_bert, read_rows, shuffled_subset, sync)
+from bertaccel.data import encode_labels
+from bertaccel.measure.flops import TokenCounts, bert_train_flops
+from bertaccel.measure.memory import PeakMemory
+from bertaccel.train.isolation import isolated_run
+from bertaccel.train.compile_cache import compile_caches
+from vs_hf_table import Row, first_line
+
+LR = 5e-5
+
+RUNGS = {
+    "a": "fp32, eager attention, AdamW (foreach)",
+    "b": "bf16 autocast, sdpa, fused AdamW",
+    "c": "bf16, sdpa, fused AdamW, torch.compile",
+    "d": "bf16, sdpa, fused AdamW, torch.compile reduce-overhead",
+}
+
+log = logging.getLogger("vs_hf")
+
+
+def rung_step(rung: str, model, device: torch.device) -> Callable[[Dict[str, torch.Tensor]], torch.Tensor]:
+    """One training step of the rung on `model`: its optimizer, its torch.compile mode, its autocast."""
+    fp32 = rung == "a"
+    opt = (torch.optim.AdamW(model.parameters(), lr=LR, foreach=True) if fp32 else
+           torch.optim.AdamW(model.parameters(), lr=LR, fused=True))
+    forward: Callable = model
+    if rung == "c":
+        forward = torch.compile(model)
+    elif rung == "d":
+        forward = torch.compile(model, mode="reduce-overhead")
+    cudagraphs = rung == "d"
+    autocast = (nullcontext if fp32 else lambda: torch.autocast(device.type, dtype=torch.bfloat16))
+
+    def step(batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        if cudagraphs:
+            # Tells CUDA-graph trees a new iteration begins, so the previous step's graph
+            # outputs may be reused; without it a training loop can trip "overwritten" errors.
+            torch.compiler.cudagraph_mark_step_begin()
+        opt.zero_grad(set_to_none=True)
+        with autocast():
+            loss = forward(**batch).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+class Timing(NamedTuple):
+    warmup_s: float
+    step_ms: List[float]
+    block_s: float
+    kj: Any  # float | Null
+    final_loss: float
+
+
+def timed_steps(step: Callable, batches: List[Dict[str, torch.Tensor]], device: torch.device,
+                warmup_steps: int, steps: int, energy: EnergyMeter) -> Timing:
+    """Unmeasured warm-up steps (compile included), then a measured block of `steps` steps."""
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(warmup_steps):
+        step(batches[i % len(batches)])
+    sync(device)
+    warmup_s = time.perf_counter() - t0
+
+    clock = StepClock(device, steps)
+    e0 = energy.read_mj()
+    t0 = time.perf_counter()
+    clock.mark(0)
+    for i in range(steps):
+        loss = step(batches[i % len(batches)])
+        clock.mark(i + 1)
+    sync(device)
+    block_s = time.perf_counter() - t0
+    e1 = energy.read_mj()
+    step_ms = clock.step_ms()
+    if device.type == "cuda":  # the GPU's own span of the block, free of the host's last sync
+        block_s = clock.events[0].elapsed_time(clock.events[-1]) / 1000
+    return Timing(warmup_s, step_ms, block_s, energy.kj(e0, e1), float(loss.detach()))
+
+
+def run_rung(rung: str, batches: List[Dict[str, torch.Tensor]], config, device: torch.device,
+             warmup_steps: int, steps: int, profile: Optional[Dict[str, Any]], energy: EnergyMeter) -> Row:
+    b, s = batches[0]["input_ids"].shape
+    row = Row(f"{rung}/B{b}", f"plain HF loop: {RUNGS[rung]}; B={b} S={s}")
+    if rung == "d" and device.type != "cuda":
+        row.notes.append("skipped: CUDA graphs need a GPU (reduce-overhead = CUDA graphs)")
+        return row
+    fp32 = rung == "a"
+    memory = PeakMemory(device)
+    memory.reset()
+    model = random_bert(config, "eager" if fp32 else "sdpa").to(device).train()
+    step = rung_step(rung, model, device)
+
+    from torch._dynamo.utils import counters
+
+    # Dynamo's counters survive torch.compiler.reset(): this rung's share is a difference.
+    graphs_before = int(counters["stats"]["unique_graphs"])
+    skips_before = int(counters["inductor"]["cudagraph_skips"])
+    timing = timed_steps(step, batches, device, warmup_steps, steps, energy)
+    peak_gib, peak_src = memory.read()
+
+    counts = TokenCounts(sequences=b, padded_tokens=b * s, attention_pairs=b * s * s,
+                         real_tokens=int(batches[0]["attention_mask"].sum()))
+    flops = bert_train_flops(model, counts) * steps
+    row.cells.update({
+        "ms/step": statistics.median(timing.step_ms),
+        "samples/s": b * steps / timing.block_s,
+        "MFU": mfu_cell(flops, timing.block_s, profile, "fp32" if fp32 else "bf16"),
+        "kJ": timing.kj,
+        "peak GiB": peak_gib,
+        "warm-up s": timing.warmup_s,
+        "final loss": timing.final_loss,
+    })
+    if device.type != "cuda":
+        row.notes.append(f"peak: {peak_src}")
+    if fp32:
+        row.notes.append(f"fp32 matmul precision '{torch.get_float32_matmul_precision()}'")
+    if rung in ("c", "d"):
+        row.notes.append(f"graphs compiled: {int(counters['stats']['unique_graphs']) - graphs_before}")
+    if rung == "d":
+        skips = int(counters["inductor"]["cudagraph_skips"]) - skips_before
+        if skips:
+            row.notes.append(f"CUDA graphs skipped {skips}x (see log): partly eager")
+    return row
+
+
+def rungs_part(args, device, profile, energy, emit) -> None:
+    tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else package_dir()
+    tokenizer = load_tokenizer_from(tok_dir)
+    texts, raw = read_rows(args.data, args.text_columns, args.label_column)
+    labels, _, names = encode_labels(raw, raw, args.data)
+    texts, labels = shuffled_subset(texts, labels, None)
+    config = bert_config(args.tiny, len(tokenizer), len(names))
+    for b in args.batch_sizes:
+        batches = fixed_batches(tokenizer, texts, labels, b, args.seq, args.rung_batches, device)
+        for rung in args.rungs:
+            # Dynamo state, seeds and allocator reset per rung, and compile.cache=fresh's empty
+            # per-use cache: each compiled rung pays (and reports) its own
+            # cold compile; rung d would otherwise reuse rung c's graphs.
+            with isolated_run(SEED, shared_process=True), compile_caches("", "fresh", device):
+                try:
+                    row = run_rung(rung, batches, config, device, args.warmup_steps, args.steps, profile, energy)
+                except Exception as e:  # noqa: BLE001 - one broken rung is a row, the table goes on
+                    log.error(f"rung {rung} B={b} failed:\n{traceback.format_exc()}")
+                    row = Row(f"{rung}/B{b}", f"plain HF loop: {RUNGS[rung]}; B={b} S={args.seq}",
+                              notes=[f"failed: {first_line(e)}"])
+                free_memory()
+            emit(row)
+        del batches
+        free_memory()
