@@ -8,7 +8,7 @@ import random
 import pytest
 
 from bertaccel.measure.backprop_estimator import (THESIS_OVERHEAD_MS, BackwardEstimate, LayerTimes, error_pct,
-                                          estimate_backward, predict_step_ms, ring_allreduce_ms)
+                                                  estimate_backward, predict_step_ms, ring_allreduce_ms)
 
 # Tables 4.11 (2 GPUs) and 4.12 (4 GPUs) of the thesis (seed 004, section 4.5.3), transcribed
 # as printed: per-layer backward compute time D^compute and gradient all-reduce time D^comm, ms.
