@@ -5,7 +5,7 @@
 
 The parameters are BERT-base's (random init, fp32 master weights and optimizer state, bf16 model
 compute is irrelevant to the step), with gradients filled once. Each option is built from its
-own YAML (conf/optimizer/<option>.yaml, through bertaccel.optim.build_optimizer: the same path a
+own YAML (conf/optimizer/<option>.yaml, through bertaccel.options.optimizer.build_optimizer: the same path a
 run takes), warmed up, then timed over --steps steps. Columns:
 - ms/step: median of per-step times (CUDA events on a GPU, the host clock on a CPU);
 - launches/step: GPU kernels per step counted by torch.profiler (CUDA runtime launches); on a

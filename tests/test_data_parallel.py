@@ -18,7 +18,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel.train import distributed
 from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
-from bertaccel.measure.predict_dp import PredictError, predict
+from bertaccel.predict_dp import PredictError, predict
 from bertaccel.options.precision import Precision
 from bertaccel.train.step import accumulate_window, data_parallel, evaluate
 

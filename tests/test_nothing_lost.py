@@ -156,7 +156,7 @@ def test_a_parent_run_stays_open_while_another_sweep_process_is_on_it(tmp_path):
     from bertaccel.runs.sweep import close_parent, open_parent, process_tags
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    other = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom bertaccel.sweep_runs import open_parent\n"
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom bertaccel.runs.sweep import open_parent\n"
                               f"open_parent({store!r}, 'bertaccel', 's1', [], 2)\nprint('open', flush=True)\n"
                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True, env=ENV)
     try:

@@ -61,7 +61,7 @@ back: the last program to finish (an atomic count of finished programs, which th
 writes it, after every program has read k, so the step stays one launch with no host sync. lr
 may be a tensor on the parameters' device, read inside the kernel (set_lr fills it; a float lr is
 frozen into a captured graph, as in torch). Capture after one eager step (it builds the buffers
-and compiles the kernel), as bertaccel.step_graph does; zeroing every state tensor, step
+and compiles the kernel), as bertaccel.train.step_graph does; zeroing every state tensor, step
 included, makes the next step a first step again.
 
 Cost: 11 fp32 words moved per element (read p, g, m, v, n, pre_grad; write p, m, v, n, pre_grad),

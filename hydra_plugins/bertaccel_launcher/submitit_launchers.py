@@ -153,7 +153,7 @@ class _BertaccelSubmitit:
 
     def _collect(self, submitted: List[Tuple[Any, int, DictConfig]], returns: Dict[int, JobReturn]) -> None:
         """Each job's JobReturn as it ends, handed to the sweep's callback in this process.
-        Ctrl-C / SIGTERM here (bertaccel.interrupt): the jobs still queued or running are
+        Ctrl-C / SIGTERM here (bertaccel.runs.interrupt): the jobs still queued or running are
         cancelled and their runs marked interrupted, as a local sweep stops its current run."""
         import submitit
         from bertaccel.runs.interrupt import Interrupted
