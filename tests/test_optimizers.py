@@ -91,9 +91,9 @@ def test_a_gpu_only_optimizer_is_a_skip_on_the_cpu_not_bad_input(tmp_path):
     code = textwrap.dedent(f"""
         from hydra import compose, initialize_config_dir
         import torch
-        from bertaccel.checks import validate
+        from bertaccel.options.checks import validate
         from bertaccel.config import register_configs
-        from bertaccel.hardware import probe, skip_reason
+        from bertaccel.options.hardware import probe, skip_reason
         register_configs()
         with initialize_config_dir(config_dir={str(CONF_DIR)!r}, version_base="1.3"):
             cfg = compose(config_name="config", overrides=["optimizer=adan_fused", "model=tiny"])
