@@ -83,6 +83,19 @@ class Range:
         return f"{key}={value!r} must be {self.text()}" + (f" ({self.note})" if self.note else "")
 
 
+def not_one_of(key: str, value: Any, allowed: Tuple[str, ...]) -> Optional[str]:
+    """Why `key=value` is none of a setting's named options (one line), or None."""
+    return None if value in allowed else f"{key}={value!r} is not one of {', '.join(allowed)}"
+
+
+def not_count_or(key: str, value: Any, word: str) -> Optional[str]:
+    """Why an Any-typed setting (accumulation, train.batch_size) is neither an integer >= 1 nor
+    its one word (adaptive, auto), or None. bool is refused: true would count as 1."""
+    if value == word or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return None
+    return f"{key}={value!r} must be an integer >= 1 or {word}"
+
+
 def bounded(default: Any, *, gt: Optional[float] = None, ge: Optional[float] = None, lt: Optional[float] = None,
             le: Optional[float] = None, note: str = "") -> Any:
     """A numeric schema field with its range: `lr: float = bounded(5e-5, gt=0)`."""

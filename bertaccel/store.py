@@ -185,14 +185,22 @@ def store_problem(uri: str, *, create: bool) -> Optional[str]:
     return _scheme_problem(uri) or server_problem(uri)
 
 
-def check_store(uri: str) -> None:
-    """A run's tracking.uri: ConfigError (one line) if it cannot be used (store_problem). Writes
-    nothing (bertaccel.plan validates with it); the run repairs a half-created store (repair_store)."""
+def store_refusal(uri: str) -> Optional[str]:
+    """Why a run's tracking.uri cannot be used (one line, store_problem with a hint), or None.
+    Writes nothing (bertaccel.plan validates with it); the run repairs a half-created store (repair_store)."""
     why = store_problem(uri, create=True)
+    if not why:
+        return None
+    hint = ("; start the tracking server (mlflow server --host ... --port ...) or use "
+            "tracking.uri=sqlite:///mlflow.db (a local file, no server)") if "unreachable" in why else ""
+    return f"tracking.uri={uri}: {why}{hint}"
+
+
+def check_store(uri: str) -> None:
+    """store_refusal as a ConfigError, for a caller that stops on it (exit_if_store_unusable)."""
+    why = store_refusal(uri)
     if why:
-        hint = ("; start the tracking server (mlflow server --host ... --port ...) or use "
-                "tracking.uri=sqlite:///mlflow.db (a local file, no server)") if "unreachable" in why else ""
-        raise ConfigError(f"tracking.uri={uri}: {why}{hint}")
+        raise ConfigError(why)
 
 
 def _build_store(db: Path) -> None:

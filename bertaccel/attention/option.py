@@ -38,6 +38,11 @@ def check_attention(a: Any) -> Optional[str]:
     return None
 
 
+def check(cfg: Any) -> Optional[str]:
+    """validate()'s question to this option (options/checks.py asks every option so)."""
+    return check_attention(cfg.attention)
+
+
 def attention_unusable(a: Any, device: torch.device) -> Optional[str]:
     """Why this machine cannot run the option (a skip, not bad input), or None."""
     from .swap import BACKENDS

@@ -1,6 +1,6 @@
 """Carbon: a run's co2e_kg from its measured energy, a grid's carbon intensity and the data
 centre's PUE. The one home of the `carbon` config block (conf/config.yaml): its settings'
-meaning, their checks (validate() calls check_carbon) and their effect (job.py logs co2e_kg).
+meaning, their checks (validate() asks check) and their effect (job.py logs co2e_kg).
 
 co2e_kg = energy_kwh x PUE x intensity_g_per_kwh / 1000
 
@@ -52,6 +52,11 @@ def check_carbon(carbon: Any, pue: Optional[float]) -> Optional[str]:
         return (f"hardware.pue={pue!r} must be >= 1 (total facility energy / IT energy); leave it null "
                 "to count the IT energy alone")
     return None
+
+
+def check(cfg: Any) -> Optional[str]:
+    """validate()'s question to the carbon block (options/checks.py asks every option so)."""
+    return check_carbon(cfg.carbon, cfg.hardware.pue)
 
 
 def intensity(carbon: Any) -> Intensity:

@@ -20,11 +20,24 @@ Choices the seed leaves open, made here:
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 
+from bertaccel.config import not_count_or
+
 EPS = 1e-12
+
+
+def check(cfg: Any) -> Optional[str]:
+    """validate()'s question to this option: a count or adaptive, and adaptive on one process only
+    (adaptive with compile.step_graph is the step graph's refusal: options/compile.py)."""
+    if cfg.accumulation != "adaptive":
+        return not_count_or("accumulation", cfg.accumulation, "adaptive")
+    if cfg.num_gpus > 1:
+        return ("accumulation=adaptive needs num_gpus=1: the ranks would measure different "
+                "variances, and DDP's all-reduce inside the last backward hides each micro-batch's gradient")
+    return None
 
 
 def next_k(sigma2: float, target_variance: float, k_max: int) -> int:

@@ -14,6 +14,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from bertaccel.config import LR_SCHEDULES, SCALE_LR, not_one_of
+
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
     """Trainable parameters only; no decay on biases and LayerNorm weights (BERT's recipe)."""
@@ -70,6 +72,16 @@ def check_optimizer(cfg: Any, capturable: bool) -> Optional[str]:
     except RuntimeError:
         return None  # the machine, not the settings: optimizer_unusable
     return None
+
+
+def check(cfg: Any) -> Optional[str]:
+    """validate()'s question to this option: its schedule and lr scaling by name, then its class's
+    own settings; with compile.step_graph=true, also in the capturable mode the captured step builds."""
+    opt = cfg.optimizer
+    return (not_one_of("optimizer.schedule", opt.schedule, LR_SCHEDULES)
+            or not_one_of("optimizer.scale_lr", opt.scale_lr, SCALE_LR)
+            or check_optimizer(opt, capturable=False)
+            or (check_optimizer(opt, capturable=True) if cfg.compile.step_graph else None))
 
 
 def optimizer_unusable(cfg: Any, device: torch.device) -> Optional[str]:

@@ -44,6 +44,11 @@ def check_precision(p: Any) -> Optional[str]:
     return None
 
 
+def check(cfg: Any) -> Optional[str]:
+    """validate()'s question to this option (options/checks.py asks every option so)."""
+    return check_precision(cfg.precision)
+
+
 def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool) -> Optional[str]:
     """Why this machine cannot run the precision (a skip, not bad input), or None."""
     if device.type == "cpu":

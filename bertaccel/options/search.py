@@ -53,6 +53,11 @@ def check_search(search: Any) -> Optional[str]:
     return None
 
 
+def check(cfg: Any) -> Optional[str]:
+    """validate()'s question to the search block (options/checks.py asks every option so)."""
+    return check_search(cfg.search)
+
+
 def uses_search(hydra_cfg: Any) -> bool:
     """Whether this job's sweeper is Optuna's, which needs the objective values back."""
     target = str((hydra_cfg.get("sweeper") or {}).get("_target_", ""))

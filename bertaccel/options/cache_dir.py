@@ -1,0 +1,22 @@
+"""The `cache_dir` setting's check: a directory the run may create and write into (compiled
+kernels, tokenized datasets)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+
+def check(cfg: Any) -> Optional[str]:
+    """Checked without creating anything: the nearest existing part of cache_dir must be a
+    directory this user can write. Otherwise the first cache write fails inside the run's
+    process, after its MLflow run was opened."""
+    value = cfg.cache_dir
+    path = Path(os.path.expanduser(value)).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    where = "" if existing == path else f" ({existing} exists)"
+    if not existing.is_dir():
+        return f"cache_dir={value}: {existing} is not a directory; give a directory (created if missing)"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cache_dir={value}: cannot be written by this user{where}; give a directory you can write"
+    return None

@@ -1,0 +1,43 @@
+"""The `model` option's checks: its source and what that source needs (weights, a tokenizer, a
+shape), and that its package or local directory is there (bertaccel/model.py check_model)."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from bertaccel.config import MODEL_SHAPE_FIELDS, MODEL_SOURCES, not_one_of
+
+
+def check(cfg: Any) -> Optional[str]:
+    """validate()'s question to this option (options/checks.py asks every option so)."""
+    model = cfg.model
+    why = not_one_of("model.source", model.source, MODEL_SOURCES)
+    if why:
+        return why
+    if model.source in ("package", "hub") and not model.pretrained:
+        return f"model={model.name} (source={model.source}) needs model.pretrained"
+    if model.source == "random_init" and not model.tokenizer_package:
+        return f"model={model.name} (random_init) needs model.tokenizer_package"
+    # Imported here: bertaccel.model imports transformers, which the checks before need not wait for.
+    from bertaccel.model import check_model
+
+    return check_model(model) or _shape(model)
+
+
+def _shape(model: Any) -> Optional[str]:
+    """A random-init model's shape is given in full and divides into its heads; a pretrained
+    model's weights fix its shape, so none is given."""
+    if model.source != "random_init":
+        for k in MODEL_SHAPE_FIELDS:
+            if model[k] is not None:
+                return (f"model.{k}={model[k]}: model={model.name} is pretrained and its weights "
+                        f"fix the shape; drop model.{k}, or use a random_init model (model=tiny, "
+                        "model=bert_base_random)")
+        return None
+    for k in MODEL_SHAPE_FIELDS:
+        if model[k] is None:
+            return (f"model={model.name} (random_init) needs model.{k}: a random-init model's "
+                    "shape comes from the config")
+    if model.hidden_size % model.num_attention_heads:
+        return (f"model.hidden_size={model.hidden_size} must be divisible by "
+                f"model.num_attention_heads={model.num_attention_heads}")
+    return None
