@@ -26,7 +26,8 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from bertaccel.train.checkpointing import MODES, apply_checkpointing  # noqa: E402
+from bertaccel.config import GRADIENT_CHECKPOINTING as MODES  # noqa: E402
+from bertaccel.train.checkpointing import apply_checkpointing  # noqa: E402
 
 
 def _model(tiny: bool, mode: str, device: torch.device):

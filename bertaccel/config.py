@@ -31,6 +31,7 @@ DATASET_SOURCES = ("bundled", "hub", "csv")
 DEVICES = ("auto", "cpu", "cuda")
 LAUNCHERS = ("inline", "process")
 START_METHODS = ("forkserver", "spawn")
+GRADIENT_CHECKPOINTING = ("none", "every", "sqrt")  # train.gradient_checkpointing (train/checkpointing.py)
 
 
 def uses_cuda_graphs(mode: str) -> bool:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from bertaccel.train.distributed import shard
+from bertaccel.distributed import shard
 
 SAMPLES_DIR = Path(__file__).parent / "samples"
 

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from mlflow.tracking import MlflowClient
 from transformers import BertConfig, BertForSequenceClassification
 
-from bertaccel.train import distributed
+from bertaccel import distributed
 from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
 from bertaccel.predict_dp import PredictError, predict
 from bertaccel.options.precision import Precision

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 import torch.distributed as dist
 
-from bertaccel.train import distributed
+from bertaccel import distributed
 from bertaccel.measure.backprop_estimator import LayerTimes, error_pct, estimate_backward
 
 COMM_REPEATS = 5

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from bertaccel.config import COMPILE_CACHES, COMPILE_MODES, not_one_of
+from bertaccel.config import COMPILE_CACHES, COMPILE_MODES, not_one_of, uses_cuda_graphs
 
 
 def check(cfg: Any) -> Optional[str]:
@@ -14,13 +14,28 @@ def check(cfg: Any) -> Optional[str]:
            or not_one_of("compile.cache", cfg.compile.cache, COMPILE_CACHES))
     if why or not cfg.compile.step_graph:
         return why
-    # Imported here: step_graph.py imports torch, and only a step-graph run needs its refusals.
-    from bertaccel.train.step_graph import unsupported
-
-    why = unsupported(cfg)
+    why = step_graph_refusal(cfg)
     if why is None and cfg.accumulation == "adaptive":
-        # (asked after unsupported, whose num_gpus=1 leaves accumulation's own refusal of
+        # (asked after step_graph_refusal, whose num_gpus=1 leaves accumulation's own refusal of
         # adaptive, num_gpus>1 nothing to say first: the first refusal is what it always was)
         return ("accumulation=adaptive with compile.step_graph=true: the captured step cannot "
                 "read each micro-batch's gradient; use compile.step_graph=false")
     return why
+
+
+def step_graph_refusal(cfg: Any) -> Optional[str]:
+    """Why this configuration cannot have step graphs (None if it can): what a captured step
+    cannot replay (train/step_graph.py)."""
+    if cfg.precision.loss_scaling:
+        return ("compile.step_graph=true needs precision fp32 or bf16: fp16's GradScaler decides on the "
+                "host whether to step (skip on inf), which a CUDA graph cannot")
+    if cfg.freezing.name != "none":
+        return ("compile.step_graph=true needs freezing=none: layer-wise freezing changes the trained "
+                "parameters every epoch, and with them every captured graph")
+    if cfg.num_gpus > 1:
+        return ("compile.step_graph=true needs num_gpus=1: DDP's gradient all-reduce runs from autograd "
+                "hooks on the host, outside anything a captured step could replay")
+    if uses_cuda_graphs(cfg.compile.mode):  # Inductor's own CUDA graphs
+        return (f"compile.step_graph=true with compile={cfg.compile.mode} would capture CUDA graphs inside "
+                "CUDA graphs; use compile=default (or off) with compile.step_graph=true")
+    return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from bertaccel.config import DEVICES, not_count_or, not_one_of
+from bertaccel.config import DEVICES, GRADIENT_CHECKPOINTING, not_count_or, not_one_of
 
 
 def check(cfg: Any) -> Optional[str]:
@@ -22,7 +22,4 @@ def check(cfg: Any) -> Optional[str]:
     if tr.prefetch_factor is not None and tr.num_workers == 0:
         return (f"train.prefetch_factor={tr.prefetch_factor} needs loader workers: set train.num_workers > 0 "
                 "(without workers batches are made in the training loop, nothing is prefetched)")
-    # Imported here: checkpointing.py imports torch; its MODES are the names it implements.
-    from bertaccel.train.checkpointing import MODES as CHECKPOINTING
-
-    return not_one_of("train.gradient_checkpointing", tr.gradient_checkpointing, CHECKPOINTING)
+    return not_one_of("train.gradient_checkpointing", tr.gradient_checkpointing, GRADIENT_CHECKPOINTING)

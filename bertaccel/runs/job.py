@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from omegaconf import DictConfig
 
-from bertaccel.train import distributed
+from bertaccel import distributed
 from bertaccel.train.batch_fit import cpu_refusal, fitted_batch
 from bertaccel.measure.carbon import co2e
 from bertaccel.options.checks import validate
@@ -30,7 +30,7 @@ from bertaccel.data import DatasetUnavailable, load_raw, make_loader, tokenize_c
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from bertaccel.train.isolation import isolated_run
-from bertaccel.measure.readings import derived
+from bertaccel.runs.readings import derived
 from bertaccel.measure.memory import PeakMemory
 from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tokenizer
 from bertaccel.plan.hook import log_prediction

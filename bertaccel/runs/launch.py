@@ -47,7 +47,7 @@ import psutil
 from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.runs import interrupt
-from bertaccel.train.distributed import Rank
+from bertaccel.distributed import Rank
 from bertaccel.runs.sweep import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")

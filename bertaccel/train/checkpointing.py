@@ -19,8 +19,6 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-MODES = ("none", "every", "sqrt")
-
 
 def apply_checkpointing(model: torch.nn.Module, mode: str) -> None:
     if mode == "none":

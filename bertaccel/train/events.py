@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from bertaccel.train import distributed
+from bertaccel import distributed
 from bertaccel.measure import layer_timing
 from bertaccel.attention.warmup import reset_kernel_caches
 from bertaccel.measure.collectors import CollectorSet

@@ -30,7 +30,7 @@ from bertaccel.options.freezing import count_trainable
 from bertaccel.options.optimizer import scaled_lr
 from bertaccel.options.precision import Precision
 from bertaccel.train.isolation import warm_up_device
-from bertaccel.train import distributed
+from bertaccel import distributed
 from bertaccel.train.checkpointing import apply_checkpointing
 from bertaccel.train.events import (AfterTraining, Callback, CompileEventCount, CompileWarmup, Collectors, Evaluation,
                                     Events, FreezingSchedule, LayerTiming, LrSchedule, NonFiniteCheck, Profiler,

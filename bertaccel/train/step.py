@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Unio
 import torch
 import torch.nn.functional as F
 
-from bertaccel.train import distributed
+from bertaccel import distributed
 from bertaccel.options.accumulation import GradVariance
 from bertaccel.options.precision import Precision
 from bertaccel.measure.step_clock import PhaseClock

@@ -26,25 +26,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from bertaccel.config import uses_cuda_graphs
 from bertaccel.train.warmup import IGNORE_INDEX, synthetic_batch
-
-
-def unsupported(cfg) -> Optional[str]:
-    """Why this configuration cannot have step graphs (None if it can)."""
-    if cfg.precision.loss_scaling:
-        return ("compile.step_graph=true needs precision fp32 or bf16: fp16's GradScaler decides on the "
-                "host whether to step (skip on inf), which a CUDA graph cannot")
-    if cfg.freezing.name != "none":
-        return ("compile.step_graph=true needs freezing=none: layer-wise freezing changes the trained "
-                "parameters every epoch, and with them every captured graph")
-    if cfg.num_gpus > 1:
-        return ("compile.step_graph=true needs num_gpus=1: DDP's gradient all-reduce runs from autograd "
-                "hooks on the host, outside anything a captured step could replay")
-    if uses_cuda_graphs(cfg.compile.mode):  # Inductor's own CUDA graphs
-        return (f"compile.step_graph=true with compile={cfg.compile.mode} would capture CUDA graphs inside "
-                "CUDA graphs; use compile=default (or off) with compile.step_graph=true")
-    return None
 
 
 class _MicroGraph:
