@@ -80,7 +80,7 @@ def test_sigkill_mid_sweep_then_rerun_finishes_every_configuration_exactly_once(
 
 WRITER = """
 import sys
-from bertaccel.tracking import RunTracker
+from bertaccel.runs.tracking import RunTracker
 uri, name = sys.argv[1], sys.argv[2]
 t = RunTracker(uri, "parallel", name, {f"p{i}": str(i) for i in range(150)}, {"status": "running"}, "x: 1")
 for step in range(25):
