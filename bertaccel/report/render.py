@@ -147,20 +147,10 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     sfx, own = (f", {basis.title_suffix}", f" ({basis.title_suffix})") if basis.title_suffix else ("", "")
     rep = Report("bertaccel report", source)
     rep.notes.extend(basis.notes())
-    n = len(rows)
-    # Metrics null in as many rows for the same reasons share one note: each reason said once.
-    null_notes: Dict[tuple, List[str]] = {}
     # Carbon is said (notes, columns) only where it is in play: a run has it or a strategy weighs it.
     carbon = any(r.co2e_kg is not None for r in rows) or any(full_weights(w)[4] > 0 for w in scored.strategies.values())
     metrics = METRICS if carbon else METRICS[:4]
-    for col, label in zip(metrics, ("time", "cost", "energy", "occupancy", "carbon")):
-        nulls = [r for r in rows if r.get(col) is None]
-        if nulls:
-            reasons = tuple(sorted({r.extra.get(col, "empty in the input") for r in nulls}))
-            null_notes.setdefault((len(nulls), reasons), []).append(f"{label} ({col})")
-    for (k, reasons), cols in null_notes.items():
-        rep.notes.append(f"{_and(cols)} {'is' if len(cols) == 1 else 'are'} null for {k} of {n} rows: "
-                         + "; ".join(reasons[:3]))
+    rep.notes.extend(_null_notes(rows, metrics))
     if scored.one_ranking is not None:
         rep.notes.append(scored.one_ranking.reason)
     work = unequal_work(rows)
@@ -169,56 +159,13 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
 
     if view is not None and view.basis.projected:
         rep.tables.append(projection_table(view))
-    rep.tables.append((f"Raw metrics (thesis Table 5.1 form{sfx})", "# = the point labels in the plots",
-                       ["#", "run", "hardware", "precision", lab("time_s"), lab("cost_usd"), lab("energy_kwh"),
-                        o_label, lab("accuracy")] + (["co2e_kg"] if carbon else []),
-                       [[str(i), r.name, r.hardware, r.precision, _f(r.time_s, ".2f"), _f(r.cost_usd, ".4g"),
-                         _f(r.energy_kwh, ".5f"), _f(r.occupancy_pct, ".2f"), _f(r.accuracy, ".4f")]
-                        + ([_f(r.co2e_kg, ".3g")] if carbon else []) for i, r in enumerate(rows)]))
-    rep.tables.append((f"Max-normalized (thesis Table 5.2 form{sfx})", "each column divided by its maximum",
-                       ["run", "time", "cost", "energy", "occupancy"] + (["carbon"] if carbon else []),
-                       [[r.name] + [_f(scored.normalized[i][m]) for m in metrics] for i, r in enumerate(rows)]))
-    names = list(scored.strategies)
-    weights = [[s] + [format(w, "g") for w in full_weights(scored.strategies[s])[:len(metrics)]] for s in names]
-    rep.tables.append(("Weight strategies (thesis Table 5.3 form)",
-                       "Score = w1*T + w2*C + w3*E - w4*O" + (" + w5*CO2e (w5 = 0: the thesis' four terms)"
-                                                              if carbon else "") + ", lower is better",
-                       ["strategy", "w1 time", "w2 cost", "w3 energy", "w4 occupancy"] + (["w5 carbon"] if carbon else []),
-                       weights))
-    score_rows = []
-    for i, r in enumerate(rows):
-        cells = [r.name, _f(r.accuracy, ".4f")]
-        for s in names:
-            v = _f(scored.scores[s][i])
-            cells.append(f"**{v}**" if scored.best[s] == i else v)
-        cells.append("" if scored.eligible[i] else f"excluded: {scored.ineligible_reason[i]}")
-        score_rows.append(cells)
-    floor_note = f"; accuracy floor {accuracy_floor}" if accuracy_floor is not None else ""
-    rep.tables.append((f"Scores (thesis Table 5.4 form{sfx})",
-                       "; ".join(filter(None, (rank_warning, f"bold = best per strategy{floor_note}"))),
-                       ["run", lab("accuracy")] + names + ["note"], score_rows))
-    best_rows = []
-    for label, group, b in scored.best_lines():
-        # Strategies that rank alike (see the notes) share one row, and its score if they agree on it.
-        if b is None:
-            best_rows.append([label, "none eligible", "", ""])
-            continue
-        agreed = {_f(scored.scores[s][b]) for s in group}
-        best_rows.append([label, rows[b].name, agreed.pop() if len(agreed) == 1 else "", _f(rows[b].accuracy, ".4f")])
-    rep.tables.append((f"Best configuration per strategy{own}", rank_warning,
-                       ["strategy", "best run", "score", lab("accuracy")], best_rows))
+    rep.tables.append(_raw_table(rows, lab, sfx, o_label, carbon))
+    rep.tables.append(_normalized_table(rows, scored, metrics, sfx, carbon))
+    rep.tables.append(_weights_table(scored, metrics, carbon))
+    rep.tables.append(_scores_table(rows, scored, lab, sfx, rank_warning, accuracy_floor))
+    rep.tables.append(_best_table(rows, scored, lab, own, rank_warning))
     if scored.affected:
-        # Rows left short of the same metrics for the same reasons share one line.
-        groups: Dict[tuple, List[int]] = {}
-        for i, ms in sorted(scored.affected.items()):
-            why = "; ".join(dict.fromkeys(rows[i].extra.get(m, "empty in the input") for m in ms))
-            groups.setdefault((", ".join(ms), why), []).append(i)
-        rep.tables.append((f"Rows scored over fewer metrics{own}",
-                           "weights of the present metrics scaled up to the "
-                           "strategy's total; a missing metric is never taken as 0",
-                           ["runs", "left out", "why"],
-                           [[f"all {n} runs" if len(idx) == n else ", ".join(rows[i].name for i in idx), ms, why]
-                            for (ms, why), idx in groups.items()]))
+        rep.tables.append(_fewer_metrics_table(rows, scored, own))
     if baseline is not None:
         rep.tables.append(baseline_table(rows, baseline, lab, sfx))
     if view is not None and view.break_even:
@@ -228,6 +175,90 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
                          "so no break-even: " + ", ".join(view.measured[i].name for i in view.unpaired[:5]))
     rep.plots = plots
     return rep
+
+
+def _null_notes(rows: Sequence[Row], metrics: Sequence[str]) -> List[str]:
+    """Metrics null in as many rows for the same reasons share one note: each reason said once."""
+    n = len(rows)
+    null_notes: Dict[tuple, List[str]] = {}
+    for col, label in zip(metrics, ("time", "cost", "energy", "occupancy", "carbon")):
+        nulls = [r for r in rows if r.get(col) is None]
+        if nulls:
+            reasons = tuple(sorted({r.extra.get(col, "empty in the input") for r in nulls}))
+            null_notes.setdefault((len(nulls), reasons), []).append(f"{label} ({col})")
+    return [f"{_and(cols)} {'is' if len(cols) == 1 else 'are'} null for {k} of {n} rows: " + "; ".join(reasons[:3])
+            for (k, reasons), cols in null_notes.items()]
+
+
+def _raw_table(rows: Sequence[Row], lab: Any, sfx: str, o_label: str, carbon: bool) -> Table:
+    return (f"Raw metrics (thesis Table 5.1 form{sfx})", "# = the point labels in the plots",
+            ["#", "run", "hardware", "precision", lab("time_s"), lab("cost_usd"), lab("energy_kwh"),
+             o_label, lab("accuracy")] + (["co2e_kg"] if carbon else []),
+            [[str(i), r.name, r.hardware, r.precision, _f(r.time_s, ".2f"), _f(r.cost_usd, ".4g"),
+              _f(r.energy_kwh, ".5f"), _f(r.occupancy_pct, ".2f"), _f(r.accuracy, ".4f")]
+             + ([_f(r.co2e_kg, ".3g")] if carbon else []) for i, r in enumerate(rows)])
+
+
+def _normalized_table(rows: Sequence[Row], scored: Scored, metrics: Sequence[str], sfx: str, carbon: bool) -> Table:
+    return (f"Max-normalized (thesis Table 5.2 form{sfx})", "each column divided by its maximum",
+            ["run", "time", "cost", "energy", "occupancy"] + (["carbon"] if carbon else []),
+            [[r.name] + [_f(scored.normalized[i][m]) for m in metrics] for i, r in enumerate(rows)])
+
+
+def _weights_table(scored: Scored, metrics: Sequence[str], carbon: bool) -> Table:
+    weights = [[s] + [format(w, "g") for w in full_weights(scored.strategies[s])[:len(metrics)]]
+               for s in scored.strategies]
+    return ("Weight strategies (thesis Table 5.3 form)",
+            "Score = w1*T + w2*C + w3*E - w4*O" + (" + w5*CO2e (w5 = 0: the thesis' four terms)"
+                                                   if carbon else "") + ", lower is better",
+            ["strategy", "w1 time", "w2 cost", "w3 energy", "w4 occupancy"] + (["w5 carbon"] if carbon else []),
+            weights)
+
+
+def _scores_table(rows: Sequence[Row], scored: Scored, lab: Any, sfx: str, rank_warning: str,
+                  accuracy_floor: Optional[float]) -> Table:
+    names = list(scored.strategies)
+    score_rows = []
+    for i, r in enumerate(rows):
+        cells = [r.name, _f(r.accuracy, ".4f")]
+        for s in names:
+            v = _f(scored.scores[s][i])
+            cells.append(f"**{v}**" if scored.best[s] == i else v)
+        cells.append("" if scored.eligible[i] else f"excluded: {scored.ineligible_reason[i]}")
+        score_rows.append(cells)
+    floor_note = f"; accuracy floor {accuracy_floor}" if accuracy_floor is not None else ""
+    return (f"Scores (thesis Table 5.4 form{sfx})",
+            "; ".join(filter(None, (rank_warning, f"bold = best per strategy{floor_note}"))),
+            ["run", lab("accuracy")] + names + ["note"], score_rows)
+
+
+def _best_table(rows: Sequence[Row], scored: Scored, lab: Any, own: str, rank_warning: str) -> Table:
+    best_rows = []
+    for label, group, b in scored.best_lines():
+        # Strategies that rank alike (see the notes) share one row, and its score if they agree on it.
+        if b is None:
+            best_rows.append([label, "none eligible", "", ""])
+            continue
+        agreed = {_f(scored.scores[s][b]) for s in group}
+        best_rows.append([label, rows[b].name, agreed.pop() if len(agreed) == 1 else "", _f(rows[b].accuracy, ".4f")])
+    return (f"Best configuration per strategy{own}", rank_warning,
+            ["strategy", "best run", "score", lab("accuracy")], best_rows)
+
+
+def _fewer_metrics_table(rows: Sequence[Row], scored: Scored, own: str) -> Table:
+    """The rows scored without some metric (scored.affected), and why."""
+    n = len(rows)
+    # Rows left short of the same metrics for the same reasons share one line.
+    groups: Dict[tuple, List[int]] = {}
+    for i, ms in sorted(scored.affected.items()):
+        why = "; ".join(dict.fromkeys(rows[i].extra.get(m, "empty in the input") for m in ms))
+        groups.setdefault((", ".join(ms), why), []).append(i)
+    return (f"Rows scored over fewer metrics{own}",
+            "weights of the present metrics scaled up to the "
+            "strategy's total; a missing metric is never taken as 0",
+            ["runs", "left out", "why"],
+            [[f"all {n} runs" if len(idx) == n else ", ".join(rows[i].name for i in idx), ms, why]
+             for (ms, why), idx in groups.items()])
 
 
 def to_markdown(rep: Report, plot_dir: str = "plots") -> str:

@@ -13,8 +13,9 @@ import logging
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from omegaconf import DictConfig
@@ -154,142 +155,22 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
         with isolated_run(cfg.train.seed, shared_process=cfg.launcher.name == "inline"), \
                 tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
                 compile_caches(cfg.cache_dir, cfg.compile.cache, device) as ccache:
-            tokenizer = load_tokenizer(cfg.model)
-            data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
-            log.info(f"tokenized {len(data.train)} train / {len(data.test)} test rows "
-                     f"(cache {'hit' if data.cache_hit else 'miss'}, {data.tokenize_time_s:.2f} s)")
-            marks["tokenized"] = time.time()
-            model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention,
-                                              len(tokenizer))
-            log.info(f"model {cfg.model.name}: {weights_note}")
-            marks["model built"] = time.time()
-            # What was built, where the config has no shape of its own (a pretrained model).
-            tracker.log_params({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None})
+            tokenizer, data = _prepare_data(cfg, raw, marks)
+            model, weights_note = _build_model(cfg, raw, tokenizer, tracker, marks)
             if cfg.train.batch_size == "auto":  # before the prediction and loaders, which read the batch
                 cfg = fitted_batch(cfg, model, device, data, tracker)
                 marks["batch fitted"] = time.time()
             # This run's own prediction, from the store as it stood before it (bertaccel/plan/hook.py).
             log_prediction(cfg, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)
             marks["predicted"] = time.time()
-            fixed_rows = uses_fixed_shapes(cfg)
-            pin = device.type == "cuda" if cfg.train.pin_memory is None else cfg.train.pin_memory
-            loaders = [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,
-                                   cfg.train.num_workers, pin, cfg.train.group_by_length,
-                                   cfg.train.pad_to_multiple_of, fixed_rows, distributed.rank(), world,
-                                   cfg.train.persistent_workers, cfg.train.prefetch_factor)
-                       for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
-                                                  (data.test, cfg.train.eval_batch_size, False))]
-            # The shapes this run's batches can have, compiled before the first window (warmup.py).
-            plan = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size,
-                              data_lengths(data.train.lengths, cfg.train.pad_to_multiple_of),
-                              data_lengths(data.test.lengths, cfg.train.pad_to_multiple_of))
-            # Rank 0 samples every GPU of the job (NVML reads any GPU of the host): job-wide energy.
-            collectors = build_collectors(job_devices(device, world), cfg.telemetry.interval_s,
-                                          cfg.telemetry.rapl_root, cfg.telemetry.enabled and distributed.rank() == 0)
-            memory = PeakMemory(device)
-            memory.reset()
-            peak = []  # read before the profiler window, whose event buffers would count on a CPU
-            marks["train called"] = time.time()
-            result = train(model, loaders[0], loaders[1], cfg, device, log=log.info,
-                           collectors=collectors, profile_dir=Path(prof_dir),
-                           after_training=lambda: peak.append(memory.read()), warmup_plan=plan)
-            peak_gib, peak_source = peak[0]
-            if world > 1:  # the largest of the ranks (-1: a rank that could not read its peak)
-                (largest,) = distributed.max_across([-1.0 if peak_gib is None else peak_gib], device)
-                peak_gib = None if largest < 0 else largest
-                peak_source += f", the largest over {world} ranks"
-            ccache.mark_warmed_up()  # (after training: a compile inside a window also counts as cold)
-            cache_state = ccache.state(result.compiled_anything)
-            measured = derived(collectors.results(), result, profile, cfg.precision.mfu_peak, cfg.num_gpus)
-            measured["co2e_kg"] = co2e(measured.get("energy_kwh", Reading.null("no energy collector")),
-                                       cfg.carbon, profile)
-            if result.profile is not None:
-                write_report(result.profile, Path(prof_dir))
+            trained = _train_and_measure(cfg, model, tokenizer, data, device, profile, world, ccache,
+                                         Path(prof_dir), marks)
+            if trained.result.profile is not None:
+                write_report(trained.result.profile, Path(prof_dir))
                 tracker.log_artifacts(prof_dir, "profile")
-        for e in result.epochs:
-            tracker.log_metrics({"train_loss": e.train_loss, "test_accuracy": e.test_accuracy,
-                                 "trainable_params": e.trainable_params}, step=e.epoch)
-        price = profile.get("price_per_gpu_hour_usd")
-        what_if_note = (f"; what-if: profile {profile['name']} on {device_name(device)}, not the device's own"
-                        if profile["what_if"] else "")
-        phases = startup_phases(marks, started_at, result)
-        log.info("start-up before the first step: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
-        metrics = {
-            "train_time_s": result.train_time_s,
-            "eval_time_s": result.eval_time_s,
-            "test_accuracy": result.test_accuracy,
-            "throughput_samples_s": result.samples / result.train_time_s,
-            "train_samples": result.samples,
-            "peak_memory_gib": peak_gib,
-            "cost_usd": None if price is None else result.train_time_s / 3600 * price * cfg.num_gpus,
-            "optimizer_steps": result.optimizer_steps,
-            "tokenize_time_s": data.tokenize_time_s,
-            "compile_graphs": result.compile_graphs,
-            "compile_time_s": result.compile_time_s,
-            "recompiles_in_window": result.recompiles_in_window,
-            "step_time_ms": result.step_time_ms,
-            "time_to_train_s": result.last_window_end_unix - started_at,
-            "startup_overhead_s": result.first_step_started_at - started_at,
-            "dataset_train_rows": len(data.train),
-            "dataset_train_rows_full": raw.train_rows_full,
-            "train_loss": result.epochs[-1].train_loss,
-            **result.phase_ms,
-        }
-        tracker.log_metrics({k: v for k, v in metrics.items() if k not in ("test_accuracy", "train_loss")},
-                            step=result.epochs[-1].epoch)
-        tracker.set_tags({
-            "train_time_s_source": TIMER_SOURCE, "eval_time_s_source": TIMER_SOURCE,
-            "throughput_samples_s_source": "samples trained / train_time_s",
-            # max_steps_per_epoch caps optimizer steps: with accumulation k a capped run trains k x the rows.
-            "train_samples_source": "rows of every trained micro-batch, summed over epochs and ranks",
-            "peak_memory_gib_source": peak_source,
-            "cost_usd_source": (f"train_time_s / 3600 x {price} USD/h ({profile.get('price_source') or 'profile'})"
-                                f" x num_gpus={cfg.num_gpus}{what_if_note}") if price is not None else
-                               f"null: hardware profile '{profile['name']}' has no price_per_gpu_hour_usd",
-            "compile_graphs_source": ("torch._dynamo counters['stats']['unique_graphs'] since the run's reset"
-                                      if result.compile_graphs is not None else "null: compile=off"),
-            "compile_time_s_source": result.compile_time_source,
-            "compile_cache": cache_state,
-            "compile_cache_dir": ccache.describe(),
-            "recompiles_in_window_source": ("dynamo graphs + Triton attention kernel variants + CUDA-graph "
-                                            "recordings counted before and after each training window"),
-            "step_time_ms_source": steady_source(device),
-            **{f"{k}_source": (f"one-step breakdown (step_clock.PhaseClock): {steady_source(device)}; marks after "
-                               "each forward and backward and after the update" if v is not None else
-                               "null: compile.step_graph replays the whole step as one CUDA graph, no phase marks")
-               for k, v in result.phase_ms.items()},
-            "time_to_train_s_source": f"time.time() at the end of the last training window minus {started_source}",
-            "startup_overhead_s_source": f"time.time() at the first training step minus {started_source}",
-            "dataset_train_rows_full_source": "rows of the train split before dataset.train_subset",
-            "lr_source": (f"the lr of each optimizer step (MLflow step = global step): optimizer.lr"
-                          f"{' x effective batch / base_batch_size' if cfg.optimizer.scale_lr == 'linear' else ''}"
-                          f" x schedule {cfg.optimizer.schedule}"),
-            "tokenize_cache": "hit" if data.cache_hit else "miss",
-            "model_weights": weights_note,
-            "startup_phases_s": json.dumps(phases),
-            "startup_phases_s_source": ("time.time() marks in the run (job.execute / train): the phases sum to "
-                                        "startup_overhead_s"),
-        })
-        tracker.log_series("lr", result.lr_per_step)
-        if result.accumulation_k:
-            tracker.log_series("accumulation_k", result.accumulation_k)
-            tracker.log_series("grad_variance", [v for v in result.grad_variance if v is not None])
-            metrics["accumulation_mean"] = sum(result.accumulation_k) / len(result.accumulation_k)
-            tracker.log_metrics({"accumulation_mean": metrics["accumulation_mean"]})
-            tracker.set_tags({
-                "accumulation_k_source": "accumulation=adaptive: micro-batches in each optimizer step's window "
-                                         "(seed 001 eq. 6, bounded to [2, accumulation_max]; the first is the max)",
-                "grad_variance_source": "eq. 7 over each window's micro-batch gradients (mean-loss, fp16 scale removed); "
-                                        "MLflow step = the optimizer step it was measured in",
-                "accumulation_mean_source": "mean of accumulation_k over the run's optimizer steps"})
-        if result.backprop is not None:
-            log_backprop(tracker, result.backprop, metrics, device)
-        tracker.log_metrics({k: r.value for k, r in measured.items()}, step=result.epochs[-1].epoch)
-        tracker.set_tags({f"{k}_source": r.source + (what_if_note if k == "mfu" and r.value is not None else "")
-                          for k, r in measured.items()})
-        tracker.set_tags({"train_windows_unix": json.dumps([list(e.window_unix) for e in result.epochs])})
-        metrics.update({k: r.value for k, r in measured.items()})
-        outcome.metrics = {k: v for k, v in metrics.items() if v is not None}
+        # (after the with: the isolation, the profile directory and the compile caches are closed)
+        outcome.metrics = _fill_record(cfg, tracker, trained, data, raw, weights_note, ccache, device, profile,
+                                       marks, started_at, started_source)
         return _end(tracker, outcome, "finished")
     except ModelUnavailable as e:
         return _end(tracker, outcome, "skipped", str(e))
@@ -300,6 +181,194 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the sweep goes on
         log.error(f"run {run_name} failed:\n{traceback.format_exc()}")
         return _end(tracker, outcome, "failed", _first_line(e))
+
+
+def _prepare_data(cfg: DictConfig, raw: Any, marks: Dict[str, float]) -> Tuple[Any, Any]:
+    """The tokenizer and the tokenized splits (from the token cache when it has them)."""
+    tokenizer = load_tokenizer(cfg.model)
+    data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
+    log.info(f"tokenized {len(data.train)} train / {len(data.test)} test rows "
+             f"(cache {'hit' if data.cache_hit else 'miss'}, {data.tokenize_time_s:.2f} s)")
+    marks["tokenized"] = time.time()
+    return tokenizer, data
+
+
+def _build_model(cfg: DictConfig, raw: Any, tokenizer: Any, tracker: Any,
+                 marks: Dict[str, float]) -> Tuple[torch.nn.Module, str]:
+    """The model and where its weights came from; the built shape goes to the run's params."""
+    model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention, len(tokenizer))
+    log.info(f"model {cfg.model.name}: {weights_note}")
+    marks["model built"] = time.time()
+    # What was built, where the config has no shape of its own (a pretrained model).
+    tracker.log_params({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None})
+    return model, weights_note
+
+
+def _loaders(cfg: DictConfig, data: Any, tokenizer: Any, device: torch.device, world: int) -> List[Any]:
+    """The train and test loaders, this rank's share of each."""
+    fixed_rows = uses_fixed_shapes(cfg)
+    pin = device.type == "cuda" if cfg.train.pin_memory is None else cfg.train.pin_memory
+    return [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,
+                        cfg.train.num_workers, pin, cfg.train.group_by_length,
+                        cfg.train.pad_to_multiple_of, fixed_rows, distributed.rank(), world,
+                        cfg.train.persistent_workers, cfg.train.prefetch_factor)
+            for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
+                                       (data.test, cfg.train.eval_batch_size, False))]
+
+
+@dataclass
+class _Trained:
+    """What training and the measurements around it give the record."""
+    result: Any  # train()'s result
+    peak_gib: Optional[float]
+    peak_source: str
+    cache_state: str  # compile cache: cold / warm / fresh / none
+    measured: Dict[str, Reading]  # the collectors' readings and what is derived from them
+
+
+def _train_and_measure(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, data: Any, device: torch.device,
+                       profile: Mapping[str, Any], world: int, ccache: Any, prof_dir: Path,
+                       marks: Dict[str, float]) -> _Trained:
+    """Loaders, telemetry and the peak-memory reading around one call of train()."""
+    loaders = _loaders(cfg, data, tokenizer, device, world)
+    # The shapes this run's batches can have, compiled before the first window (warmup.py).
+    plan = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size,
+                      data_lengths(data.train.lengths, cfg.train.pad_to_multiple_of),
+                      data_lengths(data.test.lengths, cfg.train.pad_to_multiple_of))
+    # Rank 0 samples every GPU of the job (NVML reads any GPU of the host): job-wide energy.
+    collectors = build_collectors(job_devices(device, world), cfg.telemetry.interval_s,
+                                  cfg.telemetry.rapl_root, cfg.telemetry.enabled and distributed.rank() == 0)
+    memory = PeakMemory(device)
+    memory.reset()
+    peak = []  # read before the profiler window, whose event buffers would count on a CPU
+    marks["train called"] = time.time()
+    # (`train` is looked up in this module at the call: tests/launcher_poison replaces it there)
+    result = train(model, loaders[0], loaders[1], cfg, device, log=log.info,
+                   collectors=collectors, profile_dir=prof_dir,
+                   after_training=lambda: peak.append(memory.read()), warmup_plan=plan)
+    peak_gib, peak_source = peak[0]
+    if world > 1:  # the largest of the ranks (-1: a rank that could not read its peak)
+        (largest,) = distributed.max_across([-1.0 if peak_gib is None else peak_gib], device)
+        peak_gib = None if largest < 0 else largest
+        peak_source += f", the largest over {world} ranks"
+    ccache.mark_warmed_up()  # (after training: a compile inside a window also counts as cold)
+    cache_state = ccache.state(result.compiled_anything)
+    measured = derived(collectors.results(), result, profile, cfg.precision.mfu_peak, cfg.num_gpus)
+    measured["co2e_kg"] = co2e(measured.get("energy_kwh", Reading.null("no energy collector")),
+                               cfg.carbon, profile)
+    return _Trained(result, peak_gib, peak_source, cache_state, measured)
+
+
+def _fill_record(cfg: DictConfig, tracker: Any, trained: _Trained, data: Any, raw: Any, weights_note: str,
+                 ccache: Any, device: torch.device, profile: Mapping[str, Any], marks: Mapping[str, float],
+                 started_at: float, started_source: str) -> Dict[str, Any]:
+    """The finished run's metrics, series and tags (each metric with its _source); returns the
+    metrics the Outcome carries (those with a value)."""
+    result, measured = trained.result, trained.measured
+    for e in result.epochs:
+        tracker.log_metrics({"train_loss": e.train_loss, "test_accuracy": e.test_accuracy,
+                             "trainable_params": e.trainable_params}, step=e.epoch)
+    price = profile.get("price_per_gpu_hour_usd")
+    what_if_note = (f"; what-if: profile {profile['name']} on {device_name(device)}, not the device's own"
+                    if profile["what_if"] else "")
+    phases = startup_phases(marks, started_at, result)
+    log.info("start-up before the first step: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
+    metrics = _metrics(cfg, result, data, raw, trained.peak_gib, price, started_at)
+    tracker.log_metrics({k: v for k, v in metrics.items() if k not in ("test_accuracy", "train_loss")},
+                        step=result.epochs[-1].epoch)
+    tracker.set_tags({
+        **_metric_sources(cfg, result, trained.peak_source, price, profile, what_if_note, device, started_source),
+        "compile_cache": trained.cache_state,
+        "compile_cache_dir": ccache.describe(),
+        "tokenize_cache": "hit" if data.cache_hit else "miss",
+        "model_weights": weights_note,
+        "startup_phases_s": json.dumps(phases),
+        "startup_phases_s_source": ("time.time() marks in the run (job.execute / train): the phases sum to "
+                                    "startup_overhead_s"),
+    })
+    tracker.log_series("lr", result.lr_per_step)
+    if result.accumulation_k:
+        _log_accumulation(tracker, result, metrics)
+    if result.backprop is not None:
+        log_backprop(tracker, result.backprop, metrics, device)
+    tracker.log_metrics({k: r.value for k, r in measured.items()}, step=result.epochs[-1].epoch)
+    tracker.set_tags({f"{k}_source": r.source + (what_if_note if k == "mfu" and r.value is not None else "")
+                      for k, r in measured.items()})
+    tracker.set_tags({"train_windows_unix": json.dumps([list(e.window_unix) for e in result.epochs])})
+    metrics.update({k: r.value for k, r in measured.items()})
+    return {k: v for k, v in metrics.items() if v is not None}
+
+
+def _metrics(cfg: DictConfig, result: Any, data: Any, raw: Any, peak_gib: Optional[float],
+             price: Optional[float], started_at: float) -> Dict[str, Any]:
+    """The run's metrics from train()'s result (the collectors' readings come apart)."""
+    return {
+        "train_time_s": result.train_time_s,
+        "eval_time_s": result.eval_time_s,
+        "test_accuracy": result.test_accuracy,
+        "throughput_samples_s": result.samples / result.train_time_s,
+        "train_samples": result.samples,
+        "peak_memory_gib": peak_gib,
+        "cost_usd": None if price is None else result.train_time_s / 3600 * price * cfg.num_gpus,
+        "optimizer_steps": result.optimizer_steps,
+        "tokenize_time_s": data.tokenize_time_s,
+        "compile_graphs": result.compile_graphs,
+        "compile_time_s": result.compile_time_s,
+        "recompiles_in_window": result.recompiles_in_window,
+        "step_time_ms": result.step_time_ms,
+        "time_to_train_s": result.last_window_end_unix - started_at,
+        "startup_overhead_s": result.first_step_started_at - started_at,
+        "dataset_train_rows": len(data.train),
+        "dataset_train_rows_full": raw.train_rows_full,
+        "train_loss": result.epochs[-1].train_loss,
+        **result.phase_ms,
+    }
+
+
+def _metric_sources(cfg: DictConfig, result: Any, peak_source: str, price: Optional[float],
+                    profile: Mapping[str, Any], what_if_note: str, device: torch.device,
+                    started_source: str) -> Dict[str, str]:
+    """How each of _metrics' values was measured (its `<metric>_source` tag)."""
+    return {
+        "train_time_s_source": TIMER_SOURCE, "eval_time_s_source": TIMER_SOURCE,
+        "throughput_samples_s_source": "samples trained / train_time_s",
+        # max_steps_per_epoch caps optimizer steps: with accumulation k a capped run trains k x the rows.
+        "train_samples_source": "rows of every trained micro-batch, summed over epochs and ranks",
+        "peak_memory_gib_source": peak_source,
+        "cost_usd_source": (f"train_time_s / 3600 x {price} USD/h ({profile.get('price_source') or 'profile'})"
+                            f" x num_gpus={cfg.num_gpus}{what_if_note}") if price is not None else
+                           f"null: hardware profile '{profile['name']}' has no price_per_gpu_hour_usd",
+        "compile_graphs_source": ("torch._dynamo counters['stats']['unique_graphs'] since the run's reset"
+                                  if result.compile_graphs is not None else "null: compile=off"),
+        "compile_time_s_source": result.compile_time_source,
+        "recompiles_in_window_source": ("dynamo graphs + Triton attention kernel variants + CUDA-graph "
+                                        "recordings counted before and after each training window"),
+        "step_time_ms_source": steady_source(device),
+        **{f"{k}_source": (f"one-step breakdown (step_clock.PhaseClock): {steady_source(device)}; marks after "
+                           "each forward and backward and after the update" if v is not None else
+                           "null: compile.step_graph replays the whole step as one CUDA graph, no phase marks")
+           for k, v in result.phase_ms.items()},
+        "time_to_train_s_source": f"time.time() at the end of the last training window minus {started_source}",
+        "startup_overhead_s_source": f"time.time() at the first training step minus {started_source}",
+        "dataset_train_rows_full_source": "rows of the train split before dataset.train_subset",
+        "lr_source": (f"the lr of each optimizer step (MLflow step = global step): optimizer.lr"
+                      f"{' x effective batch / base_batch_size' if cfg.optimizer.scale_lr == 'linear' else ''}"
+                      f" x schedule {cfg.optimizer.schedule}"),
+    }
+
+
+def _log_accumulation(tracker: Any, result: Any, metrics: Dict[str, Any]) -> None:
+    """accumulation=adaptive: the window size and gradient variance of each optimizer step."""
+    tracker.log_series("accumulation_k", result.accumulation_k)
+    tracker.log_series("grad_variance", [v for v in result.grad_variance if v is not None])
+    metrics["accumulation_mean"] = sum(result.accumulation_k) / len(result.accumulation_k)
+    tracker.log_metrics({"accumulation_mean": metrics["accumulation_mean"]})
+    tracker.set_tags({
+        "accumulation_k_source": "accumulation=adaptive: micro-batches in each optimizer step's window "
+                                 "(seed 001 eq. 6, bounded to [2, accumulation_max]; the first is the max)",
+        "grad_variance_source": "eq. 7 over each window's micro-batch gradients (mean-loss, fp16 scale removed); "
+                                "MLflow step = the optimizer step it was measured in",
+        "accumulation_mean_source": "mean of accumulation_k over the run's optimizer steps"})
 
 
 def log_backprop(tracker: Any, timing: Any, metrics: Dict[str, Any], device: torch.device) -> None:

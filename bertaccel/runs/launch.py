@@ -244,57 +244,13 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
                                nprocs=world, join=False, start_method=method)
     deadline = time.monotonic() + cfg.launcher.timeout_s
     outcomes: Dict[int, Any] = {}
-    failure: Optional[str] = None
-    main_done: Optional[float] = None  # when rank 0's outcome arrived
     stopped: Optional[interrupt.Interrupted] = None  # SIGINT / SIGTERM to the launching process
     try:
-        while True:
-            interrupt.check()  # (another thread's run: the main thread got the signal)
-            while not results.empty():
-                r, outcome = results.get()
-                outcomes[r] = outcome
-                if outcome.status in ("failed", "bad_input") and r != 0 and failure is None:
-                    why = outcome.error if isinstance(outcome, BadInput) else outcome.reason
-                    failure = f"rank {r} of {world}: {why}"
-            if failure is not None:
-                break
-            try:
-                if procs.join(timeout=POLL_S):
-                    break
-            except mp.ProcessExitedException as e:  # a worker died; join has stopped the others
-                failure = _death(e, world)
-                break
-            except mp.ProcessRaisedException as e:  # an exception outside execute's own handling
-                last = [line for line in str(e).strip().splitlines() if line.strip()]
-                failure = f"rank {e.error_index} of {world} raised: {last[-1] if last else e}"
-                break
-            if time.monotonic() > deadline:
-                failure = f"stopped after launcher.timeout_s={cfg.launcher.timeout_s:g} s"
-                break
-            if 0 in outcomes and main_done is None:
-                main_done = time.monotonic()
-            if main_done is not None and time.monotonic() - main_done > STRAGGLER_GRACE_S:
-                # Rank 0 has recorded the run; a peer still not done is stuck in its teardown.
-                log.warning(f"run {job.run_name}: stopping {sum(p.is_alive() for p in procs.processes)} rank(s) "
-                            f"still running {STRAGGLER_GRACE_S:g} s after rank 0 finished")
-                break
+        failure = _watch(job, cfg, procs, results, outcomes, deadline)
     except interrupt.Interrupted as e:
         stopped = e
     finally:
-        if stopped is not None:
-            # SIGTERM first: a worker unwinds (interrupt.in_worker), so what it holds (tqdm's
-            # lock, a semaphore) is given back rather than reported leaked at exit.
-            for p in procs.processes:
-                if p.is_alive():
-                    p.terminate()
-            end = time.monotonic() + TERMINATE_GRACE_S
-            for p in procs.processes:
-                p.join(max(0.0, end - time.monotonic()))
-        for p in procs.processes:
-            if p.is_alive():
-                p.kill()
-        for p in procs.processes:
-            p.join()
+        _stop(procs, interrupted=stopped is not None)
         shutil.rmtree(rendezvous, ignore_errors=True)
     if stopped is not None:
         # The worker is gone; its run, left RUNNING, ends as interrupted (found by launch_id).
@@ -314,6 +270,66 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
         return main
     failure = failure or "no outcome from rank 0 (its process ended without one)"
     return _record_failure(job, cfg, failure, main)
+
+
+def _watch(job: Job, cfg: DictConfig, procs: Any, results: Any, outcomes: Dict[int, Any],
+           deadline: float) -> Optional[str]:
+    """Poll the job's workers until they have all exited, putting each rank's outcome into
+    `outcomes` as it arrives. Returns why the job is to be stopped early (a rank failed, died or
+    raised; launcher.timeout_s passed), or None: all exited, or rank 0 is done and its peers
+    are left behind. Raises interrupt.Interrupted on SIGINT / SIGTERM to this process."""
+    import torch.multiprocessing as mp
+
+    world = cfg.num_gpus
+    failure: Optional[str] = None
+    main_done: Optional[float] = None  # when rank 0's outcome arrived
+    while True:
+        interrupt.check()  # (another thread's run: the main thread got the signal)
+        while not results.empty():
+            r, outcome = results.get()
+            outcomes[r] = outcome
+            if outcome.status in ("failed", "bad_input") and r != 0 and failure is None:
+                why = outcome.error if isinstance(outcome, BadInput) else outcome.reason
+                failure = f"rank {r} of {world}: {why}"
+        if failure is not None:
+            return failure
+        try:
+            if procs.join(timeout=POLL_S):
+                return None
+        except mp.ProcessExitedException as e:  # a worker died; join has stopped the others
+            return _death(e, world)
+        except mp.ProcessRaisedException as e:  # an exception outside execute's own handling
+            last = [line for line in str(e).strip().splitlines() if line.strip()]
+            return f"rank {e.error_index} of {world} raised: {last[-1] if last else e}"
+        if time.monotonic() > deadline:
+            return f"stopped after launcher.timeout_s={cfg.launcher.timeout_s:g} s"
+        if 0 in outcomes and main_done is None:
+            main_done = time.monotonic()
+        if main_done is not None and time.monotonic() - main_done > STRAGGLER_GRACE_S:
+            # Rank 0 has recorded the run; a peer still not done is stuck in its teardown.
+            log.warning(f"run {job.run_name}: stopping {sum(p.is_alive() for p in procs.processes)} rank(s) "
+                        f"still running {STRAGGLER_GRACE_S:g} s after rank 0 finished")
+            return None
+
+
+def _stop(procs: Any, interrupted: bool) -> None:
+    """End the job's workers that still run and reap them all. interrupted: SIGTERM first, with
+    TERMINATE_GRACE_S to exit, then SIGKILL; otherwise SIGKILL at once (a job stopped early:
+    a failed rank's peers, launcher.timeout_s, a rank stuck after rank 0 finished)."""
+    if interrupted:
+        # SIGTERM first: a worker unwinds (interrupt.in_worker), so what it holds (tqdm's
+        # lock, a semaphore) is given back rather than reported leaked at exit.
+        for p in procs.processes:
+            if p.is_alive():
+                p.terminate()
+        end = time.monotonic() + TERMINATE_GRACE_S
+        for p in procs.processes:
+            p.join(max(0.0, end - time.monotonic()))
+    for p in procs.processes:
+        if p.is_alive():
+            p.kill()
+    for p in procs.processes:
+        p.join()
 
 
 def start_forkserver() -> None:
