@@ -180,7 +180,7 @@ def test_a_parent_run_stays_open_while_another_sweep_process_is_on_it(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # 4. A store killed while MLflow makes its tables is not broken for good.
 
-MAKE_STORE = "import sys\nfrom bertaccel.runs.store import store_lock\nwith store_lock(sys.argv[1]):\n    pass\n"
+MAKE_STORE = "import sys\nfrom bertaccel.store import store_lock\nwith store_lock(sys.argv[1]):\n    pass\n"
 
 
 def test_sigkill_while_the_store_is_made_leaves_no_store_and_the_next_run_makes_it(tmp_path):
