@@ -10,8 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from transformers import (AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
-                          BertForSequenceClassification)
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 

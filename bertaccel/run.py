@@ -37,17 +37,18 @@ from typing import Dict, List, Optional, Sequence
 import hydra
 import psutil
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from hydra.errors import ConfigCompositionException, OverrideParseException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import CONF_DIR, GROUPS, ConfigError, register_configs
-from .data import DataError
-from bertaccel.runs.interrupt import Interrupted, install as install_signal_handlers
-from bertaccel.runs.record import group_choices, record_bad_input, run_label
-from bertaccel.runs.launch import launch
+from bertaccel.config import CONF_DIR, GROUPS, ConfigError, register_configs
+from bertaccel.data import DataError
 from bertaccel.options.search import trial_result, uses_search
+from bertaccel.runs.interrupt import Interrupted
+from bertaccel.runs.interrupt import install as install_signal_handlers
+from bertaccel.runs.launch import launch
+from bertaccel.runs.record import group_choices, record_bad_input, run_label
 from bertaccel.runs.sweep import context_from_env, interrupt_parent, set_env
 
 register_configs()

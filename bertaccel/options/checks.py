@@ -60,9 +60,9 @@ def option_checks() -> Tuple[Callable[[Any], Optional[str]], ...]:
     several option modules import torch, and the sweep process imports this module first."""
     from bertaccel.attention import option as attention
     from bertaccel.measure import carbon
-    from bertaccel.options import (accumulation, cache_dir, dataset, freezing, launcher, model, optimizer, precision,
-                                   search, tracking, train)
+    from bertaccel.options import accumulation, cache_dir
     from bertaccel.options import compile as compiling  # (the module's name is the option's; not the builtin)
+    from bertaccel.options import dataset, freezing, launcher, model, optimizer, precision, search, tracking, train
 
     return (precision.check, attention.check, compiling.check, accumulation.check, freezing.check, optimizer.check,
             carbon.check, freezing.check_num_gpus, launcher.check, model.check, dataset.check, train.check,

@@ -40,6 +40,7 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 def _targets(spec: Optional[str]) -> List[str]:
     from bertaccel.options.hardware import load_profiles
+
     from .grid import PlanInputError
 
     if spec is None:

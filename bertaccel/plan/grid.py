@@ -63,11 +63,11 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
     from hydra.types import RunMode
 
     from bertaccel.options.checks import validate
+    from bertaccel.runs.progress import swept_keys
+    from bertaccel.runs.record import cfg_hash, group_choices, run_label
+    from bertaccel.runs.sweep import sweep_identity
 
     from ..config import CONF_DIR, GROUPS, ConfigError, register_configs
-    from bertaccel.runs.record import cfg_hash, group_choices, run_label
-    from bertaccel.runs.progress import swept_keys
-    from bertaccel.runs.sweep import sweep_identity
 
     register_configs()
     arguments = list(overrides)

@@ -41,6 +41,7 @@ def _predict_and_log(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: 
     """Logs the prediction; returns why there is none ('' when there is)."""
     from bertaccel.options.hardware import load_profiles
     from bertaccel.store import store_lock
+
     from .predict import predict_one, store_references
     from .work import DataShape, work_of
 

@@ -19,8 +19,9 @@ from .work import DataShape, Work, data_shape, hf_config, meta_model, work_of
 
 def run_params(cfg: Any, choices: Mapping[str, str], config: Any) -> Dict[str, str]:
     """The params the run of this configuration logs (record.open_tracker), the model shape included."""
-    from ..model import built_shape
     from bertaccel.runs.tracking import flatten
+
+    from ..model import built_shape
 
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     params.update({f"model.{k}": str(v) for k, v in built_shape(meta_model(config)).items()})
@@ -32,8 +33,9 @@ def own_profile(cfg: Any) -> Tuple[Optional[Dict[str, Any]], str]:
     """(the profile the run would use, how it was chosen) or (None, why not). A named profile is
     used as it is (planning for hardware not at hand is the point); hardware=auto is resolved on
     this machine, as the run would resolve it here."""
-    from ..config import ConfigError
     from bertaccel.options.hardware import resolve_device, resolve_profile
+
+    from ..config import ConfigError
 
     if cfg.hardware.name != "auto":
         return {k: cfg.hardware[k] for k in cfg.hardware}, f"hardware={cfg.hardware.name} (as configured)"
@@ -46,8 +48,8 @@ def own_profile(cfg: Any) -> Tuple[Optional[Dict[str, Any]], str]:
 def store_references(uri: str, experiment: str, memo: Optional[Dict[Tuple[str, str], Any]] = None
                      ) -> Tuple[List[Reference], str]:
     """The store's runs that can calibrate, and a note on the store ('' when it was read)."""
-    from bertaccel.store import sqlite_file, sqlite_state, store_problem
     from bertaccel.runs.tracking import search_runs
+    from bertaccel.store import sqlite_file, sqlite_state, store_problem
 
     if memo is not None and (uri, experiment) in memo:
         return memo[(uri, experiment)]

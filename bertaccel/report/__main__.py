@@ -15,15 +15,15 @@ from pathlib import Path
 from . import load_rows
 from .args import OneLineParser
 from .data import OPTIONAL_COLUMNS, Column, ReportInputError
-from .folder import check_folder, write_folder
 from .extend import extend
+from .folder import check_folder, write_folder
 from .gate import warning
 from .occupancy import DEFAULT_OCCUPANCY_METRIC, OCCUPANCY_METRICS, o_column, with_occupancy_metric
 from .plots import all_plots
 from .predicted import add_to_report as add_predicted
-from .search_front import add_to_report as add_search_front
 from .render import build, to_html, to_markdown, unequal_work
 from .scoring import STRATEGIES, parse_weights, score_rows
+from .search_front import add_to_report as add_search_front
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view
 
 # The numbers of the command line, checked as a CSV's are: finite and in range.

@@ -7,7 +7,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .gate import with_warning
 from .pareto import OBJECTIVES, pareto, row_points
-from .repeats import LEVEL, GROUP_METRICS, Interval, RepeatStats, t_interval
+from .repeats import GROUP_METRICS, LEVEL, Interval, RepeatStats, t_interval
 from .scoring import Row, Scored
 from .target import Reach
 from .weights import STEPS, WeightMap

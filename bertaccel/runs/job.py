@@ -21,27 +21,27 @@ import torch
 from omegaconf import DictConfig
 
 from bertaccel import distributed
-from bertaccel.train.batch_fit import cpu_refusal, fitted_batch
-from bertaccel.measure.carbon import co2e
-from bertaccel.options.checks import validate
-from bertaccel.measure.collectors import Reading, build_collectors
-from bertaccel.train.compile_cache import compile_caches
 from bertaccel.config import ConfigError
 from bertaccel.data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
-from bertaccel.runs.interrupt import Interrupted
-from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
-from bertaccel.train.isolation import isolated_run
-from bertaccel.runs.readings import derived
+from bertaccel.measure.carbon import co2e
+from bertaccel.measure.collectors import Reading, build_collectors
 from bertaccel.measure.memory import PeakMemory
-from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tokenizer
-from bertaccel.plan.hook import log_prediction
 from bertaccel.measure.profiling import write_report
-from bertaccel.runs.record import Outcome, RankTracker, open_tracker, resumed
-from bertaccel.store import store_lock
-from bertaccel.runs.tracking import RunTracker
 from bertaccel.measure.step_clock import steady_source
-from bertaccel.train.step import uses_fixed_shapes
+from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tokenizer
+from bertaccel.options.checks import validate
+from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
+from bertaccel.plan.hook import log_prediction
+from bertaccel.runs.interrupt import Interrupted
+from bertaccel.runs.readings import derived
+from bertaccel.runs.record import Outcome, RankTracker, open_tracker, resumed
+from bertaccel.runs.tracking import RunTracker
+from bertaccel.store import store_lock
+from bertaccel.train.batch_fit import cpu_refusal, fitted_batch
+from bertaccel.train.compile_cache import compile_caches
+from bertaccel.train.isolation import isolated_run
 from bertaccel.train.loop import train
+from bertaccel.train.step import uses_fixed_shapes
 from bertaccel.train.warmup import WarmupPlan, data_lengths
 
 log = logging.getLogger("bertaccel")

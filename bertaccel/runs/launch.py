@@ -43,11 +43,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import psutil
-
 from omegaconf import DictConfig, OmegaConf
 
-from bertaccel.runs import interrupt
 from bertaccel.distributed import Rank
+from bertaccel.runs import interrupt
 from bertaccel.runs.sweep import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")
@@ -201,8 +200,8 @@ def _die_with_launcher(job: Job) -> None:
 
     def watch() -> None:
         from bertaccel.runs.sweep import process_alive
-        from bertaccel.store import store_lock
         from bertaccel.runs.tracking import finish_run, search_runs
+        from bertaccel.store import store_lock
 
         me = socket.gethostname()
         while process_alive(me, str(job.launcher_pid), f"{job.launcher_started_at:.3f}"):

@@ -31,8 +31,8 @@ import psutil
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
-from bertaccel.store import store_lock
 from bertaccel.runs.tracking import experiment_id, search_runs
+from bertaccel.store import store_lock
 
 SWEEP_ENV = "BERTACCEL_SWEEP"  # JSON {sweep_id, parent_run_id, swept}: reaches jobs of other launchers too
 RUNNING_ELSEWHERE = "running_elsewhere"  # Previous / Outcome status: a live process runs this configuration

@@ -121,8 +121,8 @@ def training_step(model: torch.nn.Module, cfg: Any, device: torch.device, length
 def fit_batch(model: torch.nn.Module, cfg: Any, device: torch.device, length: int, rows: int) -> Fit:
     """The search of the module's docstring for this run's model on its device; model comes back
     with its weights, mode and the RNG state as they were (on the device)."""
-    from bertaccel.train.checkpointing import apply_checkpointing
     from bertaccel.options.optimizer import build_optimizer
+    from bertaccel.train.checkpointing import apply_checkpointing
 
     started = time.perf_counter()
     cap = 1 << max(0, int(rows).bit_length() - 1)  # the largest power of two <= rows

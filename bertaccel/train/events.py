@@ -39,16 +39,17 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from bertaccel import distributed
-from bertaccel.measure import layer_timing
 from bertaccel.attention.warmup import reset_kernel_caches
+from bertaccel.measure import layer_timing
 from bertaccel.measure.collectors import CollectorSet
 from bertaccel.measure.flops import TokenCounts
+from bertaccel.measure.profiling import profile_steps
 from bertaccel.options.freezing import apply_freezing
 from bertaccel.options.optimizer import build_optimizer, lr_factor, set_lr
-from bertaccel.measure.profiling import profile_steps
 from bertaccel.train.step import _sync, model_inputs, windows
 from bertaccel.train.step_graph import StepGraphs
-from bertaccel.train.warmup import IGNORE_INDEX, WarmupPlan, compile_events, compiled_graph_count, new_events, run_warmup
+from bertaccel.train.warmup import (IGNORE_INDEX, WarmupPlan, compile_events, compiled_graph_count, new_events,
+                                    run_warmup)
 
 if TYPE_CHECKING:
     from bertaccel.train.loop import Run, Window

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from bertaccel import distributed
 from bertaccel.config import uses_cuda_graphs
 from bertaccel.measure.collectors import CollectorSet
 from bertaccel.measure.flops import TokenCounts, bert_train_flops
@@ -29,12 +30,11 @@ from bertaccel.options.accumulation import GradVariance, next_k
 from bertaccel.options.freezing import count_trainable
 from bertaccel.options.optimizer import scaled_lr
 from bertaccel.options.precision import Precision
-from bertaccel.train.isolation import warm_up_device
-from bertaccel import distributed
 from bertaccel.train.checkpointing import apply_checkpointing
-from bertaccel.train.events import (AfterTraining, Callback, CompileEventCount, CompileWarmup, Collectors, Evaluation,
+from bertaccel.train.events import (AfterTraining, Callback, Collectors, CompileEventCount, CompileWarmup, Evaluation,
                                     Events, FreezingSchedule, LayerTiming, LrSchedule, NonFiniteCheck, Profiler,
                                     ProgressBar, RanksTogether)
+from bertaccel.train.isolation import warm_up_device
 from bertaccel.train.result import EpochStats, TrainResult
 from bertaccel.train.step import (_sync, accumulate_window, compile_model, data_parallel, dynamo_settings, eval_batch,
                                   evaluate, mark_length_dynamic, real_rows, sdpa_backends, windows)

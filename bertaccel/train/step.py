@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from bertaccel import distributed
+from bertaccel.measure.step_clock import PhaseClock
 from bertaccel.options.accumulation import GradVariance
 from bertaccel.options.precision import Precision
-from bertaccel.measure.step_clock import PhaseClock
 from bertaccel.train.warmup import IGNORE_INDEX
 
 

@@ -113,10 +113,10 @@ class _BertaccelSubmitit:
 
     def _answer_here(self, sweep_cfg: DictConfig, params: Dict[str, Any]) -> Optional[Callable[[Any], Any]]:
         """A task that gives this configuration's outcome without submitting it, or None (submit)."""
-        from bertaccel.options.checks import validate
         from bertaccel.config import ConfigError
-        from bertaccel.runs.record import record_bad_input, resumed
+        from bertaccel.options.checks import validate
         from bertaccel.run import job_info
+        from bertaccel.runs.record import record_bad_input, resumed
 
         cfg = _task_config(sweep_cfg)
         info = job_info(sweep_cfg.hydra)
@@ -156,6 +156,7 @@ class _BertaccelSubmitit:
         Ctrl-C / SIGTERM here (bertaccel.runs.interrupt): the jobs still queued or running are
         cancelled and their runs marked interrupted, as a local sweep stops its current run."""
         import submitit
+
         from bertaccel.runs.interrupt import Interrupted
         from bertaccel.runs.progress import SweepProgress
 
@@ -190,8 +191,8 @@ class _BertaccelSubmitit:
     def _ended_without_result(self, sweep_cfg: DictConfig, reason: str) -> JobReturn:
         """A job killed from outside (not an outcome of its configuration): its run, if it opened
         one, is marked interrupted, which the same sweep command runs again."""
-        from bertaccel.runs.record import Outcome, cfg_hash
         from bertaccel.run import job_info
+        from bertaccel.runs.record import Outcome, cfg_hash
         from bertaccel.runs.sweep import context_from_env
         from bertaccel.runs.tracking import finish_run, search_runs
 
