@@ -17,12 +17,30 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from bertaccel.config import register_configs
+from bertaccel.config import CONF_DIR, register_configs  # noqa: E402 (CONF_DIR: bertaccel/conf, packaged with it)
 
-from bertaccel.config import CONF_DIR  # noqa: E402 (bertaccel/conf, packaged with it)
 # Small but real: the tiny BERT on a slice of the bundled AG News sample, on the CPU (so the
 # expectations about what is skipped hold on a GPU machine too).
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=128", "dataset.test_subset=64", "train.batch_size=16"]
+
+
+def tiny_training(cfg):
+    """A composed config's model (seed 0) and its (train, test) loaders, built as runs/job.py builds
+    them, for tests that drive the training core without a run around it."""
+    from bertaccel.data import load_raw, make_loader, tokenize_cached
+    from bertaccel.model import build_model, load_tokenizer
+    from bertaccel.train.step import uses_fixed_shapes
+
+    raw = load_raw(cfg.dataset)
+    tok = load_tokenizer(cfg.model)
+    data = tokenize_cached(raw, tok, cfg.dataset.max_length, cfg.cache_dir)
+    torch.manual_seed(0)
+    model, _ = build_model(cfg.model, raw.num_labels, cfg.attention, len(tok))
+    loaders = [make_loader(split, bs, tok.pad_token_id, shuffle, 0, 0, False, True, cfg.train.pad_to_multiple_of,
+                           uses_fixed_shapes(cfg))
+               for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
+                                          (data.test, cfg.train.eval_batch_size, False))]
+    return model, loaders, data
 
 
 @pytest.fixture

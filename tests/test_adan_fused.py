@@ -24,8 +24,7 @@ pytest.importorskip("triton")
 from bertaccel.optimizers import adan_fused as AF  # noqa: E402
 from bertaccel.optimizers import adan_kernel  # noqa: E402
 from bertaccel.optimizers.adan import Adan  # noqa: E402
-from bertaccel.optimizers.adan_fused import (AdanFused, grad_copies_last_step,  # noqa: E402
-                                             kernel_launches_per_step)
+from bertaccel.optimizers.adan_fused import AdanFused, grad_copies_last_step, kernel_launches_per_step  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BETAS = (0.98, 0.92, 0.99)

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from bertaccel.options.accumulation import GradVariance, next_k
-from bertaccel.options.checks import validate
 from bertaccel.config import ConfigError
 from bertaccel.data import PadCollator
+from bertaccel.options.accumulation import GradVariance, next_k
+from bertaccel.options.checks import validate
 from bertaccel.options.precision import Precision
 from bertaccel.train.step import accumulate_window, windows
 

@@ -3,9 +3,10 @@ import textwrap
 
 import pytest
 import torch
+
 from bertaccel.attention.option import attention_unusable
-from bertaccel.options.checks import validate
 from bertaccel.config import ConfigError
+from bertaccel.options.checks import validate
 
 CPU = torch.device("cpu")
 

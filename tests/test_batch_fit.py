@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TINY
 
-from bertaccel.train.batch_fit import BatchFitError, fit_batch, largest_fitting, training_step
-from bertaccel.options.checks import validate
 from bertaccel.config import ConfigError
 from bertaccel.model import build_model, load_tokenizer
+from bertaccel.options.checks import validate
 from bertaccel.options.optimizer import build_optimizer
-
-from conftest import TINY
+from bertaccel.train.batch_fit import BatchFitError, fit_batch, largest_fitting, training_step
 
 
 def memory_limit(rows: int, then=lambda size: None):

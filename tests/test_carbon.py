@@ -7,13 +7,13 @@ import sys
 
 import pytest
 from omegaconf import OmegaConf
+from report_store import Store
 
+from bertaccel.config import ConfigError
 from bertaccel.measure.carbon import REGIONS, co2e
 from bertaccel.measure.collectors import Reading
 from bertaccel.options.checks import validate
-from bertaccel.config import ConfigError
 from bertaccel.report import STRATEGIES, load_rows, score_rows
-from report_store import Store
 
 
 def _carbon(region="world", intensity=None):

@@ -6,13 +6,11 @@ import os
 
 import pytest
 import torch
+from conftest import tiny_training
 
-from bertaccel.train.compile_cache import cache_key, cache_key_parts, compile_caches
-from bertaccel.data import load_raw, make_loader, tokenize_cached
-from bertaccel.options.hardware import probe
-from bertaccel.model import build_model, load_tokenizer
 from bertaccel.measure.step_clock import steady_median_ms
-from bertaccel.train.step import uses_fixed_shapes
+from bertaccel.options.hardware import probe
+from bertaccel.train.compile_cache import cache_key, cache_key_parts, compile_caches
 from bertaccel.train.loop import train
 from bertaccel.train.warmup import WarmupPlan, data_lengths
 
@@ -23,14 +21,7 @@ def _setup(compose_cfg, tmp_path, overrides):
     cfg = compose_cfg(["model=tiny", "train.device=cpu", "dataset.train_subset=96", "dataset.test_subset=48",
                        "train.batch_size=16", "train.eval_batch_size=32", "train.pad_to_multiple_of=16",
                        "dataset.max_length=64", f"cache_dir={tmp_path}", *overrides])
-    raw = load_raw(cfg.dataset)
-    tok = load_tokenizer(cfg.model)
-    data = tokenize_cached(raw, tok, cfg.dataset.max_length, cfg.cache_dir)
-    torch.manual_seed(0)
-    model, _ = build_model(cfg.model, raw.num_labels, cfg.attention, len(tok))
-    loaders = [make_loader(split, bs, tok.pad_token_id, shuffle, 0, 0, False, True, cfg.train.pad_to_multiple_of,
-                           uses_fixed_shapes(cfg))
-               for split, bs, shuffle in ((data.train, 16, True), (data.test, 32, False))]
+    model, loaders, data = tiny_training(cfg)
     plan = WarmupPlan(16, 32, data_lengths(data.train.lengths, 16), data_lengths(data.test.lengths, 16))
     return cfg, model, loaders, plan
 

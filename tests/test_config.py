@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import pytest
-from omegaconf.errors import ValidationError
+from conftest import CONF_DIR
 from hydra.errors import ConfigCompositionException
-
-from bertaccel.options.checks import validate
+from omegaconf.errors import ValidationError
 
 from bertaccel.config import GROUPS, ConfigError
-from conftest import CONF_DIR
+from bertaccel.options.checks import validate
 
 
 def _options(group):

@@ -18,10 +18,9 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel import distributed
 from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
-from bertaccel.predict_dp import PredictError, predict
 from bertaccel.options.precision import Precision
+from bertaccel.predict_dp import PredictError, predict
 from bertaccel.train.step import accumulate_window, data_parallel, evaluate
-
 
 HANG_S = 240
 

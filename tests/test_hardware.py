@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TINY
 
 from bertaccel.config import ConfigError
-from bertaccel.options.hardware import (Capabilities, check_gpu_count, load_profiles, match_profile,
-                                        resolve_profile, skip_reason)
+from bertaccel.options.hardware import (Capabilities, check_gpu_count, load_profiles, match_profile, resolve_profile,
+                                        skip_reason)
 from bertaccel.report import rows_from_mlflow
 from bertaccel.runs.tracking import runs_by_status
-from conftest import TINY
 
 
 @pytest.mark.parametrize("device_name, profile", [

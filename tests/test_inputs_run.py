@@ -8,13 +8,13 @@ from dataclasses import is_dataclass
 from types import SimpleNamespace
 
 import pytest
+from conftest import TINY
 
-from bertaccel.options.checks import validate
 from bertaccel.config import ConfigError, RunConfig, schema_fields
 from bertaccel.data import RawData, RawSplit, load_raw, tokenize_cached
 from bertaccel.model import load_tokenizer
+from bertaccel.options.checks import validate
 from bertaccel.runs.tracking import runs_by_status
-from conftest import TINY
 
 
 def _numeric_fields(cls=RunConfig, prefix=""):

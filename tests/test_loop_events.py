@@ -6,16 +6,15 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_training
 
 from bertaccel.measure.collectors import CollectorSet
 from bertaccel.measure.collectors.base import Collector, Reading
-from bertaccel.data import load_raw, make_loader, tokenize_cached
-from bertaccel.model import build_model, load_tokenizer
 from bertaccel.options.optimizer import lr_factor
-from bertaccel.train.step import uses_fixed_shapes, windows
-from bertaccel.train.loop import Window, _prepare, train
 from bertaccel.train.events import (Callback, CompileEventCount, FreezingSchedule, LrSchedule, NonFiniteCheck,
                                     NonFiniteLoss)
+from bertaccel.train.loop import Window, _prepare, train
+from bertaccel.train.step import windows
 
 CPU = torch.device("cpu")
 EPOCHS, STEPS = 2, 3
@@ -24,14 +23,7 @@ EPOCHS, STEPS = 2, 3
 def _setup(compose_cfg, tmp_path, overrides=()):
     cfg = compose_cfg(["model=tiny", "train.device=cpu", "dataset.train_subset=160", "dataset.test_subset=48",
                        "train.batch_size=16", "train.eval_batch_size=32", f"cache_dir={tmp_path}", *overrides])
-    raw = load_raw(cfg.dataset)
-    tok = load_tokenizer(cfg.model)
-    data = tokenize_cached(raw, tok, cfg.dataset.max_length, cfg.cache_dir)
-    torch.manual_seed(0)
-    model, _ = build_model(cfg.model, raw.num_labels, cfg.attention, len(tok))
-    loaders = [make_loader(split, bs, tok.pad_token_id, shuffle, 0, 0, False, True, cfg.train.pad_to_multiple_of,
-                           uses_fixed_shapes(cfg))
-               for split, bs, shuffle in ((data.train, 16, True), (data.test, 32, False))]
+    model, loaders, _ = tiny_training(cfg)
     return cfg, model, loaders
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 from mlflow.tracking import MlflowClient
 
-from bertaccel.store import sqlite_state
 from bertaccel.runs.tracking import search_runs
+from bertaccel.store import sqlite_state
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=32", "train.batch_size=16"]

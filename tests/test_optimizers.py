@@ -7,12 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bertaccel.config import CONF_DIR, ConfigError
 from bertaccel.options.checks import validate
-
-from bertaccel.config import ConfigError
 from bertaccel.options.optimizer import build_optimizer, lr_factor, scaled_lr
 
-from bertaccel.config import CONF_DIR
 OPTIONS = sorted(p.stem for p in (CONF_DIR / "optimizer").glob("*.yaml"))
 
 

@@ -146,8 +146,8 @@ def test_prune_hand_worked_and_never_best_under_any_weights():
     assert set(dom) == {0, 4} and dom[0][0] == 1 and dom[4][0] == 1
     assert dom[0][1] == ["train_time_s", "cost_usd", "energy_kwh"]
     rng = random.Random(0)
-    from bertaccel.report.scoring import score_rows
     from bertaccel.plan.output import score_rows_of
+    from bertaccel.report.scoring import score_rows
 
     rows = score_rows_of(preds, False)
     strategies = dict(STRATEGIES, **{f"r{k}": tuple(rng.random() for _ in range(4)) for k in range(200)})

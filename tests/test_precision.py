@@ -4,9 +4,8 @@ import textwrap
 import pytest
 import torch
 
-from bertaccel.options.checks import validate
-
 from bertaccel.config import ConfigError
+from bertaccel.options.checks import validate
 from bertaccel.options.hardware import Capabilities, skip_reason
 from bertaccel.options.precision import Precision, load_option, precision_unusable
 

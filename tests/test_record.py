@@ -5,9 +5,8 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from bertaccel.options.checks import validate
-
 from bertaccel.config import ConfigError
+from bertaccel.options.checks import validate
 from bertaccel.runs.tracking import runs_by_status
 
 SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bertaccel.report import Row, STRATEGIES, pareto_front, rows_from_csv, score_rows
+from bertaccel.report import STRATEGIES, Row, pareto_front, rows_from_csv, score_rows
 from bertaccel.report.scoring import normalized, score
 
 DATA = Path(__file__).parent / "data"

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from report_store import Store
 
 from bertaccel.report import STRATEGIES, Row, rows_from_mlflow, score_rows
 from bertaccel.report.gate import differences, warning
 from bertaccel.report.occupancy import with_occupancy_metric
-from report_store import Store
 
 HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy"
 

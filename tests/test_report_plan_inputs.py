@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-
 from report_store import Store
 
 HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy"

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from report_store import Store
 
 from bertaccel.report import STRATEGIES, Row, rows_from_csv, rows_from_mlflow, score_rows
 from bertaccel.report.repeats import group_label, group_rows, repeat_stats, t_interval
-from report_store import Store
 
 T_975_DF2 = 4.302652729911275   # Student t, 97.5% quantile, 2 degrees of freedom (tables)
 T_975_DF1 = 12.706204736174698  # ... 1 degree of freedom

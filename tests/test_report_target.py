@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from report_store import Store
 
 from bertaccel.report import Row, rows_from_csv, rows_from_mlflow
 from bertaccel.report.target import reach
-from report_store import Store
 
 HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy"
 

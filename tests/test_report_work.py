@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import TINY
 
 from bertaccel.runs.tracking import runs_by_status
-from conftest import TINY
 
 HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy,train_samples,step_time_ms,train_rows_full,batch_size"
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import TINY
 from mlflow import MlflowClient
 
-from bertaccel.options.optimizer import lr_factor
 from bertaccel.measure.profiling import CATEGORIES
+from bertaccel.options.optimizer import lr_factor
 from bertaccel.runs.tracking import runs_by_status
-
-from conftest import TINY
 
 MEASURES = ("energy_kwh", "avg_power_w", "energy_per_sample_j", "samples_per_kwh", "occupancy_pct",
             "sm_active_pct", "tensor_active_pct", "dram_bw_util_pct", "gpu_util_pct", "mfu",

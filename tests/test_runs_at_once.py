@@ -6,9 +6,8 @@ import threading
 
 import pytest
 
-from bertaccel.options.checks import validate
-
 from bertaccel.config import ConfigError
+from bertaccel.options.checks import validate
 from bertaccel.runs.tracking import search_runs
 from hydra_plugins.bertaccel_launcher.bertaccel_launcher import GpuPool, visible_gpus
 

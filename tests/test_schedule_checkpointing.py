@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from bertaccel.train.checkpointing import apply_checkpointing
 from bertaccel.options.optimizer import lr_factor
+from bertaccel.train.checkpointing import apply_checkpointing
 
 
 def test_cosine_schedule_warms_up_then_follows_half_a_cosine():

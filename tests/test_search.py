@@ -3,16 +3,14 @@ the search block's checks, and a real search on the CPU whose trials are runs of
 from __future__ import annotations
 
 import pytest
+from conftest import TINY
 from omegaconf import OmegaConf
 
-from bertaccel.options.checks import validate
-
 from bertaccel.config import ConfigError
-from bertaccel.runs.record import Outcome
+from bertaccel.options.checks import validate
 from bertaccel.options.search import Objectives, TrialFailed, trial_result
+from bertaccel.runs.record import Outcome
 from bertaccel.runs.tracking import runs_by_status, search_runs
-
-from conftest import TINY
 
 SEARCH = OmegaConf.create({"objectives": ["train_time_s", "test_accuracy"], "directions": ["minimize", "maximize"]})
 

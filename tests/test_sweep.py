@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import yaml
+from conftest import TINY
 from mlflow.tracking import MlflowClient
 
 from bertaccel.runs.tracking import runs_by_status
-from conftest import TINY
 
 PARAMS = ["precision", "attention", "compile", "accumulation", "freezing", "optimizer", "hardware",
           "num_gpus", "model", "dataset", "precision.name", "attention.name", "optimizer.name",

@@ -9,9 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from bertaccel.options.checks import validate
-
 from bertaccel.config import CONF_DIR, SWEEPS_DIR, register_configs
+from bertaccel.options.checks import validate
 
 EXPECTED_RUNS = {"quick": 8, "quick_search": 36, "thesis_grid": 24, "seed000_ablation": 8, "seed001_ablation": 5}
 
