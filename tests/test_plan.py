@@ -180,7 +180,7 @@ def test_similarity_key_reads_compile_off_either_way():
     ["num_gpus=2"],                                      # two ranks' shares
 ])
 def test_work_replays_the_runs_own_batches(compose_cfg, overrides):
-    """epoch_batches against the real DataLoader of data.py on the same lengths, every epoch."""
+    """epoch_batches against the real DataLoader of bertaccel.data on the same lengths, every epoch."""
     from bertaccel.data import TokenizedSplit, make_loader
     from bertaccel.train.step import uses_fixed_shapes
 

@@ -1,4 +1,4 @@
-"""The `dataset` option's checks: its source and what that source needs (bertaccel/data.py
+"""The `dataset` option's checks: its source and what that source needs (bertaccel/data/read.py
 reads it)."""
 from __future__ import annotations
 

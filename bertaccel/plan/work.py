@@ -1,7 +1,7 @@
 """The work of a configuration before it runs: batches, padded tokens, optimizer steps, FLOPs.
 
 Nothing is estimated where it can be counted. The train split is tokenized with the run's own
-tokenizer through data.py's token cache (the file a run of the same data reads; the full train
+tokenizer through data/tokens.py's token cache (the file a run of the same data reads; the full train
 split after dataset.train_subset, no sample), and the run's own batch sampler
 (data.LengthGroupedBatches / ShuffledBatches, same seed, every epoch, every rank) is replayed on
 the token lengths alone, padding each batch as data.PadCollator does (longest sequence rounded
@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from bertaccel.measure.flops import TokenCounts, bert_train_flops
 
-WORK_SOURCE = ("data.py's batch sampler replayed on the tokenized train split (same seed, epochs, ranks), "
+WORK_SOURCE = ("data/batches.py's batch sampler replayed on the tokenized train split (same seed, epochs, ranks), "
                "batches padded as data.PadCollator pads; FLOPs by flops.py on the meta-device model, "
                "freezing schedule applied per epoch")
 
@@ -49,7 +49,7 @@ class DataShape:
 
 
 def data_shape(cfg: Any, memo: Optional[Dict[str, DataShape]] = None) -> DataShape:
-    """Token lengths of the configuration's train split (data.py: load_raw, the model's tokenizer,
+    """Token lengths of the configuration's train split (data/: load_raw, the model's tokenizer,
     tokenize_cached under cfg.cache_dir). memo: configurations of one grid that share the data
     share one tokenization. Raises data.DataError / DatasetUnavailable / model.ModelUnavailable."""
     from ..data import load_raw, tokenize_cached

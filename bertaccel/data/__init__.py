@@ -1,0 +1,17 @@
+"""Text classification data: read the splits, tokenize once (cached on disk), batch with
+dynamic padding.
+
+Sources: the bundled AG News sample (offline default), a local CSV pair, or a hub dataset via
+`datasets` (needs network). Whatever the source, a split becomes a `RawSplit` of texts and
+contiguous integer labels; only then is it tokenized, so the cache key can be built from the
+content itself rather than from a path that might point at changed files.
+"""
+# The package's public names, from the module of each step (read -> tokens -> batches).
+from bertaccel.data.batches import LengthGroupedBatches, PadCollator, ShuffledBatches, make_loader
+from bertaccel.data.read import (DataError, DatasetUnavailable, RawData, RawSplit, encode_labels, file_digest, load_raw,
+                                 read_csv_split)
+from bertaccel.data.tokens import TokenizedData, TokenizedSplit, tokenize_cached, tokenizer_fingerprint
+
+__all__ = ["DataError", "DatasetUnavailable", "LengthGroupedBatches", "PadCollator", "RawData", "RawSplit",
+           "ShuffledBatches", "TokenizedData", "TokenizedSplit", "encode_labels", "file_digest", "load_raw",
+           "make_loader", "read_csv_split", "tokenize_cached", "tokenizer_fingerprint"]

@@ -1,0 +1,100 @@
+"""Tokenize both splits once per (content, tokenizer, max_length) and keep them on disk: later runs
+load the file. A split is stored flat (ids + offsets), two tensors instead of a list of lists.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Tuple
+
+import torch
+from torch.utils.data import Dataset
+
+from bertaccel.data.read import RawData, RawSplit, write_atomic
+
+
+class TokenizedSplit(Dataset):
+    """Ragged token ids stored flat (ids + offsets) so a cached split is two tensors, not a list."""
+
+    def __init__(self, ids: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor):
+        self.ids, self.offsets, self.labels = ids, offsets, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.ids[self.offsets[i]:self.offsets[i + 1]], self.labels[i]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Identify a tokenizer by what it does (its serialized vocab and rules), not by its path."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
+    state = json.loads(backend.to_str())
+    # Each call with truncation=True rewrites these settings on the backend; they are call
+    # arguments (max_length is part of the cache key already), not what the tokenizer is.
+    state.pop("truncation", None)
+    state.pop("padding", None)
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+
+def _split_fingerprint(split: RawSplit) -> str:
+    """The rows' content, one to one: each text goes in behind its length, so no two different
+    splits give the same bytes (with bare separators, a text holding them could pass for a row
+    boundary: ["a<sep>0<sep>b"] labelled 1 and ["a", "b"] labelled 0, 1 hashed alike)."""
+    h = hashlib.sha256()
+    for text, label in zip(split.texts, split.labels):
+        encoded = text.encode()
+        h.update(b"%d:%d:" % (len(encoded), label))
+        h.update(encoded)
+    return h.hexdigest()
+
+
+def _tokenize(split: RawSplit, tokenizer: Any, max_length: int) -> TokenizedSplit:
+    # No padding here: each batch is padded to its own longest sequence by `collate`.
+    enc = tokenizer(split.texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
+    lengths = torch.tensor([len(x) for x in enc], dtype=torch.int64)
+    offsets = torch.zeros(len(enc) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    ids = torch.tensor([t for x in enc for t in x], dtype=torch.int32)
+    return TokenizedSplit(ids, offsets, torch.tensor(split.labels, dtype=torch.int64))
+
+
+@dataclass
+class TokenizedData:
+    train: TokenizedSplit
+    test: TokenizedSplit
+    cache_hit: bool
+    cache_key: str
+    tokenize_time_s: float
+
+
+def tokenize_cached(raw: RawData, tokenizer: Any, max_length: int, cache_dir: str) -> TokenizedData:
+    """Tokenize both splits once per (content, tokenizer, max_length); later runs load the file."""
+    t0 = time.perf_counter()
+    key = hashlib.sha256(json.dumps([_split_fingerprint(raw.train), _split_fingerprint(raw.test),
+                                     tokenizer_fingerprint(tokenizer), max_length]).encode()).hexdigest()[:24]
+    path = Path(os.path.expanduser(cache_dir)) / "tokens" / f"{key}.pt"
+    if path.is_file():
+        blob = torch.load(path)
+        hit = True
+    else:
+        blob = {}
+        for name in ("train", "test"):
+            s = _tokenize(getattr(raw, name), tokenizer, max_length)
+            blob[name] = {"ids": s.ids, "offsets": s.offsets, "labels": s.labels}
+        write_atomic(path, lambda tmp: torch.save(blob, tmp))
+        hit = False
+    splits = {n: TokenizedSplit(b["ids"], b["offsets"], b["labels"]) for n, b in blob.items()}
+    return TokenizedData(splits["train"], splits["test"], hit, key, time.perf_counter() - t0)
+
+
