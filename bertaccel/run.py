@@ -11,6 +11,7 @@ is closed, one line is printed, exit 130 / 143.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -22,13 +23,15 @@ if __name__ == "__main__":
         name = signal.Signals(signum).name
         print(f"\ninterrupted by {name} while starting: no run was started, nothing was written",
               file=sys.stderr, flush=True)
-        raise SystemExit(128 + signum)
+        # os._exit, not SystemExit: the exception would rise inside whatever library is importing,
+        # and one that catches BaseException goes on half-initialized (seen: numpy under mlflow's
+        # import recursed to a RecursionError, exit 1). Nothing is written yet, so nothing to unwind.
+        os._exit(128 + signum)
 
     for _s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_s, _before_start)
 
-import os  # noqa: E402 (after the start-up signal handlers)
-import shutil  # noqa: E402
+import shutil  # noqa: E402 (after the start-up signal handlers)
 import time  # noqa: E402
 from dataclasses import dataclass
 from pathlib import Path
