@@ -5,7 +5,7 @@ Single run: bad input prints one line and exits 2 (an unknown option or a value 
 on the command line too: Hydra's composition errors are caught here, and the run's output
 directory is not left behind); a skipped or failed run exits 1.
 Multirun: every configuration is recorded (bad ones as failed, with the reason) and the sweep
-goes on; the exit status is non-zero only when no run finished (sweep_progress says it).
+goes on; the exit status is non-zero only when no run finished (runs/progress.py says it).
 SIGINT / SIGTERM (interrupt.py): the current run is recorded interrupted, a sweep's parent run
 is closed, one line is printed, exit 130 / 143.
 """
@@ -198,7 +198,7 @@ def cli() -> None:
         print(f"error: {input_error(e)}", file=sys.stderr)
         sys.exit(2)
     # Reached after a finished single run, or a multirun with at least one finished run
-    # (sweep_progress ends one without any with exit status 1).
+    # (runs/progress.py ends one without any with exit status 1).
     sys.exit(0)
 
 

@@ -36,7 +36,7 @@ class Grid:
     config_name: str
     configs: List[PlannedConfig]
     swept: List[str] = field(default_factory=list)
-    sweep_id: str = ""               # the id `bertaccel.run -m` gives this sweep (sweep_runs.sweep_identity)
+    sweep_id: str = ""               # the id `bertaccel.run -m` gives this sweep (runs/sweep.py: sweep_identity)
 
 
 def _sweeper_jobs(master: DictConfig, arguments: Sequence[str], config_loader: Any) -> List[List[str]]:

@@ -2,7 +2,7 @@
 where it runs.
 
 - `inline`: in the calling process (the sweep's own). Cheapest; runs share the process, so
-  isolation.py resets what it can between them, and a crash ends the sweep.
+  train/isolation.py resets what it can between them, and a crash ends the sweep.
 - `process` (default): a fresh Python process per run, and for num_gpus=N one per rank, started
   by torch.multiprocessing: forked from a server process that imported the libraries once
   (launcher.start_method=forkserver, the default) or spawned. Nothing of dynamo, the CUDA
@@ -24,7 +24,7 @@ once it is gone, marks its run interrupted and exits (_die_with_launcher).
 
 One finished run per configuration, also with two sweeps on one store: a configuration another
 live process is running is waited for, then taken as already finished or run again
-(sweep_runs.previous_outcome, job.execute's claim).
+(runs/sweep.py previous_outcome, job.execute's claim).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Hydra calls this callback in the launching process; bertaccel's launcher runs every job's
 Hydra side there (also with launcher.runs_at_once > 1), so the outcomes collected here are
 all the sweep's runs. The parent run's id and the swept keys reach the jobs through an
-environment variable (sweep_runs.SWEEP_ENV).
+environment variable (runs/sweep.py: SWEEP_ENV).
 
 The submitit launchers (hydra/launcher=slurm, slurm_gpu, slurm_ddp, local_jobs) run a job's
 Hydra side in the job's own process, with a pickled copy of this callback: there it only makes

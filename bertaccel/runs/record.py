@@ -50,7 +50,7 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     params = {k: v for k, v in flatten(logged).items() if k not in unset_shape}
     params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
     # host, pid and its start let a later sweep tell a run whose process died (SIGKILL) from a
-    # live one (sweep_runs.previous_outcome): the running run is the claim on its configuration.
+    # live one (runs/sweep.py previous_outcome): the running run is the claim on its configuration.
     tags = {"config_hash": config_hash(resolved), "config_key_noseed": config_key_noseed(resolved), "git_sha": git_sha(), "status": "running",
             **process_tags(), **scheduler_tags(), **extra_tags}
     sweep = context_from_env()
@@ -62,7 +62,7 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
 
 def resumed(cfg: DictConfig, run_name: str) -> Optional[Outcome]:
     """In a sweep with sweep.resume: the outcome of an earlier run of this configuration, if
-    that means it is not run again (see sweep_runs.previous_outcome)."""
+    that means it is not run again (see runs/sweep.py previous_outcome)."""
     if context_from_env() is None or not cfg.sweep.resume:
         return None
     prev = previous_outcome(cfg.tracking.uri, cfg.tracking.experiment, cfg_hash(cfg), cfg.sweep.retry_failed)

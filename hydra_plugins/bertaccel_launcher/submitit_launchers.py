@@ -4,8 +4,8 @@ processes of this machine).
 
 bertaccel/conf/hydra/launcher/{slurm,local_jobs}.yaml extend the plugin's submitit_slurm and
 submitit_local with these classes, so the plugin's options and documentation hold as they are
-(the plugin's own entries, run without this, are refused by sweep_progress). What a job does in its process is the plugin's (`__call__`: Hydra's run_job around the
-run); what this adds is on the submitting side, where the sweep's frame (sweep_progress's
+(the plugin's own entries, run without this, are refused by bertaccel.runs.progress). What a job does in its process is the plugin's (`__call__`: Hydra's run_job around the
+run); what this adds is on the submitting side, where the sweep's frame (runs/progress.py's
 callback: parent run, "run k of N" lines, summary, exit status) lives:
 
 - Before anything is submitted, every configuration is checked here: checks.validate, and its
@@ -16,10 +16,10 @@ callback: parent run, "run k of N" lines, summary, exit status) lives:
 - The launcher options are read per job (slurm_ddp asks for gpus_per_node=${num_gpus}, which a
   sweep over num_gpus varies); jobs that ask for the same resources go as one submitit array.
 - Outcomes are taken as jobs end (submitit.helpers.as_completed) and handed to the sweep's
-  callback here; in the job's process the callback stays silent (sweep_progress).
+  callback here; in the job's process the callback stays silent (runs/progress.py).
 - A job that ends without a result (scancel, the time limit, a node failure, SIGKILL) is no
   outcome of its configuration: its MLflow run, left "running", is marked interrupted with what
-  submitit said, and the same sweep command runs it again (sweep_runs.previous_outcome).
+  submitit said, and the same sweep command runs it again (runs/sweep.py previous_outcome).
 """
 # No `from __future__ import annotations` (see bertaccel_launcher.py). bertaccel is imported
 # lazily: Hydra imports every plugin module of the environment at start-up, for any app.
