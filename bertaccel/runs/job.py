@@ -27,13 +27,12 @@ from bertaccel.measure.carbon import co2e
 from bertaccel.measure.collectors import Reading, build_collectors
 from bertaccel.measure.memory import PeakMemory
 from bertaccel.measure.profiling import write_report
-from bertaccel.measure.step_clock import steady_source
 from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tokenizer
 from bertaccel.options.checks import validate
 from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from bertaccel.plan.hook import log_prediction
 from bertaccel.runs.interrupt import Interrupted
-from bertaccel.runs.readings import derived
+from bertaccel.runs.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
 from bertaccel.runs.record import Outcome, RankTracker, open_tracker, resumed
 from bertaccel.runs.tracking import RunTracker
 from bertaccel.store import store_lock
@@ -45,8 +44,6 @@ from bertaccel.train.step import uses_fixed_shapes
 from bertaccel.train.warmup import WarmupPlan, data_lengths
 
 log = logging.getLogger("bertaccel")
-
-TIMER_SOURCE = "time.perf_counter (device synchronized at window edges)"
 
 
 def _first_line(e: BaseException) -> str:
@@ -273,11 +270,12 @@ def _fill_record(cfg: DictConfig, tracker: Any, trained: _Trained, data: Any, ra
                     if profile["what_if"] else "")
     phases = startup_phases(marks, started_at, result)
     log.info("start-up before the first step: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
-    metrics = _metrics(cfg, result, data, raw, trained.peak_gib, price, started_at)
+    metrics = run_metrics(cfg, result, data, raw, trained.peak_gib, price, started_at)
     tracker.log_metrics({k: v for k, v in metrics.items() if k not in ("test_accuracy", "train_loss")},
                         step=result.epochs[-1].epoch)
     tracker.set_tags({
-        **_metric_sources(cfg, result, trained.peak_source, price, profile, what_if_note, device, started_source),
+        **run_metric_sources(cfg, result, trained.peak_source, price, profile, what_if_note, device,
+                             started_source),
         "compile_cache": trained.cache_state,
         "compile_cache_dir": ccache.describe(),
         "tokenize_cache": "hit" if data.cache_hit else "miss",
@@ -288,7 +286,7 @@ def _fill_record(cfg: DictConfig, tracker: Any, trained: _Trained, data: Any, ra
     })
     tracker.log_series("lr", result.lr_per_step)
     if result.accumulation_k:
-        _log_accumulation(tracker, result, metrics)
+        log_accumulation(tracker, result, metrics)
     if result.backprop is not None:
         log_backprop(tracker, result.backprop, metrics, device)
     tracker.log_metrics({k: r.value for k, r in measured.items()}, step=result.epochs[-1].epoch)
@@ -297,100 +295,6 @@ def _fill_record(cfg: DictConfig, tracker: Any, trained: _Trained, data: Any, ra
     tracker.set_tags({"train_windows_unix": json.dumps([list(e.window_unix) for e in result.epochs])})
     metrics.update({k: r.value for k, r in measured.items()})
     return {k: v for k, v in metrics.items() if v is not None}
-
-
-def _metrics(cfg: DictConfig, result: Any, data: Any, raw: Any, peak_gib: Optional[float],
-             price: Optional[float], started_at: float) -> Dict[str, Any]:
-    """The run's metrics from train()'s result (the collectors' readings come apart)."""
-    return {
-        "train_time_s": result.train_time_s,
-        "eval_time_s": result.eval_time_s,
-        "test_accuracy": result.test_accuracy,
-        "throughput_samples_s": result.samples / result.train_time_s,
-        "train_samples": result.samples,
-        "peak_memory_gib": peak_gib,
-        "cost_usd": None if price is None else result.train_time_s / 3600 * price * cfg.num_gpus,
-        "optimizer_steps": result.optimizer_steps,
-        "tokenize_time_s": data.tokenize_time_s,
-        "compile_graphs": result.compile_graphs,
-        "compile_time_s": result.compile_time_s,
-        "recompiles_in_window": result.recompiles_in_window,
-        "step_time_ms": result.step_time_ms,
-        "time_to_train_s": result.last_window_end_unix - started_at,
-        "startup_overhead_s": result.first_step_started_at - started_at,
-        "dataset_train_rows": len(data.train),
-        "dataset_train_rows_full": raw.train_rows_full,
-        "train_loss": result.epochs[-1].train_loss,
-        **result.phase_ms,
-    }
-
-
-def _metric_sources(cfg: DictConfig, result: Any, peak_source: str, price: Optional[float],
-                    profile: Mapping[str, Any], what_if_note: str, device: torch.device,
-                    started_source: str) -> Dict[str, str]:
-    """How each of _metrics' values was measured (its `<metric>_source` tag)."""
-    return {
-        "train_time_s_source": TIMER_SOURCE, "eval_time_s_source": TIMER_SOURCE,
-        "throughput_samples_s_source": "samples trained / train_time_s",
-        # max_steps_per_epoch caps optimizer steps: with accumulation k a capped run trains k x the rows.
-        "train_samples_source": "rows of every trained micro-batch, summed over epochs and ranks",
-        "peak_memory_gib_source": peak_source,
-        "cost_usd_source": (f"train_time_s / 3600 x {price} USD/h ({profile.get('price_source') or 'profile'})"
-                            f" x num_gpus={cfg.num_gpus}{what_if_note}") if price is not None else
-                           f"null: hardware profile '{profile['name']}' has no price_per_gpu_hour_usd",
-        "compile_graphs_source": ("torch._dynamo counters['stats']['unique_graphs'] since the run's reset"
-                                  if result.compile_graphs is not None else "null: compile=off"),
-        "compile_time_s_source": result.compile_time_source,
-        "recompiles_in_window_source": ("dynamo graphs + Triton attention kernel variants + CUDA-graph "
-                                        "recordings counted before and after each training window"),
-        "step_time_ms_source": steady_source(device),
-        **{f"{k}_source": (f"one-step breakdown (step_clock.PhaseClock): {steady_source(device)}; marks after "
-                           "each forward and backward and after the update" if v is not None else
-                           "null: compile.step_graph replays the whole step as one CUDA graph, no phase marks")
-           for k, v in result.phase_ms.items()},
-        "time_to_train_s_source": f"time.time() at the end of the last training window minus {started_source}",
-        "startup_overhead_s_source": f"time.time() at the first training step minus {started_source}",
-        "dataset_train_rows_full_source": "rows of the train split before dataset.train_subset",
-        "lr_source": (f"the lr of each optimizer step (MLflow step = global step): optimizer.lr"
-                      f"{' x effective batch / base_batch_size' if cfg.optimizer.scale_lr == 'linear' else ''}"
-                      f" x schedule {cfg.optimizer.schedule}"),
-    }
-
-
-def _log_accumulation(tracker: Any, result: Any, metrics: Dict[str, Any]) -> None:
-    """accumulation=adaptive: the window size and gradient variance of each optimizer step."""
-    tracker.log_series("accumulation_k", result.accumulation_k)
-    tracker.log_series("grad_variance", [v for v in result.grad_variance if v is not None])
-    metrics["accumulation_mean"] = sum(result.accumulation_k) / len(result.accumulation_k)
-    tracker.log_metrics({"accumulation_mean": metrics["accumulation_mean"]})
-    tracker.set_tags({
-        "accumulation_k_source": "accumulation=adaptive: micro-batches in each optimizer step's window "
-                                 "(seed 001 eq. 6, bounded to [2, accumulation_max]; the first is the max)",
-        "grad_variance_source": "eq. 7 over each window's micro-batch gradients (mean-loss, fp16 scale removed); "
-                                "MLflow step = the optimizer step it was measured in",
-        "accumulation_mean_source": "mean of accumulation_k over the run's optimizer steps"})
-
-
-def log_backprop(tracker: Any, timing: Any, metrics: Dict[str, Any], device: torch.device) -> None:
-    """layer_timing=true: the thesis' estimate against the measured backward, and the per-layer
-    table as an artifact (bertaccel.predict_dp reads it)."""
-    values = {"backward_measured_ms": timing.measured_backward_ms,
-              "backward_predicted_ms": timing.predicted_backward_ms,
-              "backward_estimate_error_pct": timing.error_pct}
-    tracker.log_metrics(values)
-    metrics.update(values)
-    clock = "CUDA events" if device.type == "cuda" else "time.perf_counter"
-    tracker.set_tags({
-        "backward_measured_ms_source": (f"layer_timing: median of {timing.steps} backward passes after training, "
-                                        f"start of backward to the end of DDP's last all-reduce ({clock})"),
-        "backward_predicted_ms_source": ("backprop_estimator.estimate_backward (seed 004 section 3.5.2) over "
-                                         "per-layer compute (gradient-ready hooks) and comm (standalone all-reduce "
-                                         f"of each layer's gradient bytes, world_size={timing.world_size})"),
-        "backward_estimate_error_pct_source": "|predicted - measured| / measured x 100",
-    })
-    with tempfile.TemporaryDirectory(prefix="bertaccel-layers-") as d:
-        (Path(d) / "layer_timing.json").write_text(json.dumps(timing.to_json(), indent=1))
-        tracker.log_artifacts(d, "layer_timing")
 
 
 def _end(tracker: RunTracker, outcome: Outcome, status: str, reason: Optional[str] = None) -> Outcome:

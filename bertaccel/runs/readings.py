@@ -1,17 +1,28 @@
-"""The measured side of a run's record: energy, GPU activity, FLOPs/MFU and the kernel profile.
+"""A finished run's readings, from its TrainResult, for its MLflow record (job.py logs them).
 
-Everything here becomes `name -> Reading(value, source)`; job.py logs the values as MLflow
-metrics and every source as a `<name>_source` tag, so a null always says why.
+- run_metrics / run_metric_sources: the loop's own numbers (times, steps, samples, start-up, cost)
+  and how each was measured, its `<metric>_source` tag;
+- derived: the measured side, energy, GPU activity, FLOPs/MFU and the kernel profile, each a
+  Reading(value, source), so a null always says why;
+- log_accumulation, log_backprop: the adaptive-accumulation series and the layer-timing estimate.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+from omegaconf import DictConfig
 
 from bertaccel.measure.collectors import Reading
 from bertaccel.measure.flops import mfu, peak_tflops
 from bertaccel.measure.profiling import CATEGORIES
+from bertaccel.measure.step_clock import steady_source
 from bertaccel.train.result import TrainResult
 
+TIMER_SOURCE = "time.perf_counter (device synchronized at window edges)"
 FLOPS_SOURCE = ("analytic matmul FLOPs of forward+backward (flops.py: 6*P*T + 12*L*B*S^2*H when all "
                 "layers train; frozen layers' backward left out), T = padded tokens computed")
 
@@ -53,3 +64,97 @@ def derived(readings: Mapping[str, Reading], result: TrainResult, profile: Mappi
         for c in CATEGORIES:
             out[f"profile_{c}_share"] = Reading.null(why)
     return out
+
+
+def run_metrics(cfg: DictConfig, result: Any, data: Any, raw: Any, peak_gib: Optional[float],
+             price: Optional[float], started_at: float) -> Dict[str, Any]:
+    """The run's metrics from train()'s result (the collectors' readings come apart)."""
+    return {
+        "train_time_s": result.train_time_s,
+        "eval_time_s": result.eval_time_s,
+        "test_accuracy": result.test_accuracy,
+        "throughput_samples_s": result.samples / result.train_time_s,
+        "train_samples": result.samples,
+        "peak_memory_gib": peak_gib,
+        "cost_usd": None if price is None else result.train_time_s / 3600 * price * cfg.num_gpus,
+        "optimizer_steps": result.optimizer_steps,
+        "tokenize_time_s": data.tokenize_time_s,
+        "compile_graphs": result.compile_graphs,
+        "compile_time_s": result.compile_time_s,
+        "recompiles_in_window": result.recompiles_in_window,
+        "step_time_ms": result.step_time_ms,
+        "time_to_train_s": result.last_window_end_unix - started_at,
+        "startup_overhead_s": result.first_step_started_at - started_at,
+        "dataset_train_rows": len(data.train),
+        "dataset_train_rows_full": raw.train_rows_full,
+        "train_loss": result.epochs[-1].train_loss,
+        **result.phase_ms,
+    }
+
+
+def run_metric_sources(cfg: DictConfig, result: Any, peak_source: str, price: Optional[float],
+                       profile: Mapping[str, Any], what_if_note: str, device: torch.device,
+                    started_source: str) -> Dict[str, str]:
+    """How each of run_metrics' values was measured (its `<metric>_source` tag)."""
+    return {
+        "train_time_s_source": TIMER_SOURCE, "eval_time_s_source": TIMER_SOURCE,
+        "throughput_samples_s_source": "samples trained / train_time_s",
+        # max_steps_per_epoch caps optimizer steps: with accumulation k a capped run trains k x the rows.
+        "train_samples_source": "rows of every trained micro-batch, summed over epochs and ranks",
+        "peak_memory_gib_source": peak_source,
+        "cost_usd_source": (f"train_time_s / 3600 x {price} USD/h ({profile.get('price_source') or 'profile'})"
+                            f" x num_gpus={cfg.num_gpus}{what_if_note}") if price is not None else
+                           f"null: hardware profile '{profile['name']}' has no price_per_gpu_hour_usd",
+        "compile_graphs_source": ("torch._dynamo counters['stats']['unique_graphs'] since the run's reset"
+                                  if result.compile_graphs is not None else "null: compile=off"),
+        "compile_time_s_source": result.compile_time_source,
+        "recompiles_in_window_source": ("dynamo graphs + Triton attention kernel variants + CUDA-graph "
+                                        "recordings counted before and after each training window"),
+        "step_time_ms_source": steady_source(device),
+        **{f"{k}_source": (f"one-step breakdown (step_clock.PhaseClock): {steady_source(device)}; marks after "
+                           "each forward and backward and after the update" if v is not None else
+                           "null: compile.step_graph replays the whole step as one CUDA graph, no phase marks")
+           for k, v in result.phase_ms.items()},
+        "time_to_train_s_source": f"time.time() at the end of the last training window minus {started_source}",
+        "startup_overhead_s_source": f"time.time() at the first training step minus {started_source}",
+        "dataset_train_rows_full_source": "rows of the train split before dataset.train_subset",
+        "lr_source": (f"the lr of each optimizer step (MLflow step = global step): optimizer.lr"
+                      f"{' x effective batch / base_batch_size' if cfg.optimizer.scale_lr == 'linear' else ''}"
+                      f" x schedule {cfg.optimizer.schedule}"),
+    }
+
+
+def log_accumulation(tracker: Any, result: Any, metrics: Dict[str, Any]) -> None:
+    """accumulation=adaptive: the window size and gradient variance of each optimizer step."""
+    tracker.log_series("accumulation_k", result.accumulation_k)
+    tracker.log_series("grad_variance", [v for v in result.grad_variance if v is not None])
+    metrics["accumulation_mean"] = sum(result.accumulation_k) / len(result.accumulation_k)
+    tracker.log_metrics({"accumulation_mean": metrics["accumulation_mean"]})
+    tracker.set_tags({
+        "accumulation_k_source": "accumulation=adaptive: micro-batches in each optimizer step's window "
+                                 "(seed 001 eq. 6, bounded to [2, accumulation_max]; the first is the max)",
+        "grad_variance_source": "eq. 7 over each window's micro-batch gradients (mean-loss, fp16 scale removed); "
+                                "MLflow step = the optimizer step it was measured in",
+        "accumulation_mean_source": "mean of accumulation_k over the run's optimizer steps"})
+
+
+def log_backprop(tracker: Any, timing: Any, metrics: Dict[str, Any], device: torch.device) -> None:
+    """layer_timing=true: the thesis' estimate against the measured backward, and the per-layer
+    table as an artifact (bertaccel.predict_dp reads it)."""
+    values = {"backward_measured_ms": timing.measured_backward_ms,
+              "backward_predicted_ms": timing.predicted_backward_ms,
+              "backward_estimate_error_pct": timing.error_pct}
+    tracker.log_metrics(values)
+    metrics.update(values)
+    clock = "CUDA events" if device.type == "cuda" else "time.perf_counter"
+    tracker.set_tags({
+        "backward_measured_ms_source": (f"layer_timing: median of {timing.steps} backward passes after training, "
+                                        f"start of backward to the end of DDP's last all-reduce ({clock})"),
+        "backward_predicted_ms_source": ("backprop_estimator.estimate_backward (seed 004 section 3.5.2) over "
+                                         "per-layer compute (gradient-ready hooks) and comm (standalone all-reduce "
+                                         f"of each layer's gradient bytes, world_size={timing.world_size})"),
+        "backward_estimate_error_pct_source": "|predicted - measured| / measured x 100",
+    })
+    with tempfile.TemporaryDirectory(prefix="bertaccel-layers-") as d:
+        (Path(d) / "layer_timing.json").write_text(json.dumps(timing.to_json(), indent=1))
+        tracker.log_artifacts(d, "layer_timing")

@@ -6,7 +6,7 @@ and why the others are null, is decided here.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, List, Sequence
+from typing import Callable, List, Sequence
 
 import torch
 
