@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from bertaccel.attention.swap import FusedSelfAttention, key_padding_mask, swap_attention, xformers_unusable
+from bertaccel.attention.swap import FusedSelfAttention, swap_attention, xformers_unusable
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -27,15 +27,6 @@ def _batch():
     mask[1, 17:] = 0
     mask[2, 5:] = 0
     return ids.to(DEVICE), mask.to(DEVICE)
-
-
-def test_key_padding_mask_from_hf_masks():
-    keep = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    additive = (1 - keep[:, None, None, :].float()) * torch.finfo(torch.float32).min
-    assert torch.equal(key_padding_mask(additive.expand(2, 1, 3, 3), 2, 3), keep.bool())
-    assert torch.equal(key_padding_mask(keep[:, None, None, :].bool(), 2, 3), keep.bool())
-    assert torch.equal(key_padding_mask(keep, 2, 3), keep.bool())  # 2-D 0/1
-    assert key_padding_mask(None, 2, 3) is None
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "triton", "xformers"])

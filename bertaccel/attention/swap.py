@@ -1,8 +1,10 @@
 """Module swap: replace every BERT self-attention with one that calls xFormers or our Triton kernel.
 
 The replacement copies the query/key/value weights and biases, so the model computes the same
-function; only the softmax(QK^T)V core changes. The model itself is built with
-attn_implementation="eager", whose additive 4-D mask becomes a [B, S] key-padding mask here.
+function; only the softmax(QK^T)V core changes. The encoder is replaced too, by one that removes
+the padding once per batch (attention/packing.py): the swapped attentions then see packed tokens
+and the sequence starts, which is how xFormers (BlockDiagonalMask) and our Triton kernel (packed
+mode) are meant to be used for BERT, with no padding mask and no work on padding.
 """
 from __future__ import annotations
 
@@ -13,30 +15,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-
-def key_padding_mask(attention_mask: Optional[torch.Tensor], bsz: int, seq: int) -> Optional[torch.Tensor]:
-    """[B, S] bool (True = attend) from HF's mask: None; a 2-D 0/1 mask; or 4-D [B, 1, 1|S, S],
-    additive float (0 = attend) or bool (True = attend). BERT's masks are key-padding masks, so
-    one query row says it all. No data-dependent branch: torch.compile traces it without breaks."""
-    if attention_mask is None:
-        return None
-    m = attention_mask
-    if m.dim() == 2:
-        return m != 0
-    m = m[:, 0, 0, :]
-    if m.dtype == torch.bool:
-        return m
-    return m > torch.finfo(m.dtype).min / 2
-
-
-def _xformers_bias(keep: torch.Tensor, heads: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive [B, H, S, S] bias; its storage is padded to a multiple of 8 columns, as xFormers'
-    memory-efficient kernels require aligned bias rows."""
-    bsz, seq = keep.shape
-    padded = (seq + 7) // 8 * 8
-    bias = torch.zeros(bsz, heads, seq, padded, dtype=dtype, device=keep.device)[..., :seq]
-    bias.masked_fill_(~keep[:, None, None, :], float("-inf"))
-    return bias
+from bertaccel.attention.packing import (PackedEncoder, Packing, key_padding_mask, pack, pack_tokens,  # noqa: F401
+                                         pass_masks_through, unpack_tokens)
 
 
 class FusedSelfAttention(nn.Module):
@@ -55,58 +35,141 @@ class FusedSelfAttention(nn.Module):
         self.query, self.key, self.value = (copy.deepcopy(m) for m in (src.query, src.key, src.value))
         self.train(src.training)  # a new module starts in training mode: keep the model's mode
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+    def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None,
                 past_key_values: Any = None, **kwargs: Any):
+        """attention_mask: a Packing (PackedEncoder packed the batch: hidden_states is [1, T, D]),
+        None (no padding: dense [B, S, D]), or a Hugging Face mask tensor (this layer called on
+        its own: packed here, and unpacked after)."""
         if past_key_values is not None:
             raise NotImplementedError("fused attention is for encoder training: no KV cache")
-        bsz, seq, _ = hidden_states.shape
-        shape = (bsz, seq, self.num_heads, self.head_dim)
-        q, k, v = (proj(hidden_states).view(shape) for proj in (self.query, self.key, self.value))
-        keep = key_padding_mask(attention_mask, bsz, seq)
+        backend = BACKENDS[self.backend]
         p = self.dropout_p if self.training else 0.0
-        out = BACKENDS[self.backend].core(q, k, v, keep, p, self.scaling)
-        return out.reshape(bsz, seq, -1), None
+        if attention_mask is None:
+            bsz, seq, _ = hidden_states.shape
+            q, k, v = self._qkv(hidden_states, (bsz, seq))
+            return backend.dense_core(q, k, v, p, self.scaling).reshape(bsz, seq, -1), None
+        if isinstance(attention_mask, Packing):
+            q, k, v = self._qkv(hidden_states, (-1,))
+            out = backend.packed_core(q, k, v, attention_mask, p, self.scaling)
+            return out.reshape(hidden_states.shape), None
+        packing = pack(key_padding_mask(attention_mask, *hidden_states.shape[:2]))
+        packing.bias = backend.prepare(packing)
+        out, _ = self.forward(pack_tokens(hidden_states, packing), packing)
+        return unpack_tokens(out, packing), None
+
+    def _qkv(self, hidden_states: torch.Tensor, lead: tuple):
+        """The projections viewed as [*lead, H, D] (no copy: the kernels take these strides)."""
+        shape = (*lead, self.num_heads, self.head_dim)
+        return tuple(proj(hidden_states).view(shape) for proj in (self.query, self.key, self.value))
 
 
-def _triton_core(q, k, v, keep, p: float, scaling: float) -> torch.Tensor:
+# The backends' cores. dense_core: q/k/v [B, S, H, D], no padding -> [B, S, H, D].
+# packed_core: q/k/v [T, H, D] of the Packing's sequences -> [T, H, D]. prepare: the backend's
+# per-batch object, built once per batch by PackedEncoder (not per layer).
+def _triton_dense(q, k, v, p: float, scaling: float) -> torch.Tensor:
     from .triton_attention import fused_attention
 
-    return fused_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keep, p, scaling).transpose(1, 2)
+    return fused_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, p, scaling).transpose(1, 2)
 
 
-def _xformers_core(q, k, v, keep, p: float, scaling: float) -> torch.Tensor:
+def _triton_packed(q, k, v, packing: Packing, p: float, scaling: float) -> torch.Tensor:
+    from .triton_attention import fused_attention_packed
+
+    return fused_attention_packed(q, k, v, packing.cu_seqlens, packing.max_seqlen, p, scaling)
+
+
+def _xformers_ops(dtype: torch.dtype):
+    """The (forward, backward) operators named rather than chosen per call: xFormers' dispatcher
+    otherwise asks every operator whether it supports the inputs, at every call. Flash takes
+    fp16/bf16; fp32 goes to the CUTLASS kernels."""
     import xformers.ops as xops
 
-    bias = None if keep is None else _xformers_bias(keep, q.shape[2], q.dtype)
-    return xops.memory_efficient_attention(q, k, v, attn_bias=bias, p=p, scale=scaling)
+    if dtype in (torch.float16, torch.bfloat16):
+        return xops.MemoryEfficientAttentionFlashAttentionOp
+    return xops.MemoryEfficientAttentionCutlassOp
+
+
+def _xformers_dense(q, k, v, p: float, scaling: float) -> torch.Tensor:
+    import xformers.ops as xops
+
+    return xops.memory_efficient_attention(q, k, v, p=p, scale=scaling, op=_xformers_ops(q.dtype))
+
+
+def _xformers_packed(q, k, v, packing: Packing, p: float, scaling: float) -> torch.Tensor:
+    import xformers.ops as xops
+
+    out = xops.memory_efficient_attention(q[None], k[None], v[None], attn_bias=packing.bias, p=p, scale=scaling,
+                                          op=_xformers_ops(q.dtype))
+    return out[0]
+
+
+def _xformers_prepare(packing: Packing) -> Any:
+    """xFormers' BlockDiagonalMask over the packed sequences, on the Packing's device cu_seqlens.
+    Built from the sequence-start tensor rather than from host lengths: the static layout (CUDA
+    graphs, torch.compile) has none on the host, and xFormers reads only the tensor and max_seqlen
+    in its kernels (its from_seqlens_inplace exists for CUDA graphs on the same ground). The host
+    starts it keeps are then the exact ones where known, else a placeholder of the right total."""
+    from xformers.ops.fmha.attn_bias import BlockDiagonalMask, _SeqLenInfo
+
+    if packing.seqlens_py is not None:
+        starts = [0]
+        for n in packing.seqlens_py:
+            starts.append(starts[-1] + n)
+        low = min(packing.seqlens_py, default=0)
+    else:
+        n_seq = packing.cu_seqlens.shape[0] - 1
+        total = packing.tokens
+        starts = [min(i * packing.max_seqlen, total) for i in range(n_seq)] + [total]
+        low = 0
+    info = _SeqLenInfo(seqstart=packing.cu_seqlens, max_seqlen=packing.max_seqlen, min_seqlen=low, seqstart_py=starts)
+    return BlockDiagonalMask(q_seqinfo=info, k_seqinfo=info)
 
 
 def swap_attention(model: nn.Module, backend: str) -> int:
-    """Replace each encoder layer's self-attention in place; returns how many were swapped."""
-    layers = model.base_model.encoder.layer
+    """Replace each encoder layer's self-attention in place, and the encoder by one that packs the
+    batch's tokens once (attention/packing.py); returns how many attentions were swapped."""
+    base = model.base_model
+    layers = base.encoder.layer
     for layer in layers:
         layer.attention.self = FusedSelfAttention(layer.attention.self, backend)
+    base.encoder = PackedEncoder(base.encoder, BACKENDS[backend].prepare)
+    pass_masks_through(model)
     return len(layers)
 
 
+# xFormers' PyPI wheels are built for one torch (0.0.35: torch 2.10 with CUDA 12.8); on any other
+# torch the extension does not load. Built from its source against the torch at hand it does:
+# 0.0.35 compiles only a small extension (attention runs on torch's own CUTLASS and flash
+# kernels): 68 s on 16 cores, a 1.9 MB wheel (H200 machine, torch 2.11+cu130, 2026-11-24).
+XFORMERS_INSTALL = ('TORCH_CUDA_ARCH_LIST="9.0" pip install --no-build-isolation --no-binary xformers '
+                    'xformers==0.0.35  (9.0: your GPU\'s compute capability, '
+                    'torch.cuda.get_device_capability(); about a minute to build)')
+
+
 def xformers_unusable(device: torch.device) -> Optional[str]:
-    """None when xFormers' memory_efficient_attention runs on this device, else the exact reason."""
+    """None when xFormers' memory_efficient_attention runs on this device, else the exact reason,
+    naming the install line that fixes it."""
     try:
+        import xformers
         import xformers.ops as xops
     except Exception as e:  # noqa: BLE001 - ImportError, or a broken extension raising anything
-        return (f"attention=xformers: xformers is not importable ({type(e).__name__}: {e}); "
-                "install it with `pip install -e .[xformers]` (pins the torch it was built for)")
+        return (f"attention=xformers: xformers is not importable ({type(e).__name__}: {str(e)[:200]}); "
+                f"build it for your torch with: {XFORMERS_INSTALL}")
+    if not getattr(xformers, "_has_cpp_library", True):  # the extension built for another torch
+        load_error = str(getattr(getattr(xformers, "_cpp_lib", None), "_cpp_library_load_exception", "") or "")
+        detail = next((ln.strip() for ln in load_error.splitlines() if "PyTorch" in ln), "")
+        return (f"attention=xformers: xformers {xformers.__version__}'s extension does not load with torch "
+                f"{torch.__version__}{' (built for ' + detail + ')' if detail else ''}; "
+                f"rebuild it for this torch with: {XFORMERS_INSTALL}")
     if device.type != "cuda":
         return "attention=xformers needs a CUDA GPU (xFormers has no CPU kernels)"
     try:
         q = torch.zeros(1, 8, 1, 64, device=device, dtype=torch.float16)
         xops.memory_efficient_attention(q, q, q)
     except Exception as e:  # noqa: BLE001
-        import xformers
-
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return (f"attention=xformers: xformers {xformers.__version__} is installed but unusable with torch "
-                f"{torch.__version__}: {first[:300]}")
+        return (f"attention=xformers: xformers {xformers.__version__} is installed but does not run with torch "
+                f"{torch.__version__}: {first[:300]}; rebuild it for this torch with: {XFORMERS_INSTALL}")
     return None
 
 
@@ -122,14 +185,20 @@ def triton_unusable(device: torch.device) -> Optional[str]:
     return None
 
 
+def _no_prepare(packing: Packing) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Backend:
-    """One swap backend: its attention core ([B, S, H, D] q/k/v, [B, S] keep mask or None,
-    dropout p, scale -> [B, S, H, D]) and its "can this machine run it" check."""
-    core: Callable[..., torch.Tensor]
+    """One swap backend: its attention cores (dense and packed, above), its per-batch
+    preparation, and its "can this machine run it" check."""
+    dense_core: Callable[..., torch.Tensor]
+    packed_core: Callable[..., torch.Tensor]
+    prepare: Callable[[Packing], Any]
     unusable: Callable[[torch.device], Optional[str]]
 
 
 # The swap backends an attention option may name (conf/attention/*.yaml `swap:`).
-BACKENDS = {"xformers": Backend(_xformers_core, xformers_unusable),
-            "triton": Backend(_triton_core, triton_unusable)}
+BACKENDS = {"xformers": Backend(_xformers_dense, _xformers_packed, _xformers_prepare, xformers_unusable),
+            "triton": Backend(_triton_dense, _triton_packed, _no_prepare, triton_unusable)}

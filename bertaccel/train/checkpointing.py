@@ -26,7 +26,9 @@ def apply_checkpointing(model: torch.nn.Module, mode: str) -> None:
     if mode == "every":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return
-    encoder = model.bert.encoder
+    # attention=xformers|triton wrap the encoder to pack tokens (attention/packing.py); the loop
+    # over layers is still Hugging Face's, in the encoder it wraps.
+    encoder = getattr(model.bert.encoder, "hf_encoder", model.bert.encoder)
     size = max(1, round(math.sqrt(len(encoder.layer))))
     # The encoder's own forward loops over its layers; this one loops over segments. It keeps
     # the call signature (hidden states, mask, then keyword arguments) that BertModel uses.
