@@ -1,14 +1,18 @@
-"""`fused_attention(q, k, v, key_mask, dropout_p)`: the Triton kernels as torch custom ops.
+"""`fused_attention(q, k, v, key_mask, dropout_p)` over padded [B, H, S, D] batches and
+`fused_attention_packed(q, k, v, cu_seqlens, max_seqlen, dropout_p)` over packed [T, H, D] tokens:
+the Triton kernels as torch custom ops.
 
 Custom ops (torch.library) with a registered autograd formula and fake (meta) kernels, so
 torch.compile treats the attention as one opaque op: no graph break in the attention, and
 the dropout seed is a tensor drawn from torch's generator inside the graph (no .item()).
+The packed path never reads cu_seqlens on the host (no sync): it can run inside CUDA-graph
+capture, and max_seqlen, a host int, sizes its grid instead.
 """
 from __future__ import annotations
 
 import math
 import os
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import triton
@@ -17,6 +21,7 @@ from . import triton_kernels as K
 
 HEAD_DIMS = (16, 32, 64, 128)
 MAX_SEQ = 512
+INT32_LIMIT = 2 ** 31
 
 
 def _blocks(head_dim: int, seq: int) -> Tuple[int, int]:
@@ -28,20 +33,47 @@ def _blocks(head_dim: int, seq: int) -> Tuple[int, int]:
     return min(b, small), min(b, small)
 
 
+def _packed_blocks(head_dim: int) -> Tuple[int, int]:
+    """Packed tokens: the tiles do not depend on max_seqlen, which moves from batch to batch, so
+    a run compiles one variant per dtype / head dim / dropout, not one per length."""
+    b = 32 if head_dim == 128 else 64
+    return b, b
+
+
 _block_override: Optional[Tuple[int, int]] = None  # tests: force several column blocks at small S
 
 
-def _launch_args(q: torch.Tensor):
-    bsz, heads, seq, dim = q.shape
-    bm, bn = _block_override or _blocks(dim, seq)
+class _Geometry(NamedTuple):
+    """What the kernels index by: nseq sequences (batch rows or packed sequences) of heads heads,
+    seq rows per sequence in the grid / LSE / dropout counter, and the element strides."""
+    nseq: int
+    heads: int
+    seq: int
+    dim: int
+    stride_b: int
+    stride_h: int
+    stride_s: int
+
+
+def _geometry(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor], max_seqlen: int) -> _Geometry:
+    if cu_seqlens is None:
+        bsz, heads, seq, dim = q.shape
+        return _Geometry(bsz, heads, seq, dim, q.stride(0), q.stride(1), q.stride(2))
+    _, heads, dim = q.shape  # packed: a sequence's rows are tokens; no batch stride (starts are loaded)
+    return _Geometry(cu_seqlens.shape[0] - 1, heads, max_seqlen, dim, 0, q.stride(1), q.stride(0))
+
+
+def _launch_args(q: torch.Tensor, g: _Geometry, varlen: bool):
+    bm, bn = _block_override or (_packed_blocks(g.dim) if varlen else _blocks(g.dim, g.seq))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32: exact products, not TF32
     upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"  # see _dot
-    return bsz, heads, seq, dim, bm, bn, precision, upcast
+    return bm, bn, precision, upcast
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor]) -> None:
     if not (q.shape == k.shape == v.shape) or q.dim() != 4:
-        raise ValueError(f"q, k, v must share a [B, H, S, D] shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(f"q, k, v must share a [B, H, S, D] shape; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
     bsz, heads, seq, dim = q.shape
     if dim not in HEAD_DIMS:
         raise ValueError(f"head dim {dim} unsupported; use one of {HEAD_DIMS}")
@@ -49,18 +81,55 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional
         raise ValueError(f"sequence length {seq} > {MAX_SEQ} (BERT positions)")
     if key_mask is not None and key_mask.shape != (bsz, seq):
         raise ValueError(f"key_mask must be [B, S] = {(bsz, seq)}; got {tuple(key_mask.shape)}")
-    if bsz * heads * seq * seq >= 2 ** 31:
+    if bsz * heads * seq * seq >= INT32_LIMIT:
         raise ValueError("B*H*S*S >= 2^31: the dropout counter would overflow int32; split the batch")
+
+
+def _check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen) -> None:
+    """Shapes, dtypes and int32 ranges only: nothing here reads cu_seqlens' values (no host sync),
+    so that cu_seqlens[0] == 0, cu_seqlens[N] == T and max_seqlen >= every length are the caller's."""
+    if not (q.shape == k.shape == v.shape) or q.dim() != 3:
+        raise ValueError(f"packed q, k, v must share a [T, H, D] shape; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    total, heads, dim = q.shape
+    if dim not in HEAD_DIMS:
+        raise ValueError(f"head dim {dim} unsupported; use one of {HEAD_DIMS}")
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 \
+            or cu_seqlens.shape[0] < 2:
+        got = (cu_seqlens.dtype, tuple(cu_seqlens.shape)) if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens)
+        raise ValueError(f"cu_seqlens must be an int32 tensor of shape [N+1], N >= 1 sequences; got {got}")
+    if cu_seqlens.device != q.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, q on {q.device}: the kernel reads it on q's device")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (int, torch.SymInt)) or max_seqlen < 1:
+        raise ValueError(f"max_seqlen must be a host int >= 1 (a bound on every sequence's length); got {max_seqlen!r}")
+    if (cu_seqlens.shape[0] - 1) * heads * max_seqlen * max_seqlen >= INT32_LIMIT:
+        raise ValueError("N*H*max_seqlen^2 >= 2^31: the dropout counter would overflow int32; split the batch")
+    if total * max(q.stride(0), k.stride(0), v.stride(0), heads * dim) >= INT32_LIMIT:
+        raise ValueError("T * token stride >= 2^31: the kernels' int32 element offsets would overflow; split the batch")
 
 
 def _shared_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """q, k, v with one stride set and unit stride along D, as the kernels take one set of strides.
-    BERT's q/k/v are [B, S, H, D] projections viewed as [B, H, S, D]: they already share one, so
-    nothing is copied. Works on fake tensors too, so the custom op's fakes follow the same rule."""
+    BERT's q/k/v are [B, S, H, D] projections viewed as [B, H, S, D] (packed: [T, H*D] viewed as
+    [T, H, D]): they already share one, so nothing is copied. Works on fake tensors too, so the custom
+    op's fakes follow the same rule."""
     s = q.stride()
-    if s[-1] == 1 and k.stride() == s and v.stride() == s:
+    if s[-1] == 1 and k.stride() == s and v.stride() == s and _dense(q):
         return q, k, v
     return q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense (a permuted contiguous tensor): exactly when empty_like keeps its strides,
+    so the outputs, allocated in q's layout, can share the kernels' one stride set. Slices of a fused
+    [.., 3, H, D] projection are not: their outputs would come out contiguous, with other strides."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
 
 
 def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -88,17 +157,21 @@ def _mask_arg(key_mask: Optional[torch.Tensor], q: torch.Tensor):
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
-              seed: Optional[torch.Tensor], dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+              seed: Optional[torch.Tensor], dropout_p: float, sm_scale: float,
+              cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Padded (cu_seqlens None: [B, H, S, D], LSE [B, H, S]) or packed ([T, H, D], LSE [N, H, max_seqlen])."""
     q, k, v = _shared_layout(q, k, v)
-    bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
+    g = _geometry(q, cu_seqlens, max_seqlen)
+    bm, bn, precision, upcast = _launch_args(q, g, cu_seqlens is not None)
     o = _empty_as(q)
-    lse = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
+    lse = torch.empty((g.nseq, g.heads, g.seq), device=q.device, dtype=torch.float32)
     mask, mask_stride, has_mask = _mask_arg(key_mask, q)
-    K._fwd_kernel[(triton.cdiv(seq, bm), bsz * heads)](
-        q, k, v, mask, q if seed is None else seed, o, lse, sm_scale, dropout_p, seq, heads,
-        q.stride(0), q.stride(1), q.stride(2), mask_stride,
-        HEAD_DIM=dim, BLOCK_M=bm, BLOCK_N=bn, HAS_MASK=has_mask, DROPOUT=dropout_p > 0,
-        PRECISION=precision, UPCAST=upcast)
+    # Placeholders (q) for the seed and cu_seqlens pointers a variant never reads.
+    K._fwd_kernel[(triton.cdiv(g.seq, bm), g.nseq * g.heads)](
+        q, k, v, mask, q if seed is None else seed, q if cu_seqlens is None else cu_seqlens, o, lse, sm_scale,
+        dropout_p, g.seq, g.heads, g.stride_b, g.stride_h, g.stride_s, mask_stride,
+        HEAD_DIM=g.dim, BLOCK_M=bm, BLOCK_N=bn, HAS_MASK=has_mask, VARLEN=cu_seqlens is not None,
+        DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
     return o, lse
 
 
@@ -116,17 +189,19 @@ def _(q, k, v, key_mask, seed, dropout_p, sm_scale):
 
 def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
               lse: torch.Tensor, key_mask: Optional[torch.Tensor], seed: Optional[torch.Tensor], dropout_p: float,
-              sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              sm_scale: float, cu_seqlens: Optional[torch.Tensor] = None,
+              max_seqlen: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = _shared_layout(q, k, v)
     o, do = _like(o, q), _like(do, q)
-    bsz, heads, seq, dim, bm, bn, precision, upcast = _launch_args(q)
+    g = _geometry(q, cu_seqlens, max_seqlen)
+    bm, bn, precision, upcast = _launch_args(q, g, cu_seqlens is not None)
     dq, dk, dv = _empty_as(q), _empty_as(q), _empty_as(q)
     mask, mask_stride, has_mask = _mask_arg(key_mask, q)
-    K._bwd_kernel[(triton.cdiv(seq, min(bm, bn)), bsz * heads)](
-        q, k, v, o, do, mask, q if seed is None else seed, lse, dq, dk, dv, sm_scale, dropout_p, seq, heads,
-        q.stride(0), q.stride(1), q.stride(2), mask_stride,
-        HEAD_DIM=dim, BLOCK_M=bm, BLOCK_N=bn, HAS_MASK=has_mask, DROPOUT=dropout_p > 0,
-        PRECISION=precision, UPCAST=upcast)
+    K._bwd_kernel[(triton.cdiv(g.seq, min(bm, bn)), g.nseq * g.heads)](
+        q, k, v, o, do, mask, q if seed is None else seed, q if cu_seqlens is None else cu_seqlens, lse, dq, dk, dv,
+        sm_scale, dropout_p, g.seq, g.heads, g.stride_b, g.stride_h, g.stride_s, mask_stride,
+        HEAD_DIM=g.dim, BLOCK_M=bm, BLOCK_N=bn, HAS_MASK=has_mask, VARLEN=cu_seqlens is not None,
+        DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
     return dq, dk, dv
 
 
@@ -159,22 +234,74 @@ def _backward(ctx, do, dlse):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("bertaccel::fused_attention_packed_fwd", mutates_args=())
+def attention_packed_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                         seed: Optional[torch.Tensor], max_seqlen: int, dropout_p: float,
+                         sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(q, k, v, None, seed, dropout_p, sm_scale, cu_seqlens, max_seqlen)
+
+
+@attention_packed_fwd.register_fake
+def _(q, k, v, cu_seqlens, seed, max_seqlen, dropout_p, sm_scale):
+    q, _, _ = _shared_layout(q, k, v)
+    return _empty_as(q), q.new_empty((cu_seqlens.shape[0] - 1, q.shape[1], max_seqlen), dtype=torch.float32)
+
+
+@torch.library.custom_op("bertaccel::fused_attention_packed_bwd", mutates_args=())
+def attention_packed_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                         lse: torch.Tensor, cu_seqlens: torch.Tensor, seed: Optional[torch.Tensor], max_seqlen: int,
+                         dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd_impl(do, q, k, v, o, lse, None, seed, dropout_p, sm_scale, cu_seqlens, max_seqlen)
+
+
+@attention_packed_bwd.register_fake
+def _(do, q, k, v, o, lse, cu_seqlens, seed, max_seqlen, dropout_p, sm_scale):
+    q, _, _ = _shared_layout(q, k, v)
+    return _empty_as(q), _empty_as(q), _empty_as(q)
+
+
+def _packed_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens, seed, max_seqlen, dropout_p, sm_scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens, seed)
+    ctx.max_seqlen, ctx.dropout_p, ctx.sm_scale = max_seqlen, dropout_p, sm_scale
+
+
+def _packed_backward(ctx, do, dlse):
+    q, k, v, o, lse, cu_seqlens, seed = ctx.saved_tensors
+    dq, dk, dv = attention_packed_bwd(do, q, k, v, o, lse, cu_seqlens, seed, ctx.max_seqlen, ctx.dropout_p,
+                                      ctx.sm_scale)
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention_packed_fwd.register_autograd(_packed_backward, setup_context=_packed_setup_context)
+
+
 class _EagerFn(torch.autograd.Function):
     """The same kernels without the custom-op dispatcher, for eager mode: torch.library's
-    Python dispatch costs per call, and BERT calls attention twice per layer per step."""
+    Python dispatch costs per call, and BERT calls attention twice per layer per step.
+    Padded (key_mask, cu_seqlens None) or packed (cu_seqlens, max_seqlen; key_mask None)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_mask, seed, dropout_p, sm_scale):
-        o, lse = _fwd_impl(q, k, v, key_mask, seed, dropout_p, sm_scale)
-        ctx.save_for_backward(q, k, v, o, lse, key_mask, seed)
-        ctx.dropout_p, ctx.sm_scale = dropout_p, sm_scale
+    def forward(ctx, q, k, v, key_mask, seed, dropout_p, sm_scale, cu_seqlens, max_seqlen):
+        o, lse = _fwd_impl(q, k, v, key_mask, seed, dropout_p, sm_scale, cu_seqlens, max_seqlen)
+        ctx.save_for_backward(q, k, v, o, lse, key_mask, seed, cu_seqlens)
+        ctx.dropout_p, ctx.sm_scale, ctx.max_seqlen = dropout_p, sm_scale, max_seqlen
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, key_mask, seed = ctx.saved_tensors
-        return (*_bwd_impl(do, q, k, v, o, lse, key_mask, seed, ctx.dropout_p, ctx.sm_scale),
-                None, None, None, None)
+        q, k, v, o, lse, key_mask, seed, cu_seqlens = ctx.saved_tensors
+        grads = _bwd_impl(do, q, k, v, o, lse, key_mask, seed, ctx.dropout_p, ctx.sm_scale, cu_seqlens,
+                          ctx.max_seqlen)
+        return (*grads, None, None, None, None, None, None)
+
+
+def _draw_seed(seed: Optional[torch.Tensor], dropout_p: float, q: torch.Tensor) -> Optional[torch.Tensor]:
+    """The dropout seed: drawn from torch's generator on the device when not given (no host sync)."""
+    if dropout_p > 0 and seed is None:
+        return torch.randint(0, 2 ** 31 - 1, (1,), device=q.device, dtype=torch.int64)
+    return seed
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
@@ -188,12 +315,29 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask:
     """
     _check(q, k, v, key_mask)
     dropout_p = float(dropout_p)
-    if dropout_p > 0 and seed is None:
-        seed = torch.randint(0, 2 ** 31 - 1, (1,), device=q.device, dtype=torch.int64)
+    seed = _draw_seed(seed, dropout_p, q)
     scale = float(sm_scale or 1.0 / math.sqrt(q.shape[-1]))
     if torch.compiler.is_compiling():  # the custom op: opaque to dynamo, no graph break
         return attention_fwd(q, k, v, key_mask, seed, dropout_p, scale)[0]
-    return _EagerFn.apply(q, k, v, key_mask, seed, dropout_p, scale)
+    return _EagerFn.apply(q, k, v, key_mask, seed, dropout_p, scale, None, 0)
+
+
+def fused_attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                           max_seqlen: int, dropout_p: float = 0.0, sm_scale: Optional[float] = None,
+                           seed: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Attention over packed tokens: q/k/v [T, H, D] (any strides with unit stride on D, e.g. views
+    of [T, H*D] projections, read in place), N sequences concatenated; each token attends to the keys
+    of its own sequence only. cu_seqlens: int32 [N+1] on q's device, cu_seqlens[0] = 0, cu_seqlens[N]
+    = T, empty sequences allowed. max_seqlen: a host int >= every sequence's length (a bound is
+    enough); it sizes the grid and keys dropout: at dropout_p > 0 the mask depends on it, as the
+    padded one depends on S. Returns [T, H, D] in q's layout. Never syncs the host."""
+    _check_packed(q, k, v, cu_seqlens, max_seqlen)
+    dropout_p = float(dropout_p)
+    seed = _draw_seed(seed, dropout_p, q)
+    scale = float(sm_scale or 1.0 / math.sqrt(q.shape[-1]))
+    if torch.compiler.is_compiling():  # the custom op: opaque to dynamo, no graph break
+        return attention_packed_fwd(q, k, v, cu_seqlens, seed, max_seqlen, dropout_p, scale)[0]
+    return _EagerFn.apply(q, k, v, None, seed, dropout_p, scale, cu_seqlens, max_seqlen)
 
 
 def dropout_keep_mask(seed: torch.Tensor, bsz: int, heads: int, seq: int, dropout_p: float) -> torch.Tensor:

@@ -18,6 +18,16 @@ host cost of a launch is larger than the kernel's GPU time, so launches are what
 The kernels take one stride set for Q, K, V, O, dO and the gradients: the wrapper makes them share
 a layout, which is usually free ([B, S, H, D] projections viewed as [B, H, S, D] need no copy).
 
+Packed (VARLEN) tokens: Q, K, V are [T, H, D], N sequences concatenated, cu_seqlens [N+1] gives
+their starts. The same kernels run with the "batch" index as the sequence index: its start and
+length L are loaded on the device (the host never reads cu_seqlens, so no sync, and the launch can
+be captured in a CUDA graph), and L replaces S for loop bounds and row/column validity. S is then
+max_seqlen: it sizes the grid and stays the row stride of the LSE buffer and of the dropout
+counter, so the Philox keying is the padded one with B = N and S = max_seqlen. A program whose
+block starts at or past its sequence's end does nothing (an `if` around the body, not an early
+return). S and the mask's row stride are not specialized on (do_not_specialize): Triton would
+otherwise compile a variant per "S divisible by 16 / S == 1" class, i.e. re-JIT as padding moves.
+
 fp16/bf16 inputs use tensor-core dots with fp32 accumulation; fp32 inputs use exact ("ieee")
 dots, not TF32. Head dims: 16..128, powers of two.
 """
@@ -38,22 +48,40 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _load_rows(ptr, base, rows, offs_d, stride_s, ok):
-    """A [rows, HEAD_DIM] tile of a [B, H, S, D] tensor; rows past S read as 0."""
+    """A [rows, HEAD_DIM] tile of a [B, H, S, D] (or packed [T, H, D]) tensor; rows not ok read as 0."""
     return tl.load(ptr + base + rows[:, None] * stride_s + offs_d[None, :], mask=ok[:, None], other=0.0)
 
 
 @triton.jit
 def _store_rows(ptr, base, rows, offs_d, stride_s, ok, tile):
-    """Write a [rows, HEAD_DIM] fp32 tile into a [B, H, S, D] tensor in its dtype; rows past S skipped."""
+    """Write a [rows, HEAD_DIM] fp32 tile into a [B, H, S, D] (or [T, H, D]) tensor in its dtype; rows not ok
+    skipped."""
     tl.store(ptr + base + rows[:, None] * stride_s + offs_d[None, :], tile.to(ptr.dtype.element_ty),
              mask=ok[:, None])
 
 
 @triton.jit
-def _key_block(K, V, M, b, base, offs_n, offs_d, S, stride_s, mask_stride_b, HAS_MASK: tl.constexpr):
-    """One block of keys: (inside S, may be attended, K tile, V tile). Keys past S or, with a
-    mask, padding may not be attended (a masked load reads them as 0 = padding)."""
-    col_ok = offs_n < S
+def _sequence(Cu, off_hz, S, H, stride_b, stride_h, stride_s, VARLEN: tl.constexpr):
+    """(b, base, L) of one (sequence, head) program: the batch row or packed sequence index, the
+    offset of its first row for this head, and its length: S padded; packed, loaded from cu_seqlens.
+    (One return statement: see _seed.)"""
+    b = off_hz // H
+    h = off_hz % H
+    if VARLEN:
+        start = tl.load(Cu + b)
+        length = tl.load(Cu + b + 1) - start
+        base = start * stride_s + h * stride_h
+    else:
+        length = S
+        base = b * stride_b + h * stride_h
+    return b, base, length
+
+
+@triton.jit
+def _key_block(K, V, M, b, base, offs_n, offs_d, L, stride_s, mask_stride_b, HAS_MASK: tl.constexpr):
+    """One block of keys: (inside the sequence, may be attended, K tile, V tile). Keys past its
+    length L or, with a mask, padding may not be attended (a masked load reads them as 0 = padding)."""
+    col_ok = offs_n < L
     if HAS_MASK:
         key_ok = tl.load(M + b * mask_stride_b + offs_n, mask=col_ok, other=0) != 0
     else:
@@ -81,43 +109,44 @@ def _seed(Seed, DROPOUT: tl.constexpr):
     return seed
 
 
-@triton.jit
-def _fwd_kernel(Q, K, V, M, Seed, O, LSE, sm_scale, p_drop, S, H,
+# S and the mask's row stride vary with the batch's padding / max_seqlen: not specialized on (see top).
+@triton.jit(do_not_specialize=["S", "mask_stride_b"])
+def _fwd_kernel(Q, K, V, M, Seed, Cu, O, LSE, sm_scale, p_drop, S, H,
                 stride_b, stride_h, stride_s, mask_stride_b,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
-                DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                VARLEN: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
-    b = off_hz // H
-    h = off_hz % H
-    base = b * stride_b + h * stride_h
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < S
-    q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    seed = _seed(Seed, DROPOUT)
-    for start_n in range(0, S, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok, key_ok, k, v = _key_block(K, V, M, b, base, offs_n, offs_d, S, stride_s, mask_stride_b, HAS_MASK)
-        qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * sm_scale
-        qk = tl.where(key_ok[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no valid key yet
-        p = tl.exp(qk - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DROPOUT:
-            p = tl.where(_keep(seed, off_hz, offs_m, offs_n, S, p_drop), p / (1.0 - p_drop), 0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-        m_i = m_new
-    has_key = l_i > 0
-    out = acc / tl.where(has_key, l_i, 1.0)[:, None]  # no valid key at all: output 0
-    lse = tl.where(has_key, tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(l_i), float("inf"))
-    _store_rows(O, base, offs_m, offs_d, stride_s, row_ok, out)
-    tl.store(LSE + off_hz * S + offs_m, lse, mask=row_ok)
+    b, base, L = _sequence(Cu, off_hz, S, H, stride_b, stride_h, stride_s, VARLEN)
+    if start_m * BLOCK_M < L:  # packed: the grid is sized by max_seqlen, this sequence may be shorter
+        offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM)
+        row_ok = offs_m < L
+        q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        seed = _seed(Seed, DROPOUT)
+        for start_n in range(0, L, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            col_ok, key_ok, k, v = _key_block(K, V, M, b, base, offs_n, offs_d, L, stride_s, mask_stride_b,
+                                              HAS_MASK)
+            qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * sm_scale
+            qk = tl.where(key_ok[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no valid key yet
+            p = tl.exp(qk - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DROPOUT:
+                p = tl.where(_keep(seed, off_hz, offs_m, offs_n, S, p_drop), p / (1.0 - p_drop), 0.0)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+            m_i = m_new
+        has_key = l_i > 0
+        out = acc / tl.where(has_key, l_i, 1.0)[:, None]  # no valid key at all: output 0
+        lse = tl.where(has_key, tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(l_i), float("inf"))
+        _store_rows(O, base, offs_m, offs_d, stride_s, row_ok, out)
+        tl.store(LSE + off_hz * S + offs_m, lse, mask=row_ok)
 
 
 @triton.jit
@@ -130,7 +159,7 @@ def _probs(q, k, key_ok, lse, sm_scale, PRECISION: tl.constexpr, UPCAST: tl.cons
 
 @triton.jit
 def _rows_lse_delta(O, DO, LSE, base, off_hz, offs_m, offs_d, S, stride_s, row_ok):
-    """dO, the saved log-sum-exp and delta = rowsum(dO * O) for a block of query rows. Computed
+    """dO, the saved log-sum-exp (row stride S) and delta = rowsum(dO * O) for a block of query rows. Computed
     where it is needed rather than in a separate pre-pass: one kernel launch less per backward,
     which is what counts at BERT sizes, where the launches cost more than the math."""
     do = _load_rows(DO, base, offs_m, offs_d, stride_s, row_ok)
@@ -141,18 +170,18 @@ def _rows_lse_delta(O, DO, LSE, base, off_hz, offs_m, offs_d, S, stride_s, row_o
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, start_n, off_hz, b, base, sm_scale, p_drop, S,
+def _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, start_n, off_hz, b, base, sm_scale, p_drop, S, L,
               stride_s, mask_stride_b, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """dK, dV of one key block, streaming over all query blocks."""
+    """dK, dV of one key block, streaming over all query blocks of the sequence (length L)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    col_ok, key_ok, k, v = _key_block(K, V, M, b, base, offs_n, offs_d, S, stride_s, mask_stride_b, HAS_MASK)
+    col_ok, key_ok, k, v = _key_block(K, V, M, b, base, offs_n, offs_d, L, stride_s, mask_stride_b, HAS_MASK)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    for start_m in range(0, S, BLOCK_M):
+    for start_m in range(0, L, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < S
+        row_ok = offs_m < L
         q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
         do, lse, delta = _rows_lse_delta(O, DO, LSE, base, off_hz, offs_m, offs_d, S, stride_s, row_ok)
         p = _probs(q, k, key_ok, lse, sm_scale, PRECISION, UPCAST)
@@ -171,19 +200,19 @@ def _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, start_n, off_hz, b, base, sm
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, start_m, off_hz, b, base, sm_scale, p_drop, S,
+def _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, start_m, off_hz, b, base, sm_scale, p_drop, S, L,
             stride_s, mask_stride_b, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """dQ of one query block, streaming over all key blocks."""
+    """dQ of one query block, streaming over all key blocks of the sequence (length L)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < S
+    row_ok = offs_m < L
     q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
     do, lse, delta = _rows_lse_delta(O, DO, LSE, base, off_hz, offs_m, offs_d, S, stride_s, row_ok)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for start_n in range(0, S, BLOCK_N):
+    for start_n in range(0, L, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok, key_ok, k, v = _key_block(K, V, M, b, base, offs_n, offs_d, S, stride_s, mask_stride_b, HAS_MASK)
+        col_ok, key_ok, k, v = _key_block(K, V, M, b, base, offs_n, offs_d, L, stride_s, mask_stride_b, HAS_MASK)
         p = _probs(q, k, key_ok, lse, sm_scale, PRECISION, UPCAST)
         dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
         if DROPOUT:
@@ -193,27 +222,27 @@ def _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, start_m, off_hz, b, base, sm_scale
     _store_rows(DQ, base, offs_m, offs_d, stride_s, row_ok, dq * sm_scale)
 
 
-@triton.jit
-def _bwd_kernel(Q, K, V, O, DO, M, Seed, LSE, DQ, DK, DV, sm_scale, p_drop, S, H,
+@triton.jit(do_not_specialize=["S", "mask_stride_b"])
+def _bwd_kernel(Q, K, V, O, DO, M, Seed, Cu, LSE, DQ, DK, DV, sm_scale, p_drop, S, H,
                 stride_b, stride_h, stride_s, mask_stride_b,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
-                DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                VARLEN: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """The whole backward in one launch: program i computes dK/dV of key block i and dQ of query
-    block i (the grid covers the larger of the two block counts)."""
+    block i (the grid covers the larger of the two block counts; blocks past the sequence's
+    length L do nothing)."""
     pid = tl.program_id(0)
     off_hz = tl.program_id(1)
-    b = off_hz // H
-    base = b * stride_b + (off_hz % H) * stride_h
+    b, base, L = _sequence(Cu, off_hz, S, H, stride_b, stride_h, stride_s, VARLEN)
     seed = _seed(Seed, DROPOUT)
-    if pid * BLOCK_N < S:
-        _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, pid * BLOCK_N, off_hz, b, base, sm_scale, p_drop, S,
+    if pid * BLOCK_N < L:
+        _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, pid * BLOCK_N, off_hz, b, base, sm_scale, p_drop, S, L,
                   stride_s, mask_stride_b, HEAD_DIM, BLOCK_M, BLOCK_N, HAS_MASK, DROPOUT, PRECISION, UPCAST)
-    if pid * BLOCK_M < S:
-        _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, pid * BLOCK_M, off_hz, b, base, sm_scale, p_drop, S,
+    if pid * BLOCK_M < L:
+        _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, pid * BLOCK_M, off_hz, b, base, sm_scale, p_drop, S, L,
                 stride_s, mask_stride_b, HEAD_DIM, BLOCK_M, BLOCK_N, HAS_MASK, DROPOUT, PRECISION, UPCAST)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])
 def _keep_mask_kernel(Seed, Out, p_drop, S, BLOCK: tl.constexpr):
     """The keep mask the attention kernels use, written out: for tests and for inspection."""
     start_m = tl.program_id(0)
