@@ -67,9 +67,12 @@ def test_warmup_runs_every_shape_through_the_triton_layers_and_leaves_no_trace()
                          lambda b: eval_batch(model, b, prec, cpu), cpu)
     assert seconds > 0
     # Per train length: a step with a padded row, then one without (HF then passes no mask at
-    # all: a kernel variant of its own); then evaluation per eval length, at the eval rows.
-    assert seen == [(True, (3, 8), False), (True, (3, 8), True), (True, (3, 16), False), (True, (3, 16), True),
-                    (False, (5, 8), False), (False, (5, 8), True)]
+    # all: the dense path); then evaluation per eval length, at the eval rows. A padded batch
+    # reaches the attention packed, as one row of its real tokens (the last row is half padding).
+    def packed(rows, s):
+        return (1, rows * s - (s - s // 2 - 1))
+    assert seen == [(True, packed(3, 8), False), (True, (3, 8), True), (True, packed(3, 16), False),
+                    (True, (3, 16), True), (False, packed(5, 8), False), (False, (5, 8), True)]
     assert all(p.grad is None for p in model.parameters())
     assert not model.training  # mode restored
     assert torch.equal(torch.get_rng_state(), rng)  # dropout draws did not move the run's RNG
