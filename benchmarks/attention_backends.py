@@ -19,6 +19,10 @@ Part 2, host cost per attention call (fwd+bwd, tiny tensors so the GPU waits on 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import gc
+import io
+import pstats
 import csv
 import gzip
 import json
@@ -152,7 +156,9 @@ def part1(args, lengths: List[int]) -> List[Dict]:
                 for attention in ATTENTIONS:
                     row = {"workload": workload, "B": bsz, "mode": mode, "attention": attention,
                            "real_token_fraction": round(real, 3)}
-                    model = None
+                    model = step = None
+                    gc.collect()
+                    torch.cuda.empty_cache()  # the previous cell's graphs, optimizer and pool are gone
                     try:
                         model, ctx = build(attention)
                         t0 = time.perf_counter()
@@ -164,8 +170,6 @@ def part1(args, lengths: List[int]) -> List[Dict]:
                         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-                    del model
-                    torch.cuda.empty_cache()
     return rows
 
 
@@ -180,7 +184,7 @@ def host_us(fn: Callable[[], None], calls: int = 300) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def part2() -> List[Dict]:
+def part2(profile: bool) -> List[Dict]:
     """Host microseconds per attention call, forward+backward, on tiny bf16 tensors (B=2, S=16,
     H=12, D=64), so the GPU is idle waiting: the per-call overhead of each path."""
     import xformers.ops as xops
@@ -228,10 +232,35 @@ def part2() -> List[Dict]:
     for name, fn in cases.items():
         try:
             rows.append({"path": name, "host_us_per_call": round(host_us(fn), 1)})
+            if profile and name in PROFILED:
+                rows[-1]["profile"] = where_host_time_goes(fn)
         except Exception as e:  # noqa: BLE001
             rows.append({"path": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"})
         print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+# The paths whose host time part 3 breaks down by function (cProfile).
+PROFILED = ("sdpa, padding mask [B,1,1,S] (EFFICIENT)", "xformers packed, mask built once per batch (ours)",
+            "triton packed (ours)")
+
+
+def where_host_time_goes(fn: Callable[[], None], calls: int = 200, top: int = 12) -> List[Dict]:
+    """The functions that take a call's host time (self time, us per call), from cProfile."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    rows = [{"function": f"{Path(file).name}:{line} {name}", "self_us": tt / calls * 1e6, "cum_us": ct / calls * 1e6,
+             "calls_per_call": nc / calls}
+            for (file, line, name), (_, nc, tt, ct, _) in stats.stats.items()]
+    return sorted(rows, key=lambda r: -r["self_us"])[:top]
 
 
 def table1(rows: List[Dict]) -> str:
@@ -266,6 +295,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default=None, help="write all rows as JSON here")
     ap.add_argument("--skip-steps", action="store_true", help="only part 2 (host cost per call)")
+    ap.add_argument("--profile", action="store_true", help="part 3: where each backend's host time per call goes")
     args = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  {time.strftime('%Y-%m-%d')}", flush=True)
     rows1: List[Dict] = []
@@ -273,12 +303,17 @@ def main() -> None:
         lengths = imdb_lengths(args.imdb, compose([]).model, args.imdb_rows, 256)
         print(f"# IMDb: {len(lengths)} reviews, mean {statistics.mean(lengths):.0f} tokens (cap 256)", flush=True)
         rows1 = part1(args, lengths)
-    rows2 = part2()
+    rows2 = part2(args.profile)
     if rows1:
         print("\n" + table1(rows1))
     print("\n| attention call path (fwd+bwd, B=2 S=16 bf16) | host us/call |\n|---|---|")
     for r in rows2:
         print(f"| {r['path']} | {r.get('host_us_per_call', r.get('error'))} |")
+    for r in rows2:
+        if "profile" in r:
+            print(f"\n{r['path']}: host time by function (self us per attention call, cProfile)")
+            for f in r["profile"]:
+                print(f"  {f['self_us']:8.1f} us self {f['cum_us']:8.1f} cum  x{f['calls_per_call']:.0f}  {f['function']}")
     if args.out:
         Path(args.out).write_text(json.dumps({"steps": rows1, "host": rows2}, indent=1))
 
