@@ -115,3 +115,27 @@ def test_xformers_block_diagonal_mask_from_a_packing(packer):
         dense = mask.materialize((p.tokens, p.tokens))
         same_seq = torch.block_diag(*(torch.ones(n, n) for n in [4, 1, 3])).bool()
         assert torch.equal(dense == 0, same_seq)
+
+
+def test_a_model_built_from_the_swapped_config_computes_the_same_function():
+    """The plan builds a model from the run's model config (on the meta device); with the swapped
+    model's mask name in that config Hugging Face must accept it, and the model it builds must
+    compute what the eager one does (sdpa over the handed-through key-padding mask)."""
+    from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+
+    from bertaccel.attention.swap import swap_attention
+
+    cfg = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     num_labels=2)
+    torch.manual_seed(0)
+    eager = BertForSequenceClassification._from_config(cfg, attn_implementation="eager").eval()
+    swapped = BertForSequenceClassification._from_config(cfg, attn_implementation="eager")
+    swapped.load_state_dict(eager.state_dict())
+    swap_attention(swapped, "triton")
+    rebuilt = AutoModelForSequenceClassification.from_config(swapped.config)
+    rebuilt.load_state_dict(eager.state_dict())
+    ids = torch.randint(1, 60, (2, 7))
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt.eval()(input_ids=ids, attention_mask=mask).logits,
+                                   eager(input_ids=ids, attention_mask=mask).logits)

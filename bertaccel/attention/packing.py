@@ -113,14 +113,28 @@ def _mask_as_given(batch_size: int, q_length: int, kv_length: int, attention_mas
     return attention_mask
 
 
+def _sdpa_with_key_padding(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                           scaling: Optional[float] = None, **kwargs: Any):
+    """The attention a model built from the swapped model's config elsewhere runs (the plan builds
+    one on the meta device for its FLOP count): sdpa over the [B, S] key-padding mask this name's
+    mask builder hands through. The swapped model itself never calls it."""
+    mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
 def pass_masks_through(model: nn.Module) -> None:
     """Have BertModel hand the encoder the [B, S] padding mask as given (as bool), not the 4-D
     additive mask eager attention needs: that one is never used here, costs a [B, 1, S, S] tensor
     per batch, and its builder copies a host scalar to the device, which CUDA-graph capture forbids
-    (compile.step_graph failed on it). Registered under our own name, for this model's config only."""
+    (compile.step_graph failed on it). Registered under our own name, with an attention function
+    beside it, so Hugging Face accepts a config that names it."""
+    from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionMaskInterface.register(MASK_PASSTHROUGH, _mask_as_given)
+    AttentionInterface.register(MASK_PASSTHROUGH, _sdpa_with_key_padding)
     model.config._attn_implementation = MASK_PASSTHROUGH
 
 

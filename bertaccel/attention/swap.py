@@ -67,9 +67,15 @@ class FusedSelfAttention(nn.Module):
 # packed_core: q/k/v [T, H, D] of the Packing's sequences -> [T, H, D]. prepare: the backend's
 # per-batch object, built once per batch by PackedEncoder (not per layer).
 def _triton_dense(q, k, v, p: float, scaling: float) -> torch.Tensor:
-    from .triton_attention import fused_attention
+    """A batch without padding through the packed kernel too, as B sequences of S tokens: one
+    kernel variant family for every batch, so a run's cold warm-up compiles 3 variants (forward and
+    backward with dropout, forward without), not 3 more per tile size of the padded kernel."""
+    from .triton_attention import fused_attention_packed
 
-    return fused_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, p, scaling).transpose(1, 2)
+    bsz, seq, heads, dim = q.shape
+    cu = torch.arange(0, (bsz + 1) * seq, seq, dtype=torch.int32, device=q.device)
+    flat = (t.reshape(bsz * seq, heads, dim) for t in (q, k, v))  # views: [B, S, H*D] projections
+    return fused_attention_packed(*flat, cu, seq, p, scaling).view(bsz, seq, heads, dim)
 
 
 def _triton_packed(q, k, v, packing: Packing, p: float, scaling: float) -> torch.Tensor:
