@@ -3,7 +3,7 @@ training window, and count what still compiles inside the windows.
 
 What compiles per shape: torch.compile (a graph per input shape unless the length is marked
 dynamic; CUDA-graph recordings per shape under mode=reduce-overhead) and our Triton attention
-(a kernel variant per block size / dropout on-off / mask present-absent / length divisibility).
+(a kernel variant per dtype and dropout on/off: 3 per run, attention/triton_attention.py).
 Left to the training loop, those compiles land inside the timed window: measured on an H100, a
 200-step compile=default sweep run reported 422 ms/step where the steady state is ~21.
 
