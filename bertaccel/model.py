@@ -90,9 +90,17 @@ def build_model(model_cfg: Any, num_labels: int, attention: Any, vocab_size: int
     `attention` is the option's settings (conf/attention/<name>.yaml): Hugging Face builds
     `hf_implementation`; with a `swap` (xformers, triton) every self-attention is then replaced
     by ours (attention/swap.py) with the same weights."""
+    from .attention.packing import pass_masks_through
     from .attention.swap import swap_attention
 
     model, note = _build_hf(model_cfg, num_labels, attention.hf_implementation, vocab_size)
+    if attention.hf_implementation == "sdpa":
+        # The [B, S] padding mask reaches sdpa as a [B, 1, 1, S] key-padding mask, not as Hugging
+        # Face's [B, 1, S, S] expansion: under CUDA-graph capture that one had stride 0 on its last
+        # dimension, which no fused kernel takes, so compile.step_graph ran sdpa's MATH backend in
+        # fp32 (116 vs 69 ms/step, BERT-base B=256 S=128, H100); eagerly, on IMDb's ragged batches
+        # at B=256, it cost 158 vs 136 ms/step. Same function (tests/test_packing.py).
+        pass_masks_through(model)
     if attention.swap is None:
         return model, note
     n = swap_attention(model, attention.swap)

@@ -25,8 +25,21 @@ def test_adding_an_attention_option_is_one_yaml(compose_cfg, tmp_path):
     assert attention_unusable(cfg.attention, CPU) is None
     from bertaccel.model import build_model
 
+    from bertaccel.attention.packing import MASK_PASSTHROUGH
+
     model, note = build_model(cfg.model, 4, cfg.attention, 128)
-    assert model.config._attn_implementation == "sdpa" and "swapped" not in note
+    # sdpa over the [B, 1, 1, S] key-padding mask (attention/packing.py), not Hugging Face's
+    # [B, 1, S, S] expansion; the same function as eager attention on the same weights.
+    assert model.config._attn_implementation == MASK_PASSTHROUGH and "swapped" not in note
+    eager = type(model)._from_config(model.config, attn_implementation="eager")
+    eager.load_state_dict(model.state_dict())
+    ids = torch.randint(5, 128, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    mask[2, 2:] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(input_ids=ids, attention_mask=mask).logits,
+                                   eager.eval()(input_ids=ids, attention_mask=mask).logits, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("overrides, message", [
