@@ -58,6 +58,45 @@ def test_token_counts():
     c = TokenCounts()
     c.add(_batch(4, 24, 17))
     assert (c.sequences, c.padded_tokens, c.real_tokens, c.attention_pairs) == (4, 96, 68, 4 * 24 * 24)
+    assert (c.real_attention_pairs, c.split_attention_pairs) == (4 * 17 * 17, 4 * (17 * 17 + 7 * 7))
+
+
+def test_packed_encoders_count_the_tokens_they_computed():
+    """attention=triton packs the tokens (attention/packing.py): eagerly the FLOPs are the real
+    tokens' (T = real tokens, A = sum of L^2); in the static layout of CUDA graphs, the padded
+    tokens with each row's padding attending only to itself (A = sum of L^2 + (S-L)^2)."""
+    import dataclasses
+
+    from bertaccel.attention import packing
+    from bertaccel.attention.swap import swap_attention
+
+    def bert():  # head dim 16, which the kernel takes
+        torch.manual_seed(0)
+        cfg = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, num_labels=4)
+        return BertForSequenceClassification._from_config(cfg, attn_implementation="eager")
+
+    model = bert()
+    counts = TokenCounts()
+    counts.add(_batch(8, 32, 30))
+    padded = bert_train_flops(model, counts)
+    swap_attention(model, "triton")
+    assert bert_train_flops(model, counts) == padded  # nothing packed yet
+    ids, mask = _batch(2, 9, 4).values()
+    for static, tokens, pairs in ((False, "real_tokens", "real_attention_pairs"),
+                                  (True, "padded_tokens", "split_attention_pairs")):
+        old = packing.must_be_static
+        packing.must_be_static = lambda: static  # as under CUDA-graph capture / torch.compile
+        try:
+            with torch.no_grad():
+                model.eval()(input_ids=ids, attention_mask=mask)
+        finally:
+            packing.must_be_static = old
+        assert model.bert.encoder.layout == ("static" if static else "exact")
+        as_computed = dataclasses.replace(counts, padded_tokens=getattr(counts, tokens),
+                                          attention_pairs=getattr(counts, pairs))
+        assert bert_train_flops(model, counts) == bert_train_flops(bert(), as_computed)
+    assert bert_train_flops(model, counts) < padded
 
 
 def test_mfu_and_missing_peak():

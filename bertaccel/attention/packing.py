@@ -149,6 +149,9 @@ class PackedEncoder(nn.Module):
         self.layer = encoder.layer
         object.__setattr__(self, "hf_encoder", encoder)  # not a submodule: its layers are ours
         self.prepare = prepare
+        # The layout the last padded batch was packed in (exact / static), for the FLOP count
+        # (measure/flops.py): the work done is the real tokens' eagerly, the padded batch's in graphs.
+        self.layout: Optional[str] = None
 
     def train(self, mode: bool = True) -> "PackedEncoder":
         super().train(mode)
@@ -162,6 +165,7 @@ class PackedEncoder(nn.Module):
         keep = key_padding_mask(attention_mask, *hidden_states.shape[:2])
         packing = pack(keep)
         packing.bias = self.prepare(packing)
+        self.layout = "exact" if packing.seqlens_py is not None else "static"
         out = self.hf_encoder(pack_tokens(hidden_states, packing), packing, *args, **kwargs)
         out.last_hidden_state = unpack_tokens(out.last_hidden_state, packing)
         return out

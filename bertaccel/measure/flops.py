@@ -30,6 +30,8 @@ class TokenCounts:
     padded_tokens: int = 0     # sum of B*S over the batches trained on
     real_tokens: int = 0       # sum of the attention masks
     attention_pairs: int = 0   # sum of B*S^2 (padded)
+    real_attention_pairs: int = 0   # sum of L^2 over the rows (packed: each row's real tokens)
+    split_attention_pairs: int = 0  # sum of L^2 + (S-L)^2 (the static packed layout: padding apart)
 
     def add(self, batch: Mapping[str, torch.Tensor]) -> None:
         b, s = batch["input_ids"].shape
@@ -38,14 +40,19 @@ class TokenCounts:
         # Filler rows (compiled runs fill a short batch up; label -100) attend to one token each:
         # computed, so in B*S, but not real text.
         fillers = int((batch["labels"] < 0).sum()) if "labels" in batch else 0
-        self.real_tokens += int(batch["attention_mask"].sum()) - fillers
+        lengths = batch["attention_mask"].sum(1)
+        self.real_tokens += int(lengths.sum()) - fillers
         self.attention_pairs += b * s * s
+        self.real_attention_pairs += int((lengths * lengths).sum())
+        self.split_attention_pairs += int((lengths * lengths + (s - lengths) * (s - lengths)).sum())
 
     def __iadd__(self, other: "TokenCounts") -> "TokenCounts":
         self.sequences += other.sequences
         self.padded_tokens += other.padded_tokens
         self.real_tokens += other.real_tokens
         self.attention_pairs += other.attention_pairs
+        self.real_attention_pairs += other.real_attention_pairs
+        self.split_attention_pairs += other.split_attention_pairs
         return self
 
 
@@ -62,11 +69,22 @@ def _trains(module: Optional[nn.Module]) -> bool:
     return module is not None and any(p.requires_grad for p in module.parameters())
 
 
+def computed_shapes(model: nn.Module, counts: TokenCounts) -> Tuple[int, int]:
+    """(T, A): the tokens and attention pairs the encoder computed, by the layout it last packed
+    in (attention/packing.py's PackedEncoder says which), else the padded ones."""
+    layout = getattr(model.base_model.encoder, "layout", None)
+    if layout == "exact":
+        return counts.real_tokens, counts.real_attention_pairs
+    if layout == "static":
+        return counts.padded_tokens, counts.split_attention_pairs
+    return counts.padded_tokens, counts.attention_pairs
+
+
 def bert_train_flops(model: nn.Module, counts: TokenCounts) -> float:
     """Matmul FLOPs of forward+backward over `counts`, for the model's current requires_grad."""
     backbone = model.base_model
     hidden = backbone.config.hidden_size
-    t, a = counts.padded_tokens, counts.attention_pairs
+    t, a = computed_shapes(model, counts)
     below = _trains(backbone.embeddings)  # does the gradient have to flow below this point?
     total = 0
     for layer in backbone.encoder.layer:

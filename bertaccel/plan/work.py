@@ -109,8 +109,12 @@ def _batch_counts(lengths: torch.Tensor, batch: List[int], multiple: int, rows: 
     s = -(-longest // multiple) * multiple
     b = max(len(batch), rows or 0)
     # Filler rows attend to one token each and are not text (flops.TokenCounts.add).
-    return TokenCounts(sequences=b, padded_tokens=b * s, real_tokens=int(lengths[batch].sum()),
-                       attention_pairs=b * s * s)
+    real = lengths[batch]
+    fillers = b - len(batch)  # one token each, computed like a row of length 1
+    return TokenCounts(sequences=b, padded_tokens=b * s, real_tokens=int(real.sum()), attention_pairs=b * s * s,
+                       real_attention_pairs=int((real * real).sum()) + fillers,
+                       split_attention_pairs=int((real * real + (s - real) * (s - real)).sum())
+                       + fillers * (1 + (s - 1) * (s - 1)))
 
 
 def epoch_batches(lengths: torch.Tensor, cfg: Any) -> Tuple[List[TokenCounts], List[int], List[int], int]:

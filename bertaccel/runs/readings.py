@@ -24,7 +24,8 @@ from bertaccel.train.result import TrainResult
 
 TIMER_SOURCE = "time.perf_counter (device synchronized at window edges)"
 FLOPS_SOURCE = ("analytic matmul FLOPs of forward+backward (flops.py: 6*P*T + 12*L*B*S^2*H when all "
-                "layers train; frozen layers' backward left out), T = padded tokens computed")
+                "layers train; frozen layers' backward left out), T and B*S^2 as computed: padded, or the "
+                "packed real tokens of attention=xformers|triton")
 
 
 def derived(readings: Mapping[str, Reading], result: TrainResult, profile: Mapping[str, Any],
@@ -50,7 +51,7 @@ def derived(readings: Mapping[str, Reading], result: TrainResult, profile: Mappi
     peak, peak_source = peak_tflops(profile, precision)
     out["mfu"] = (Reading(mfu(flops, result.train_time_s, peak, num_gpus),
                           f"model_flops / train_time_s / ({peak_source} x num_gpus={num_gpus}); "
-                          "FLOPs on padded tokens")
+                          "FLOPs on the tokens computed")
                   if peak is not None else Reading.null(f"{peak_source}; set hardware.peak_tflops_{precision}"))
 
     if result.profile is not None:

@@ -234,7 +234,8 @@ class RanksTogether(Callback):
         (win.train_time_s,) = distributed.max_across([win.train_time_s], run.device)
         t = win.tokens
         totals = distributed.sum_across([float(win.loss_sum), win.samples, t.sequences, t.padded_tokens,
-                                         t.real_tokens, t.attention_pairs], run.device)
+                                         t.real_tokens, t.attention_pairs, t.real_attention_pairs,
+                                         t.split_attention_pairs], run.device)
         win.loss_sum, win.samples = torch.tensor(totals[0]), int(totals[1])
         win.tokens = TokenCounts(*(int(v) for v in totals[2:]))
 
