@@ -23,9 +23,8 @@ def test_adding_an_attention_option_is_one_yaml(compose_cfg, tmp_path):
     cfg = compose_cfg(["attention=sdpa_math", "model=tiny"], searchpath=tmp_path)
     validate(cfg)
     assert attention_unusable(cfg.attention, CPU) is None
-    from bertaccel.model import build_model
-
     from bertaccel.attention.packing import MASK_PASSTHROUGH
+    from bertaccel.model import build_model
 
     model, note = build_model(cfg.model, 4, cfg.attention, 128)
     # sdpa over the [B, 1, 1, S] key-padding mask (attention/packing.py), not Hugging Face's
