@@ -44,11 +44,15 @@ def test_activation_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def _grads_and_layer_calls(mode: str, layers: int = 4):
+def _grads_and_layer_calls(mode: str, layers: int = 4, swap=None):
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
                      intermediate_size=64, num_labels=3)
-    model = BertForSequenceClassification(cfg)
+    model = BertForSequenceClassification._from_config(cfg, attn_implementation="eager")
+    if swap is not None:  # our attention on packed tokens (attention/packing.py's encoder)
+        from bertaccel.attention.swap import swap_attention
+
+        swap_attention(model, swap)
     model.train()  # dropout on: the recompute must draw the same masks
     apply_checkpointing(model, mode)
     calls = [0] * layers
@@ -66,10 +70,10 @@ def _grads_and_layer_calls(mode: str, layers: int = 4):
     return {n: p.grad.clone() for n, p in model.named_parameters()}, calls
 
 
-@pytest.mark.parametrize("mode", ["every", "sqrt"])
-def test_checkpointing_modes_give_the_same_gradients_and_really_recompute(mode):
-    plain, plain_calls = _grads_and_layer_calls("none")
-    ckpt, calls = _grads_and_layer_calls(mode)
+@pytest.mark.parametrize("mode, swap", [("every", None), ("sqrt", None), ("every", "triton"), ("sqrt", "triton")])
+def test_checkpointing_modes_give_the_same_gradients_and_really_recompute(mode, swap):
+    plain, plain_calls = _grads_and_layer_calls("none", swap=swap)
+    ckpt, calls = _grads_and_layer_calls(mode, swap=swap)
     assert plain_calls == [1, 1, 1, 1]
     assert calls == [2, 2, 2, 2]  # each layer ran again in the backward: checkpointed, not skipped
     for name in plain:

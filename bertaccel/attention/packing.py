@@ -139,33 +139,29 @@ def pass_masks_through(model: nn.Module) -> None:
 
 
 class PackedEncoder(nn.Module):
-    """BERT's encoder on packed tokens. Holds the same `layer` list (state-dict keys unchanged);
-    the Hugging Face encoder it wraps loops over them, so what patches that loop (activation
-    checkpointing's segments) patches `hf_encoder` and still runs packed."""
+    """BERT's encoder on packed tokens. Holds the same `layer` list (state-dict keys unchanged) and
+    runs Hugging Face's own loop over it (`layers_forward`, the wrapped encoder class's forward, a
+    plain function of the module: it reads only `self.layer`, so DataParallel replicas run their
+    own layers); activation checkpointing's segments replace that function (train/checkpointing.py)."""
 
     def __init__(self, encoder: nn.Module, prepare: Callable[[Packing], Any]):
         super().__init__()
         self.config = encoder.config
         self.layer = encoder.layer
-        object.__setattr__(self, "hf_encoder", encoder)  # not a submodule: its layers are ours
+        self.layers_forward = type(encoder).forward
         self.prepare = prepare
         # The layout the last padded batch was packed in (exact / static), for the FLOP count
         # (measure/flops.py): the work done is the real tokens' eagerly, the padded batch's in graphs.
         self.layout: Optional[str] = None
 
-    def train(self, mode: bool = True) -> "PackedEncoder":
-        super().train(mode)
-        self.hf_encoder.training = mode  # not a submodule, so nn.Module.train would not reach it
-        return self
-
     def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 *args: Any, **kwargs: Any):
         if attention_mask is None:  # no padding: every layer runs dense, no mask at all
-            return self.hf_encoder(hidden_states, None, *args, **kwargs)
+            return self.layers_forward(self, hidden_states, None, *args, **kwargs)
         keep = key_padding_mask(attention_mask, *hidden_states.shape[:2])
         packing = pack(keep)
         packing.bias = self.prepare(packing)
         self.layout = "exact" if packing.seqlens_py is not None else "static"
-        out = self.hf_encoder(pack_tokens(hidden_states, packing), packing, *args, **kwargs)
+        out = self.layers_forward(self, pack_tokens(hidden_states, packing), packing, *args, **kwargs)
         out.last_hidden_state = unpack_tokens(out.last_hidden_state, packing)
         return out

@@ -26,12 +26,15 @@ def apply_checkpointing(model: torch.nn.Module, mode: str) -> None:
     if mode == "every":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return
-    # attention=xformers|triton wrap the encoder to pack tokens (attention/packing.py); the loop
-    # over layers is still Hugging Face's, in the encoder it wraps.
-    encoder = getattr(model.bert.encoder, "hf_encoder", model.bert.encoder)
+    encoder = model.bert.encoder
     size = max(1, round(math.sqrt(len(encoder.layer))))
     # The encoder's own forward loops over its layers; this one loops over segments. It keeps
     # the call signature (hidden states, mask, then keyword arguments) that BertModel uses.
+    # attention=xformers|triton's packed encoder (attention/packing.py) runs Hugging Face's loop as
+    # its `layers_forward` function, between packing and unpacking: that loop is the one replaced.
+    if hasattr(encoder, "layers_forward"):
+        encoder.layers_forward = _segmented_forward(size, encoder.layers_forward)
+        return
     encoder.forward = types.MethodType(_segmented_forward(size, type(encoder).forward), encoder)
 
 
