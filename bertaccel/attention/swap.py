@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from bertaccel.attention.packing import (PackedEncoder, Packing, key_padding_mask, pack, pack_tokens,  # noqa: F401
+from bertaccel.attention.packing import (PackedEncoder, Packing, key_padding_mask, pack, pack_tokens,
                                          pass_masks_through, unpack_tokens)
 
 
