@@ -52,3 +52,18 @@ def test_a_run_with_attention_xformers_is_skipped_with_that_reason(tmp_path):
     reason = attention_unusable(a, torch.device("cpu"))
     assert reason is not None and reason.startswith("attention=xformers")
     assert reason == xformers_unusable(torch.device("cpu"))
+
+
+def test_operators_are_named_by_dtype_and_gpu():
+    """Flash for fp16/bf16 on sm80 and newer, CUTLASS otherwise (fp32, older GPUs, no GPU)."""
+    xops = pytest.importorskip("xformers.ops")
+    from bertaccel.attention.swap import _xformers_ops
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert _xformers_ops(torch.zeros(1, dtype=dtype)) is xops.MemoryEfficientAttentionCutlassOp  # not on a GPU
+    if torch.cuda.is_available():
+        half = torch.zeros(1, dtype=torch.float16, device="cuda")
+        want = (xops.MemoryEfficientAttentionFlashAttentionOp if torch.cuda.get_device_capability() >= (8, 0)
+                else xops.MemoryEfficientAttentionCutlassOp)
+        assert _xformers_ops(half) is want
+        assert _xformers_ops(half.float()) is xops.MemoryEfficientAttentionCutlassOp

@@ -84,13 +84,14 @@ def _triton_packed(q, k, v, packing: Packing, p: float, scaling: float) -> torch
     return fused_attention_packed(q, k, v, packing.cu_seqlens, packing.max_seqlen, p, scaling)
 
 
-def _xformers_ops(dtype: torch.dtype):
+def _xformers_ops(q: torch.Tensor):
     """The (forward, backward) operators named rather than chosen per call: xFormers' dispatcher
     otherwise asks every operator whether it supports the inputs, at every call. Flash takes
-    fp16/bf16; fp32 goes to the CUTLASS kernels."""
+    fp16/bf16 on sm80 and newer; fp32, and GPUs before sm80, go to the CUTLASS kernels."""
     import xformers.ops as xops
 
-    if dtype in (torch.float16, torch.bfloat16):
+    if (q.dtype in (torch.float16, torch.bfloat16) and q.is_cuda
+            and torch.cuda.get_device_capability(q.device) >= (8, 0)):
         return xops.MemoryEfficientAttentionFlashAttentionOp
     return xops.MemoryEfficientAttentionCutlassOp
 
@@ -98,14 +99,14 @@ def _xformers_ops(dtype: torch.dtype):
 def _xformers_dense(q, k, v, p: float, scaling: float) -> torch.Tensor:
     import xformers.ops as xops
 
-    return xops.memory_efficient_attention(q, k, v, p=p, scale=scaling, op=_xformers_ops(q.dtype))
+    return xops.memory_efficient_attention(q, k, v, p=p, scale=scaling, op=_xformers_ops(q))
 
 
 def _xformers_packed(q, k, v, packing: Packing, p: float, scaling: float) -> torch.Tensor:
     import xformers.ops as xops
 
     out = xops.memory_efficient_attention(q[None], k[None], v[None], attn_bias=packing.bias, p=p, scale=scaling,
-                                          op=_xformers_ops(q.dtype))
+                                          op=_xformers_ops(q))
     return out[0]
 
 
