@@ -37,9 +37,6 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-if not torch.cuda.is_available():
-    sys.exit("error: this benchmark needs a CUDA GPU (tests/test_packing.py and tests/test_triton_packed.py "
-             "cover correctness on the CPU)")
 
 DEV = torch.device("cuda")
 # "sdpa [B,1,1,S]": the same sdpa with its mask handed over as a [B, 1, 1, S] key-padding mask
@@ -51,19 +48,12 @@ ATTENTIONS = ("sdpa", "sdpa [B,1,1,S]", "xformers", "triton")
 
 
 def compose(overrides: List[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from vs_hf_bertaccel import compose as compose_config
 
-    from bertaccel.config import CONF_DIR, register_configs
+    from bertaccel.config import register_configs
 
     register_configs()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=overrides)
-    finally:
-        GlobalHydra.instance().clear()
+    return compose_config(overrides)
 
 
 def imdb_lengths(path: str, tokenizer_cfg, rows: int, cap: int) -> List[int]:
@@ -89,8 +79,9 @@ def batches(workload: str, rows: int, lengths: List[int], n: int, seed: int = 0)
         seq = int(-(-int(lens.max()) // 8) * 8)
         mask = (torch.arange(seq)[None, :] < lens[:, None]).long()
         ids = torch.randint(1000, 30000, (rows, seq), generator=g) * mask
-        out.append({"input_ids": ids.pin_memory(), "attention_mask": mask.pin_memory(),
-                    "labels": torch.randint(0, 2, (rows,), generator=g).pin_memory()})
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 2, (rows,), generator=g)}
+        # Pinned, as the loop's loaders pin them (train.pin_memory): copies that do not wait.
+        out.append({k: t.pin_memory() for k, t in batch.items()} if torch.cuda.is_available() else batch)
     return out
 
 
@@ -311,6 +302,9 @@ def main() -> None:
     ap.add_argument("--skip-steps", action="store_true", help="only part 2 (host cost per call)")
     ap.add_argument("--profile", action="store_true", help="part 3: where each backend's host time per call goes")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("error: this benchmark needs a CUDA GPU (tests/test_packing.py and tests/test_triton_packed.py "
+                 "cover correctness on the CPU)")
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  {time.strftime('%Y-%m-%d')}", flush=True)
     rows1: List[Dict] = []
     if not args.skip_steps:
