@@ -72,9 +72,11 @@ def pack_exact(keep: torch.Tensor) -> Packing:
     right padding: a row's tokens keep their order)."""
     rows, length = keep.shape
     lengths = keep.sum(1, dtype=torch.int32)
-    index = keep.reshape(-1).nonzero().squeeze(1)  # the one host sync: T is data
-    cu = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+    # The host sync of an exact packing (T is data): the lengths come to the host first, then
+    # nonzero's own sync finds the stream drained and waits for nothing.
     seqlens = lengths.tolist()
+    index = keep.reshape(-1).nonzero().squeeze(1)
+    cu = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
     return Packing(index, cu, max(seqlens, default=0), rows, length, seqlens)
 
 
