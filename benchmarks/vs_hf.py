@@ -11,7 +11,8 @@ Every figure is measured in this run; nothing is copied from an earlier one.
    of real text already on the device, a hand-written loop (zero_grad, forward under autocast,
    backward, AdamW step; no clipping):
    (a) fp32, eager attention, AdamW (foreach); (b) bf16 autocast + sdpa + fused AdamW;
-   (c) (b) + torch.compile(model); (d) (b) + torch.compile(model, mode="reduce-overhead").
+   (c) (b) + torch.compile(model); (d) (b) + torch.compile(model, mode="reduce-overhead");
+   (e) (b) with our fused encoder (encoder=fused); (f) (e) with the whole step in one CUDA graph.
 2. One epoch of the Hugging Face Trainer (bf16, sdpa, fused AdamW, dynamic padding) on the
    --imdb-train CSV, what a user gets from the documented recipe.
 3. bertaccel configurations (--bertaccel, repeatable) through the real core, bertaccel.runs.job.execute.
@@ -56,7 +57,7 @@ def parse_args(argv=None):
                          "CUDA graphs in the first ~3)")
     ap.add_argument("--batch-sizes", default="32,256", help="rung batch sizes, comma-separated")
     ap.add_argument("--seq", type=int, default=128, help="rung sequence length S (pad/truncate)")
-    ap.add_argument("--rungs", default="a,b,c,d", help="subset of a,b,c,d")
+    ap.add_argument("--rungs", default="a,b,c,d,e,f", help="subset of a,b,c,d,e,f")
     ap.add_argument("--rung-batches", type=int, default=4, help="distinct fixed batches the rung steps cycle through")
     ap.add_argument("--data", help="CSV for the rungs' text (default: --imdb-train, else the bundled AG News sample)")
     ap.add_argument("--text-columns", help="comma-separated, joined by a space (default: every column but the label)")
@@ -79,7 +80,7 @@ def parse_args(argv=None):
     args.rungs = [r for r in args.rungs.split(",") if r]
     bad = [r for r in args.rungs if r not in RUNGS]
     if bad:
-        ap.error(f"--rungs: unknown {','.join(bad)} (choose from a,b,c,d)")
+        ap.error(f"--rungs: unknown {','.join(bad)} (choose from {','.join(RUNGS)})")
     if not args.skip_trainer and not args.imdb_train:
         ap.error("the Trainer epoch needs --imdb-train (or pass --skip-trainer)")
     if args.data is None:

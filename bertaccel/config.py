@@ -134,6 +134,25 @@ class AttentionConfig:
 
 
 @dataclass
+class EncoderConfig:
+    """conf/encoder/<name>.yaml; meaning, checks and machine check in bertaccel/encoder/option.py.
+    hf: Hugging Face's BertLayer. fused: ours (bertaccel/encoder/), with LightSeq's techniques,
+    each a switch here so that each one can be measured on and off."""
+    name: str = "hf"
+    layer: str = "hf"                  # hf | fused: which layer the encoder runs
+    # fused only. packed: the layers run on the batch's real tokens (no work on padding); false:
+    # on every padded token (each row's padding a sequence of its own, so results are the same).
+    packed: bool = True
+    # fused only. true: bias+GELU and bias+dropout+residual+LayerNorm as our Triton kernels;
+    # false: the same arithmetic as PyTorch ops (a kernel each), for the on/off measurement.
+    fused_kernels: bool = True
+    # fused only, precision fp16/bf16 with an optimizer that keeps fp32 master weights
+    # (`master_weights` on its class): the model's parameters live in the half dtype, the fp32
+    # copies inside the optimizer's flat buffers, so no weight is cast per step.
+    half_params: bool = True
+
+
+@dataclass
 class CompileConfig:
     mode: str = "off"
     # One graph for every padded length (the sequence dimension marked dynamic) instead of a
@@ -333,6 +352,7 @@ class LauncherConfig:
 class RunConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     # accumulation and num_gpus are plain integers rather than folders of options: Hydra rejects
     # a group option whose name parses as an int (`accumulation=4` -> "Config group override
@@ -371,7 +391,8 @@ class RunConfig:
 # group is checked against. GROUPS (what a run's choices are read from) and register_configs
 # both read this one list; conf/config.yaml's defaults name the same groups (a test holds them
 # equal). accumulation and num_gpus, also chosen on the command line, are integers: RunConfig.
-GROUP_SCHEMAS = (("precision", PrecisionConfig), ("attention", AttentionConfig), ("compile", CompileConfig),
+GROUP_SCHEMAS = (("precision", PrecisionConfig), ("attention", AttentionConfig), ("encoder", EncoderConfig),
+                 ("compile", CompileConfig),
                  ("freezing", FreezingConfig), ("optimizer", OptimizerConfig), ("hardware", HardwareConfig),
                  ("model", ModelConfig), ("dataset", DatasetConfig))
 # preset: a bundle of the other groups' choices for a study (conf/preset/); it has no schema of its own.

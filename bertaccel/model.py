@@ -84,16 +84,22 @@ def built_shape(model: Any) -> Dict[str, int]:
     return {k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
-def build_model(model_cfg: Any, num_labels: int, attention: Any, vocab_size: int) -> Tuple[Any, str]:
+def build_model(model_cfg: Any, num_labels: int, attention: Any, vocab_size: int,
+                encoder: Any = None) -> Tuple[Any, str]:
     """Returns the model and a short note on where its weights came from.
 
     `attention` is the option's settings (conf/attention/<name>.yaml): Hugging Face builds
     `hf_implementation`; with a `swap` (xformers, triton) every self-attention is then replaced
-    by ours (attention/swap.py) with the same weights."""
+    by ours (attention/swap.py) with the same weights. `encoder` (conf/encoder/<name>.yaml; None:
+    hf): with layer=fused every BertLayer is replaced by our fused layer (encoder/swap.py), which
+    runs the attention option's kernel over packed tokens itself."""
     from .attention.packing import pass_masks_through
     from .attention.swap import swap_attention
+    from .encoder.swap import fuse_encoder
 
     model, note = _build_hf(model_cfg, num_labels, attention.hf_implementation, vocab_size)
+    if encoder is not None and encoder.layer == "fused":
+        return model, f"{note}; {fuse_encoder(model, encoder, attention)} for encoder={encoder.name}"
     if attention.hf_implementation == "sdpa":
         # The [B, S] padding mask reaches sdpa as a [B, 1, 1, S] key-padding mask, not as Hugging
         # Face's [B, 1, S, S] expansion: under CUDA-graph capture that one had stride 0 on its last

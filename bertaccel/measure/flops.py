@@ -21,7 +21,8 @@ from torch import nn
 
 # The Linear layers that read an encoder layer's input: their input gradient is only needed
 # when something below the layer trains.
-_INPUT_LINEARS = ("attention.self.query", "attention.self.key", "attention.self.value")
+_INPUT_LINEARS = ("attention.self.query", "attention.self.key", "attention.self.value",
+                  "qkv")  # encoder=fused: Q, K and V as one Linear (encoder/layer.py)
 
 
 @dataclass
@@ -71,7 +72,8 @@ def _trains(module: Optional[nn.Module]) -> bool:
 
 def computed_shapes(model: nn.Module, counts: TokenCounts) -> Tuple[int, int]:
     """(T, A): the tokens and attention pairs the encoder computed, by the layout it last packed
-    in (attention/packing.py's PackedEncoder says which), else the padded ones."""
+    in (attention/packing.py's PackedEncoder and encoder=fused's FusedEncoder say which), else the
+    padded ones."""
     layout = getattr(model.base_model.encoder, "layout", None)
     if layout == "exact":
         return counts.real_tokens, counts.real_attention_pairs

@@ -59,12 +59,13 @@ def option_checks() -> Tuple[Callable[[Any], Optional[str]], ...]:
     raised, so this order is part of what a bad config prints. Imported here, not at the top:
     several option modules import torch, and the sweep process imports this module first."""
     from bertaccel.attention import option as attention
+    from bertaccel.encoder import option as encoder
     from bertaccel.measure import carbon
     from bertaccel.options import accumulation, cache_dir
     from bertaccel.options import compile as compiling  # (the module's name is the option's; not the builtin)
     from bertaccel.options import dataset, freezing, launcher, model, optimizer, precision, search, tracking, train
 
-    return (precision.check, attention.check, compiling.check, accumulation.check, freezing.check, optimizer.check,
+    return (precision.check, attention.check, encoder.check, compiling.check, accumulation.check, freezing.check, optimizer.check,
             carbon.check, freezing.check_num_gpus, launcher.check, model.check, dataset.check, train.check,
             search.check, cache_dir.check, tracking.check,
             tracking.check_store)  # last: it may wait on the network

@@ -183,6 +183,11 @@ def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[
     reason = attention_unusable(cfg.attention, device)
     if reason:
         return reason
+    from bertaccel.encoder.option import encoder_unusable  # the option's own machine check
+
+    reason = encoder_unusable(cfg, device)
+    if reason:
+        return reason
     if mode != "off" and not torch._dynamo.is_dynamo_supported():
         return f"compile={mode}: torch.compile does not support this Python/platform"
     from bertaccel.options.optimizer import optimizer_unusable  # the option's own class says (e.g. a GPU-only kernel)

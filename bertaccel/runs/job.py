@@ -193,7 +193,7 @@ def _prepare_data(cfg: DictConfig, raw: Any, marks: Dict[str, float]) -> Tuple[A
 def _build_model(cfg: DictConfig, raw: Any, tokenizer: Any, tracker: Any,
                  marks: Dict[str, float]) -> Tuple[torch.nn.Module, str]:
     """The model and where its weights came from; the built shape goes to the run's params."""
-    model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention, len(tokenizer))
+    model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention, len(tokenizer), cfg.encoder)
     log.info(f"model {cfg.model.name}: {weights_note}")
     marks["model built"] = time.time()
     # What was built, where the config has no shape of its own (a pretrained model).

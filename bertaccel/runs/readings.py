@@ -24,8 +24,10 @@ from bertaccel.train.result import TrainResult
 
 TIMER_SOURCE = "time.perf_counter (device synchronized at window edges)"
 FLOPS_SOURCE = ("analytic matmul FLOPs of forward+backward (flops.py: 6*P*T + 12*L*B*S^2*H when all "
-                "layers train; frozen layers' backward left out), T and B*S^2 as computed: padded, or the "
-                "packed real tokens of attention=xformers|triton")
+                "layers train; frozen layers' backward left out), T and B*S^2 as the encoder computed them: "
+                "the packed real tokens and sum of L^2 for attention=xformers|triton and encoder=fused run "
+                "eagerly; all B*S tokens and sum of L^2 + (S-L)^2 where they pack statically (CUDA graphs, "
+                "torch.compile, encoder.packed=false); else the padded B*S and B*S^2")
 
 
 def derived(readings: Mapping[str, Reading], result: TrainResult, profile: Mapping[str, Any],
@@ -109,7 +111,7 @@ def run_metric_sources(cfg: DictConfig, result: Any, peak_source: str, price: Op
         "compile_graphs_source": ("torch._dynamo counters['stats']['unique_graphs'] since the run's reset"
                                   if result.compile_graphs is not None else "null: compile=off"),
         "compile_time_s_source": result.compile_time_source,
-        "recompiles_in_window_source": ("dynamo graphs + Triton attention kernel variants + CUDA-graph "
+        "recompiles_in_window_source": ("dynamo graphs + our Triton kernel variants + CUDA-graph "
                                         "recordings counted before and after each training window"),
         "step_time_ms_source": steady_source(device),
         **{f"{k}_source": (f"one-step breakdown (step_clock.PhaseClock): {steady_source(device)}; marks after "

@@ -1,8 +1,10 @@
 """Activation checkpointing (train.gradient_checkpointing; seed 001 section III-E).
 
 - none: every activation kept for the backward.
-- every: each encoder layer is a checkpoint (Hugging Face's gradient_checkpointing_enable): the
-  backward keeps only each layer's input and recomputes the layer.
+- every: each encoder layer is a checkpoint (Hugging Face's gradient_checkpointing_enable; for
+  encoder=fused, segments of one layer): the backward keeps only each layer's input and recomputes
+  the layer. The fused layer's dropout seeds are drawn from torch's generator, whose state the
+  checkpoint restores, so the recompute draws the same masks too.
 - sqrt: the encoder's L layers in segments of round(sqrt(L)) layers, each segment one
   checkpoint (Chen et al. 2016, the seed's "every sqrt(L) layers"): only sqrt(L) segment inputs
   are kept, and a segment's internals exist only while it is recomputed.
@@ -23,11 +25,16 @@ from torch.utils.checkpoint import checkpoint
 def apply_checkpointing(model: torch.nn.Module, mode: str) -> None:
     if mode == "none":
         return
-    if mode == "every":
+    from bertaccel.encoder.swap import FusedEncoder
+
+    encoder = model.base_model.encoder
+    # encoder=fused's layers are ours, not Hugging Face's checkpointable layers: "every" is then
+    # segments of one layer over its layer loop, the same checkpoints.
+    fused = isinstance(encoder, FusedEncoder)
+    if mode == "every" and not fused:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return
-    encoder = model.bert.encoder
-    size = max(1, round(math.sqrt(len(encoder.layer))))
+    size = 1 if mode == "every" else max(1, round(math.sqrt(len(encoder.layer))))
     # The encoder's own forward loops over its layers; this one loops over segments. It keeps
     # the call signature (hidden states, mask, then keyword arguments) that BertModel uses.
     # attention=xformers|triton's packed encoder (attention/packing.py) runs Hugging Face's loop as

@@ -121,7 +121,7 @@ class CompileWarmup(Callback):
             result.compile_time_s = run_warmup(run.model, run.plan, run.step.micro, run.step.eval_forward, run.device)
             what = [f"torch.compile mode={cfg.compile.mode}" + (" (length dynamic)" if run.step.dynamic_length else "")
                     ] if cfg.compile.mode != "off" else []
-            what += ["Triton attention kernels"] if run.has_triton else []
+            what += ["our Triton kernels (attention, fused encoder)"] if run.has_triton else []
             what += ["CUDA graphs of the whole step per length"] if cfg.compile.step_graph else []
             result.compile_time_source = (f"wall clock of the warm-up before the first training window "
                                           f"({' + '.join(what)}): {run.plan.describe()}")
@@ -138,7 +138,7 @@ class CompileWarmup(Callback):
                                           f"{eager.describe()}")
         else:
             result.compile_time_source = (f"nothing compiled (compile=off, attention={cfg.attention.name}"
-                                          f"{' on CPU: interpreter' if cfg.attention.swap == 'triton' else ''})")
+                                          f"{' on CPU: interpreter' if cfg.attention.swap == 'triton' or cfg.encoder.layer == 'fused' else ''})")
 
     def epoch_start(self, run: "Run", epoch: int) -> None:
         step = run.step

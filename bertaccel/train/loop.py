@@ -28,8 +28,9 @@ from bertaccel.measure.flops import TokenCounts, bert_train_flops
 from bertaccel.measure.step_clock import PhaseClock, StepClock
 from bertaccel.options.accumulation import GradVariance, next_k
 from bertaccel.options.freezing import count_trainable
-from bertaccel.options.optimizer import scaled_lr
+from bertaccel.options.optimizer import optimizer_class, scaled_lr
 from bertaccel.options.precision import Precision
+from bertaccel.encoder.option import half_params
 from bertaccel.train.checkpointing import apply_checkpointing
 from bertaccel.train.events import (AfterTraining, Callback, Collectors, CompileEventCount, CompileWarmup, Evaluation,
                                     Events, FreezingSchedule, LayerTiming, LrSchedule, NonFiniteCheck, Profiler,
@@ -315,6 +316,11 @@ def _prepare(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: A
     accumulation = Accumulation(cfg)
     k = accumulation.first  # adaptive: accumulation_max, the window's largest
     model.to(device)
+    if half_params(cfg, optimizer_class(cfg.optimizer)):
+        # encoder=fused's mixed-precision update: the parameters live in the autocast dtype and the
+        # optimizer keeps their fp32 masters in its flat buffers, so no weight is cast per step.
+        model.to(precision.dtype)
+        log(f"parameters in {precision.dtype}, fp32 master weights in optimizer={cfg.optimizer.name}'s buffers")
     apply_checkpointing(model, cfg.train.gradient_checkpointing)
     warm_up_device(device)
     result = TrainResult(device_ready_at=time.time())
@@ -333,7 +339,8 @@ def _prepare(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: A
     base_lr = scaled_lr(cfg.optimizer, cfg.train.batch_size * k * distributed.world_size())
     every_length = padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of)
     plan = warmup_plan or WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, every_length, every_length)
-    has_triton = cfg.attention.swap == "triton" and device.type == "cuda"
+    # Our Triton kernels JIT-compile (or load) per run: attention=triton's, and encoder=fused's.
+    has_triton = (cfg.attention.swap == "triton" or cfg.encoder.layer == "fused") and device.type == "cuda"
     result.compiled_anything = cfg.compile.mode != "off" or has_triton or cfg.compile.step_graph
     return Run(cfg, device, log, model, parallel, train_loader, test_loader, step, accumulation, result, plan,
                graphs_at_start, uses_cuda_graphs(cfg.compile.mode), has_triton, steps_per_epoch, total_steps, base_lr)

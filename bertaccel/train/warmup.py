@@ -25,6 +25,8 @@ from typing import Callable, Dict, List, Sequence
 import torch
 from torch import nn
 
+from bertaccel.attention.warmup import kernel_variants
+
 IGNORE_INDEX = -100  # label of the rows that only fill a batch up (cross_entropy ignores them)
 
 
@@ -115,27 +117,16 @@ def compiled_graph_count() -> int:
 
 def compile_events(device: torch.device) -> Dict[str, int]:
     """Compiles so far in this process since the run's reset, by kind: dynamo graphs, compiled
-    variants of our Triton attention kernels, and CUDA-graph recordings (reduce-overhead,
+    variants of our Triton kernels (attention, fused encoder), and CUDA-graph recordings (reduce-overhead,
     max-autotune). Inside a training window none may move; by kind, a warning can say which."""
     return {"dynamo graphs": compiled_graph_count(),
-            "Triton attention variants": _triton_attention_variants(),
+            "Triton kernel variants": kernel_variants(),
             "CUDA-graph recordings": _cudagraph_recordings(device)}
 
 
 def new_events(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, int]:
     """The kinds that moved between two compile_events readings, and by how much."""
     return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
-
-
-def _triton_attention_variants() -> int:
-    kernels = sys.modules.get("bertaccel.attention.triton_kernels")  # never imported: none compiled
-    if kernels is None:
-        return 0
-    n = 0
-    for fn in (kernels._fwd_kernel, kernels._bwd_kernel):
-        for entry in getattr(fn, "device_caches", {}).values():  # absent under the interpreter
-            n += len(entry[0])  # (kernel_cache, ...) per device
-    return n
 
 
 def _cudagraph_recordings(device: torch.device) -> int:

@@ -1,0 +1,71 @@
+"""The `encoder` option, in one place: conf/encoder/<name>.yaml holds an option's settings, this
+module their validation and the machine check (building: bertaccel/model.py -> encoder/swap.py;
+half parameters: train/loop.py asks `half_params`).
+
+hf: Hugging Face's BertLayer. fused: ours (encoder/layer.py), LightSeq's techniques, each one a
+switch of the option (packed, fused_kernels, half_params) so that each can be measured on and off.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+
+from bertaccel.config import EncoderConfig, not_one_of
+
+LAYERS = ("hf", "fused")
+# The switches that mean something for layer=fused only, with the value encoder=hf implies.
+FUSED_ONLY = {"packed": EncoderConfig.packed, "fused_kernels": EncoderConfig.fused_kernels,
+              "half_params": EncoderConfig.half_params}
+
+
+def check_encoder(e: Any) -> Optional[str]:
+    why = not_one_of("encoder.layer", e.layer, LAYERS)
+    if why:
+        return why
+    if e.layer == "hf":
+        for key, default in FUSED_ONLY.items():
+            if e[key] != default:
+                return (f"encoder.{key}={e[key]} applies to encoder=fused only (Hugging Face's layer has no such "
+                        f"switch); drop it or use encoder=fused")
+    return None
+
+
+def check(cfg: Any) -> Optional[str]:
+    """validate()'s question to this option (options/checks.py asks every option so)."""
+    why = check_encoder(cfg.encoder)
+    if why or cfg.encoder.layer != "fused":
+        return why
+    if cfg.attention.sdpa_backends:
+        return (f"attention={cfg.attention.name} with encoder=fused: sdpa_backends choose among sdpa's dense "
+                f"kernels; the fused layer runs torch's varlen flash / memory-efficient kernels itself")
+    return None
+
+
+def encoder_unusable(cfg: Any, device: torch.device) -> Optional[str]:
+    """Why this machine cannot run the option (a skip, not bad input), or None."""
+    if cfg.encoder.layer != "fused":
+        return None
+    import importlib.util
+
+    from bertaccel.encoder.attention import core_unusable
+    from bertaccel.encoder.swap import core_for
+
+    if importlib.util.find_spec("triton") is None:
+        return "encoder=fused needs the triton package (pip install triton)"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return ("encoder=fused needs a CUDA GPU; on a CPU its Triton kernels only run in Triton's interpreter "
+                "(TRITON_INTERPRET=1), which is for correctness tests, not training")
+    why = core_unusable(core_for(cfg.attention), device)
+    return f"encoder=fused: {why}" if why else None
+
+
+def half_params(cfg: Any, optimizer_factory: Any) -> bool:
+    """Whether the run keeps the model's parameters in the autocast dtype (fp32 masters in the
+    optimizer): encoder=fused with half_params, a half precision, and an optimizer whose class
+    keeps fp32 master weights of half parameters (`master_weights`). optimizer_factory: the
+    option's class, or a partial of it (options/optimizer.py optimizer_class)."""
+    cls = getattr(optimizer_factory, "func", optimizer_factory)
+    return (cfg.encoder.layer == "fused" and cfg.encoder.half_params and cfg.precision.autocast_dtype is not None
+            and bool(getattr(cls, "master_weights", False)))

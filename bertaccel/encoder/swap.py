@@ -1,0 +1,94 @@
+"""Put our fused layers into a built Hugging Face BERT (as LightSeq's inject_ls_layer did): every
+BertLayer replaced by a FusedBertLayer holding a copy of its weights, and the encoder by one that
+packs the batch's real tokens once, runs the layers on them and scatters the result back to
+[B, S, D]. Everything outside the encoder (embeddings, pooler, classifier, config, save_pretrained)
+stays Hugging Face's.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from bertaccel.attention.packing import (Packing, key_padding_mask, pack, pack_static, pack_tokens,
+                                         pass_masks_through, unpack_tokens)
+from bertaccel.encoder.attention import CORES, prepare
+from bertaccel.encoder.layer import FusedBertLayer, unfusable
+
+
+def core_for(attention: Any) -> str:
+    """The attention core a fused layer runs for an attention option: its swap kernel (triton,
+    xformers); torch's varlen kernels for sdpa; ours (triton) for eager, which names no kernel."""
+    if attention.swap is not None:
+        return attention.swap
+    return "sdpa" if attention.hf_implementation == "sdpa" else "triton"
+
+
+def run_layers(encoder: nn.Module, hidden_states: torch.Tensor, packing: Packing, *args: Any, **kwargs: Any):
+    """The layer loop, a plain function of the encoder (activation checkpointing replaces it, and
+    DataParallel replicas run their own layers)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+
+    for layer in encoder.layer:
+        hidden_states = layer(hidden_states, packing)
+    return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states)
+
+
+def _uniform(rows: int, length: int, device: torch.device) -> Packing:
+    """A batch without padding as `rows` sequences of `length` tokens: the tokens are already in
+    packed order, so nothing is gathered (index None)."""
+    cu = torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=device)
+    return Packing(None, cu, length, rows, length, [length] * rows)
+
+
+class FusedEncoder(nn.Module):
+    """BERT's encoder as our fused layers over packed tokens. packed=False: every padded token runs
+    through the layers (pack_static's layout: each row's padding a sequence of its own, so the
+    result is the same) - the "no work on padding" technique switched off."""
+
+    def __init__(self, encoder: nn.Module, core: str, packed: bool, fused_kernels: bool):
+        super().__init__()
+        self.config = encoder.config
+        self.core = core
+        self.packed = packed
+        self.layer = nn.ModuleList(FusedBertLayer(layer, CORES[core], fused_kernels) for layer in encoder.layer)
+        self.layers_forward: Callable[..., Any] = run_layers
+        self.prepare = prepare(core)
+        # The layout the last padded batch ran in, for the FLOP count (measure/flops.py).
+        self.layout: Optional[str] = None
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                *args: Any, **kwargs: Any):
+        rows, length, dim = hidden_states.shape
+        device_type = hidden_states.device.type
+        if torch.is_autocast_enabled(device_type):
+            # The residual stream in the autocast dtype from here on, cast once (embeddings come
+            # out fp32 from their LayerNorm): the fused kernels take one dtype for x and residual.
+            hidden_states = hidden_states.to(torch.get_autocast_dtype(device_type))
+        if attention_mask is None:
+            packing = _uniform(rows, length, hidden_states.device)
+            packing.bias = self.prepare(packing)
+            out = self.layers_forward(self, hidden_states.reshape(1, rows * length, dim), packing, *args, **kwargs)
+            out.last_hidden_state = out.last_hidden_state.view(rows, length, dim)
+            return out
+        keep = key_padding_mask(attention_mask, rows, length)
+        packing = pack(keep) if self.packed else pack_static(keep)
+        packing.bias = self.prepare(packing)
+        self.layout = "exact" if packing.seqlens_py is not None and self.packed else "static"
+        out = self.layers_forward(self, pack_tokens(hidden_states, packing), packing, *args, **kwargs)
+        out.last_hidden_state = unpack_tokens(out.last_hidden_state, packing)
+        return out
+
+
+def fuse_encoder(model: nn.Module, encoder: Any, attention: Any) -> str:
+    """Replace the model's encoder in place; returns what was done, in a few words. encoder: the
+    encoder option's settings; attention: the attention option's (which core runs)."""
+    why = unfusable(model.config)
+    if why:
+        raise ValueError(why)
+    base = model.base_model
+    core = core_for(attention)
+    base.encoder = FusedEncoder(base.encoder, core, encoder.packed, encoder.fused_kernels)
+    pass_masks_through(model)
+    return f"{len(base.encoder.layer)} layers fused (attention core {core})"

@@ -1,0 +1,238 @@
+"""encoder=fused: our fused BERT layer (bertaccel/encoder/) against Hugging Face's BertLayer on the
+same weights, on ragged packed batches; the model around it stays Hugging Face's (save/reload);
+the option's checks, machine check, FLOP count and checkpointing. CPU: the Triton kernels run in
+Triton's interpreter (conftest.py sets TRITON_INTERPRET=1), at tiny sizes."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from bertaccel.attention.packing import pack_exact
+from bertaccel.config import ConfigError
+from bertaccel.encoder.layer import FusedBertLayer
+from bertaccel.encoder.swap import FusedEncoder, core_for, fuse_encoder
+from bertaccel.options.checks import validate
+
+pytest.importorskip("triton")
+
+LENGTHS = [9, 1, 5]  # ragged: a single token, and rows padded in a batch of 9
+
+
+def tiny_config(**kw) -> BertConfig:
+    base = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48,
+                num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    base.update(kw)
+    return BertConfig(**base)
+
+
+def reference_core(qkv, packing, p, scale):
+    """Per-sequence softmax attention in plain torch over the packed [T, 3, H, D] projection."""
+    assert p == 0.0
+    bounds = packing.cu_seqlens.tolist()
+    out = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        q, k, v = (t.transpose(0, 1) for t in qkv[start:end].unbind(1))  # [H, L, D]
+        out.append((torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v).transpose(0, 1))
+    return torch.cat(out)
+
+
+def _options(fused_kernels=True, packed=True, attention="eager"):
+    from types import SimpleNamespace
+
+    enc = SimpleNamespace(name="fused", layer="fused", packed=packed, fused_kernels=fused_kernels, half_params=False)
+    att = SimpleNamespace(name=attention, swap="triton" if attention == "triton" else None,
+                          hf_implementation="sdpa" if attention == "sdpa" else "eager")
+    return enc, att
+
+
+def _models(fused_kernels=True, packed=True, seed=0):
+    torch.manual_seed(seed)
+    hf = BertForSequenceClassification._from_config(tiny_config(), attn_implementation="eager")
+    fused = copy.deepcopy(hf)
+    fuse_encoder(fused, *_options(fused_kernels, packed))
+    return hf, fused
+
+
+def _batch(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 64, (len(LENGTHS), max(LENGTHS)), generator=g)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(LENGTHS):
+        mask[row, :n] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("core", ["reference", "triton"])
+@pytest.mark.parametrize("fused_kernels", [False, True])
+def test_fused_layer_matches_bert_layer_outputs_and_gradients(core, fused_kernels):
+    hf = BertForSequenceClassification._from_config(tiny_config(), attn_implementation="eager")
+    src = hf.bert.encoder.layer[0].train()  # dropout 0: training mode computes the same function
+    from bertaccel.encoder.attention import CORES
+
+    layer = FusedBertLayer(src, reference_core if core == "reference" else CORES["triton"], fused_kernels)
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randn(1, n, 32, generator=g) for n in LENGTHS]
+    # Hugging Face's layer one sequence at a time (no padding, no mask); ours on the packed tokens.
+    hf_in = [r.clone().requires_grad_() for r in rows]
+    outs = [src(r) for r in hf_in]  # transformers 5.17 returns a tuple, 5.24 the tensor
+    hf_out = torch.cat([o[0] if isinstance(o, tuple) else o for o in outs], 1)
+    packed_in = torch.cat(rows, 1).requires_grad_()
+    keep = torch.ones(1, sum(LENGTHS), dtype=torch.bool)
+    packing = pack_exact(keep)
+    packing.cu_seqlens = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    packing.max_seqlen = max(LENGTHS)
+    out = layer(packed_in, packing)
+    torch.testing.assert_close(out, hf_out, rtol=1e-4, atol=1e-5)
+    weight = torch.randn(out.shape, generator=g)
+    (hf_out * weight).sum().backward()
+    (out * weight).sum().backward()
+    torch.testing.assert_close(packed_in.grad, torch.cat([r.grad for r in hf_in], 1), rtol=1e-4, atol=1e-5)
+    attn = src.attention.self
+    torch.testing.assert_close(layer.qkv.weight.grad,
+                               torch.cat([attn.query.weight.grad, attn.key.weight.grad, attn.value.weight.grad]),
+                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(layer.qkv.bias.grad,
+                               torch.cat([attn.query.bias.grad, attn.key.bias.grad, attn.value.bias.grad]),
+                               rtol=1e-4, atol=1e-5)
+    for ours, theirs in ((layer.attention_output, src.attention.output.dense),
+                         (layer.attention_LayerNorm, src.attention.output.LayerNorm),
+                         (layer.intermediate, src.intermediate.dense), (layer.output, src.output.dense),
+                         (layer.output_LayerNorm, src.output.LayerNorm)):
+        torch.testing.assert_close(ours.weight.grad, theirs.weight.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours.bias.grad, theirs.bias.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_fused_model_gives_hugging_faces_logits_and_gradients_on_padded_batches(packed):
+    hf, fused = _models(fused_kernels=True, packed=packed)
+    ids, mask = _batch()
+    labels = torch.tensor([0, 2, 1])
+    for model in (hf, fused):
+        model.train()  # dropout 0: the training path, the same function
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    torch.testing.assert_close(fused(input_ids=ids, attention_mask=mask).logits,
+                               hf(input_ids=ids, attention_mask=mask).logits, rtol=1e-4, atol=1e-5)
+    emb = "bert.embeddings.word_embeddings.weight"
+    torch.testing.assert_close(dict(fused.named_parameters())[emb].grad, dict(hf.named_parameters())[emb].grad,
+                               rtol=1e-4, atol=1e-6)
+    assert fused.bert.encoder.layout == ("exact" if packed else "static")
+    # A batch without padding runs as B sequences of S, nothing gathered.
+    full = torch.ones_like(mask)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(input_ids=ids, attention_mask=full).logits,
+                                   hf(input_ids=ids, attention_mask=full).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_model_saves_and_reloads_as_a_hugging_face_model(tmp_path):
+    hf, fused = _models()
+    ids, mask = _batch()
+    with torch.no_grad():
+        fused.bert.encoder.layer[1].qkv.bias.add_(0.5)  # "trained": differs from the source model
+        expected = fused.eval()(input_ids=ids, attention_mask=mask).logits
+    fused.save_pretrained(tmp_path)
+    reloaded = BertForSequenceClassification.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert type(reloaded.bert.encoder).__name__ == "BertEncoder"  # a plain Hugging Face model
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids, attention_mask=mask).logits, expected,
+                                   rtol=1e-4, atol=1e-5)
+    # ... and a Hugging Face state dict loads into the fused model (Q/K/V concatenated).
+    again = _models(seed=7)[1].eval()
+    again.load_state_dict(reloaded.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["every", "sqrt"])
+def test_checkpointing_gives_the_same_gradients_with_dropout(mode):
+    from bertaccel.train.checkpointing import apply_checkpointing
+
+    torch.manual_seed(0)
+    hf = BertForSequenceClassification._from_config(
+        tiny_config(num_hidden_layers=4, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    plain = copy.deepcopy(hf)
+    fuse_encoder(plain, *_options())
+    ckpt = copy.deepcopy(plain)
+    apply_checkpointing(ckpt, mode)
+    ids, mask = _batch()
+    labels = torch.tensor([0, 2, 1])
+    for model in (plain, ckpt):
+        torch.manual_seed(5)  # the same dropout seeds drawn in both
+        model.train()(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_flops_count_the_fused_qkv_as_the_layers_input_projection():
+    from bertaccel.measure.flops import TokenCounts, bert_train_flops
+
+    hf, fused = _models()
+    ids, mask = _batch()
+    counts = TokenCounts()
+    counts.add({"input_ids": ids, "attention_mask": mask, "labels": torch.zeros(3, dtype=torch.long)})
+    fused.bert.encoder.layout = None  # padded shapes: the two models count the same work
+    assert bert_train_flops(fused, counts) == bert_train_flops(hf, counts)
+    for model in (hf, fused):  # frozen lower layers: the backward stops at the Q/K/V inputs
+        for p in model.bert.embeddings.parameters():
+            p.requires_grad_(False)
+        for p in model.bert.encoder.layer[0].parameters():
+            p.requires_grad_(False)
+    assert bert_train_flops(fused, counts) == bert_train_flops(hf, counts)
+    fused(input_ids=ids, attention_mask=mask)  # eager, packed: the real tokens only
+    assert fused.bert.encoder.layout == "exact" and bert_train_flops(fused, counts) < bert_train_flops(hf, counts)
+
+
+def test_core_follows_the_attention_option():
+    from types import SimpleNamespace as NS
+
+    assert core_for(NS(swap=None, hf_implementation="eager")) == "triton"
+    assert core_for(NS(swap=None, hf_implementation="sdpa")) == "sdpa"
+    assert core_for(NS(swap="xformers", hf_implementation="eager")) == "xformers"
+
+
+def test_a_model_with_another_activation_is_refused_in_one_line():
+    model = BertForSequenceClassification._from_config(tiny_config(hidden_act="gelu_new"))
+    with pytest.raises(ValueError, match="hidden_act is 'gelu_new': use encoder=hf"):
+        fuse_encoder(model, *_options())
+
+
+def test_encoder_option_composes_builds_and_refuses_what_cannot_apply(compose_cfg):
+    from bertaccel.model import build_model
+
+    cfg = compose_cfg(["model=tiny", "encoder=fused", "attention=triton"])
+    validate(cfg)
+    model, note = build_model(cfg.model, 4, cfg.attention, 128, cfg.encoder)
+    assert isinstance(model.bert.encoder, FusedEncoder) and "2 layers fused (attention core triton)" in note
+    assert compose_cfg([]).encoder.layer == "hf"  # the default: Hugging Face's layer
+    with pytest.raises(ConfigError, match=r"encoder.packed=False applies to encoder=fused only"):
+        validate(compose_cfg(["encoder=hf", "encoder.packed=false"]))
+    with pytest.raises(ConfigError, match=r"encoder.layer='lightseq' is not one of hf, fused"):
+        validate(compose_cfg(["encoder=fused", "encoder.layer=lightseq"]))
+
+
+def test_encoder_fused_on_a_cpu_is_skipped_with_its_reason(compose_cfg, monkeypatch):
+    from bertaccel.options.hardware import probe, skip_reason
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cpu = torch.device("cpu")
+    reason = skip_reason(compose_cfg(["encoder=fused"]), cpu, probe())
+    assert reason == ("encoder=fused needs a CUDA GPU; on a CPU its Triton kernels only run in Triton's interpreter "
+                      "(TRITON_INTERPRET=1), which is for correctness tests, not training")
+    assert skip_reason(compose_cfg(["encoder=hf"]), cpu, probe()) is None
+
+
+def test_half_params_needs_fused_half_precision_and_a_master_weight_optimizer(compose_cfg):
+    from bertaccel.encoder.option import half_params
+    from bertaccel.options.optimizer import optimizer_class
+
+    class Masters:
+        master_weights = True
+
+    cfg = compose_cfg(["encoder=fused", "precision=bf16"])
+    assert half_params(cfg, Masters)
+    assert not half_params(cfg, optimizer_class(compose_cfg(["optimizer=adamw"]).optimizer))  # torch's: no masters
+    assert not half_params(compose_cfg(["encoder=fused", "precision=fp32"]), Masters)
+    assert not half_params(compose_cfg(["encoder=fused", "precision=bf16", "encoder.half_params=false"]), Masters)
+    assert not half_params(compose_cfg(["encoder=hf", "precision=bf16"]), Masters)
