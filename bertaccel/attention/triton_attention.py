@@ -1,6 +1,12 @@
-"""`fused_attention(q, k, v, key_mask, dropout_p)` over padded [B, H, S, D] batches and
-`fused_attention_packed(q, k, v, cu_seqlens, max_seqlen, dropout_p)` over packed [T, H, D] tokens:
-the Triton kernels as torch custom ops.
+"""`fused_attention(q, k, v, key_mask, dropout_p)` over padded [B, H, S, D] batches,
+`fused_attention_packed(q, k, v, cu_seqlens, max_seqlen, dropout_p)` over packed [T, H, D] tokens and
+`fused_attention_packed_qkv(qkv, cu_seqlens, max_seqlen, dropout_p)` over packed tokens whose q, k, v
+are the slices of one fused [T, 3, H, D] projection: the Triton kernels as torch custom ops.
+
+The kernels take one stride set for q, k, v and their gradients and another for the output and its
+gradient. The qkv form uses that: it reads q, k, v in place from the fused projection and its backward
+writes dq, dk, dv straight into the three slices of one [T, 3, H, D] gradient, which the fused QKV
+GEMM's backward takes as it is (no concatenation); the output is a plain [T, H, D].
 
 Custom ops (torch.library) with a registered autograd formula and fake (meta) kernels, so
 torch.compile treats the attention as one opaque op: no graph break in the attention, and
@@ -53,22 +59,30 @@ _block_override: Optional[Tuple[int, int]] = None  # tests: force several column
 
 class _Geometry(NamedTuple):
     """What the kernels index by: nseq sequences (batch rows or packed sequences) of heads heads,
-    seq rows per sequence in the grid / LSE / dropout counter, and the element strides."""
+    seq rows per sequence in the grid / LSE / dropout counter."""
     nseq: int
     heads: int
     seq: int
     dim: int
-    stride_b: int
-    stride_h: int
-    stride_s: int
 
 
 def _geometry(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor], max_seqlen: int) -> _Geometry:
     if cu_seqlens is None:
-        bsz, heads, seq, dim = q.shape
-        return _Geometry(bsz, heads, seq, dim, q.stride(0), q.stride(1), q.stride(2))
-    _, heads, dim = q.shape  # packed: a sequence's rows are tokens; no batch stride (starts are loaded)
-    return _Geometry(cu_seqlens.shape[0] - 1, heads, max_seqlen, dim, 0, q.stride(1), q.stride(0))
+        return _Geometry(*q.shape)
+    _, heads, dim = q.shape
+    return _Geometry(cu_seqlens.shape[0] - 1, heads, max_seqlen, dim)
+
+
+def _strides(t: torch.Tensor, varlen: bool) -> Tuple[int, int, int]:
+    """One of the kernels' stride sets, (batch, head, row), in elements: of a [B, H, S, D] tensor, or of a packed
+    [T, H, D] one, whose rows are tokens and which has no batch stride (sequence starts are loaded)."""
+    if varlen:
+        return 0, t.stride(1), t.stride(0)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _empty_lse(q: torch.Tensor, g: _Geometry) -> torch.Tensor:
+    return q.new_empty((g.nseq, g.heads, g.seq), dtype=torch.float32)
 
 
 def _launch_args(q: torch.Tensor, g: _Geometry, varlen: bool):
@@ -116,11 +130,19 @@ def _check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
         raise ValueError("T * token stride >= 2^31: the kernels' int32 element offsets would overflow; split the batch")
 
 
+def _check_packed_qkv(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen) -> None:
+    if qkv.dim() != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"qkv must be [T, 3, H, D]; got {tuple(qkv.shape)}")
+    if qkv.stride(-1) != 1:
+        raise ValueError(f"qkv must have unit stride along D (it is read in place); got strides {qkv.stride()}")
+    _check_packed(*qkv.unbind(1), cu_seqlens, max_seqlen)
+
+
 def _shared_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """q, k, v with one stride set and unit stride along D, as the kernels take one set of strides.
-    BERT's q/k/v are [B, S, H, D] projections viewed as [B, H, S, D] (packed: [T, H*D] viewed as
-    [T, H, D]): they already share one, so nothing is copied. Works on fake tensors too, so the custom
-    op's fakes follow the same rule."""
+    """q, k, v with one stride set and unit stride along D, as the kernels take one set of strides for q, k, v
+    and their gradients (allocated in q's layout by _empty_as). BERT's q/k/v are [B, S, H, D] projections
+    viewed as [B, H, S, D] (packed: [T, H*D] viewed as [T, H, D]): they already share one, so nothing is
+    copied. Works on fake tensors too, so the custom op's fakes follow the same rule."""
     s = q.stride()
     if s[-1] == 1 and k.stride() == s and v.stride() == s and _dense(q):
         return q, k, v
@@ -129,8 +151,9 @@ def _shared_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 
 def _dense(t: torch.Tensor) -> bool:
     """Non-overlapping and dense (a permuted contiguous tensor): exactly when empty_like keeps its strides,
-    so the outputs, allocated in q's layout, can share the kernels' one stride set. Slices of a fused
-    [.., 3, H, D] projection are not: their outputs would come out contiguous, with other strides."""
+    so the gradients, allocated in q's layout, can share q's stride set. Slices of a fused [.., 3, H, D]
+    projection are not: their gradients would come out contiguous, with other strides (the qkv form
+    instead allocates one [T, 3, H, D] gradient, whose slices have the strides of a contiguous qkv's)."""
     expected = 1
     for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
         if size != 1:
@@ -164,23 +187,31 @@ def _mask_arg(key_mask: Optional[torch.Tensor], q: torch.Tensor):
     return key_mask, key_mask.stride(0), True
 
 
-def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
-              seed: Optional[torch.Tensor], dropout_p: float, sm_scale: float,
-              cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Padded (cu_seqlens None: [B, H, S, D], LSE [B, H, S]) or packed ([T, H, D], LSE [N, H, max_seqlen])."""
-    q, k, v = _shared_layout(q, k, v)
+def _fwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, key_mask: Optional[torch.Tensor],
+                seed: Optional[torch.Tensor], dropout_p: float, sm_scale: float, cu_seqlens: Optional[torch.Tensor],
+                max_seqlen: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Writes o (its own strides, unit along D) from q, k, v (one shared stride set, unit along D); returns o and
+    the LSE: padded (cu_seqlens None: [B, H, S, D], LSE [B, H, S]) or packed ([T, H, D], LSE [N, H, max_seqlen])."""
+    varlen = cu_seqlens is not None
     g = _geometry(q, cu_seqlens, max_seqlen)
-    bm, bn, precision, upcast = _launch_args(q, g, cu_seqlens is not None)
-    o = _empty_as(q)
-    lse = torch.empty((g.nseq, g.heads, g.seq), device=q.device, dtype=torch.float32)
+    bm, bn, precision, upcast = _launch_args(q, g, varlen)
+    lse = _empty_lse(q, g)
     mask, mask_stride, has_mask = _mask_arg(key_mask, q)
     # Placeholders (q) for the seed and cu_seqlens pointers a variant never reads.
     K._fwd_kernel[(triton.cdiv(g.seq, bm), g.nseq * g.heads)](
         q, k, v, mask, q if seed is None else seed, q if cu_seqlens is None else cu_seqlens, o, lse, sm_scale,
-        dropout_p, g.seq, g.heads, g.stride_b, g.stride_h, g.stride_s, mask_stride,
-        HEAD_DIM=g.dim, BLOCK_M=bm, BLOCK_N=bn, HAS_MASK=has_mask, VARLEN=cu_seqlens is not None,
+        dropout_p, g.seq, g.heads, *_strides(q, varlen), *_strides(o, varlen), mask_stride,
+        HEAD_DIM=g.dim, BLOCK_M=bm, BLOCK_N=bn, HAS_MASK=has_mask, VARLEN=varlen,
         DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
     return o, lse
+
+
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
+              seed: Optional[torch.Tensor], dropout_p: float, sm_scale: float,
+              cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Separate q, k, v: the output in q's layout (for BERT's views, merging the heads is then a view)."""
+    q, k, v = _shared_layout(q, k, v)
+    return _fwd_launch(q, k, v, _empty_as(q), key_mask, seed, dropout_p, sm_scale, cu_seqlens, max_seqlen)
 
 
 @torch.library.custom_op("bertaccel::fused_attention_fwd", mutates_args=())
@@ -192,7 +223,25 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: O
 @attention_fwd.register_fake
 def _(q, k, v, key_mask, seed, dropout_p, sm_scale):
     q, _, _ = _shared_layout(q, k, v)  # the real output's layout, as _fwd_impl chooses it
-    return _empty_as(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return _empty_as(q), _empty_lse(q, _geometry(q, None, 0))
+
+
+def _bwd_launch(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                key_mask: Optional[torch.Tensor], seed: Optional[torch.Tensor], dropout_p: float, sm_scale: float,
+                cu_seqlens: Optional[torch.Tensor], max_seqlen: int) -> None:
+    """Writes dq, dk, dv, which must share q, k, v's stride set. o is the forward's (dense, unit stride along D);
+    dO is read with o's strides, so it is copied only when autograd hands it over in another layout."""
+    do = _like(do, o)
+    varlen = cu_seqlens is not None
+    g = _geometry(q, cu_seqlens, max_seqlen)
+    bm, bn, precision, upcast = _launch_args(q, g, varlen)
+    mask, mask_stride, has_mask = _mask_arg(key_mask, q)
+    K._bwd_kernel[(triton.cdiv(g.seq, min(bm, bn)), g.nseq * g.heads)](
+        q, k, v, o, do, mask, q if seed is None else seed, q if cu_seqlens is None else cu_seqlens, lse, dq, dk, dv,
+        sm_scale, dropout_p, g.seq, g.heads, *_strides(q, varlen), *_strides(o, varlen), mask_stride,
+        HEAD_DIM=g.dim, BLOCK_M=bm, BLOCK_N=bn, HAS_MASK=has_mask, VARLEN=varlen,
+        DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
 
 
 def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -200,16 +249,8 @@ def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
               sm_scale: float, cu_seqlens: Optional[torch.Tensor] = None,
               max_seqlen: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = _shared_layout(q, k, v)
-    o, do = _like(o, q), _like(do, q)
-    g = _geometry(q, cu_seqlens, max_seqlen)
-    bm, bn, precision, upcast = _launch_args(q, g, cu_seqlens is not None)
     dq, dk, dv = _empty_as(q), _empty_as(q), _empty_as(q)
-    mask, mask_stride, has_mask = _mask_arg(key_mask, q)
-    K._bwd_kernel[(triton.cdiv(g.seq, min(bm, bn)), g.nseq * g.heads)](
-        q, k, v, o, do, mask, q if seed is None else seed, q if cu_seqlens is None else cu_seqlens, lse, dq, dk, dv,
-        sm_scale, dropout_p, g.seq, g.heads, g.stride_b, g.stride_h, g.stride_s, mask_stride,
-        HEAD_DIM=g.dim, BLOCK_M=bm, BLOCK_N=bn, HAS_MASK=has_mask, VARLEN=cu_seqlens is not None,
-        DROPOUT=dropout_p > 0, PRECISION=precision, UPCAST=upcast)
+    _bwd_launch(do, q, k, v, o, lse, dq, dk, dv, key_mask, seed, dropout_p, sm_scale, cu_seqlens, max_seqlen)
     return dq, dk, dv
 
 
@@ -252,7 +293,7 @@ def attention_packed_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
 @attention_packed_fwd.register_fake
 def _(q, k, v, cu_seqlens, seed, max_seqlen, dropout_p, sm_scale):
     q, _, _ = _shared_layout(q, k, v)
-    return _empty_as(q), q.new_empty((cu_seqlens.shape[0] - 1, q.shape[1], max_seqlen), dtype=torch.float32)
+    return _empty_as(q), _empty_lse(q, _geometry(q, cu_seqlens, max_seqlen))
 
 
 @torch.library.custom_op("bertaccel::fused_attention_packed_bwd", mutates_args=())
@@ -285,6 +326,66 @@ def _packed_backward(ctx, do, dlse):
 attention_packed_fwd.register_autograd(_packed_backward, setup_context=_packed_setup_context)
 
 
+def _qkv_fwd_impl(qkv: torch.Tensor, cu_seqlens: torch.Tensor, seed: Optional[torch.Tensor], max_seqlen: int,
+                  dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """q, k, v read in place as the slices of qkv (they share its strides); o [T, H, D] contiguous."""
+    q, k, v = qkv.unbind(1)
+    return _fwd_launch(q, k, v, q.new_empty(q.shape), None, seed, dropout_p, sm_scale, cu_seqlens, max_seqlen)
+
+
+def _qkv_bwd_impl(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor,
+                  seed: Optional[torch.Tensor], max_seqlen: int, dropout_p: float, sm_scale: float) -> torch.Tensor:
+    """dq, dk, dv written by the kernel into the slices of one contiguous [T, 3, H, D] dqkv. The kernels read
+    q, k, v with the gradients' strides, so a qkv in another layout (not a view of the [T, 3*H*D] GEMM output)
+    is copied here, once; the forward read it in place."""
+    dqkv = qkv.new_empty(qkv.shape)
+    if not qkv.is_contiguous():
+        qkv = qkv.contiguous()
+    _bwd_launch(do, *qkv.unbind(1), o, lse, *dqkv.unbind(1), None, seed, dropout_p, sm_scale, cu_seqlens,
+                max_seqlen)
+    return dqkv
+
+
+@torch.library.custom_op("bertaccel::fused_attention_packed_qkv_fwd", mutates_args=())
+def attention_packed_qkv_fwd(qkv: torch.Tensor, cu_seqlens: torch.Tensor, seed: Optional[torch.Tensor],
+                             max_seqlen: int, dropout_p: float, sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _qkv_fwd_impl(qkv, cu_seqlens, seed, max_seqlen, dropout_p, sm_scale)
+
+
+@attention_packed_qkv_fwd.register_fake
+def _(qkv, cu_seqlens, seed, max_seqlen, dropout_p, sm_scale):
+    q = qkv.select(1, 0)
+    return q.new_empty(q.shape), _empty_lse(q, _geometry(q, cu_seqlens, max_seqlen))
+
+
+@torch.library.custom_op("bertaccel::fused_attention_packed_qkv_bwd", mutates_args=())
+def attention_packed_qkv_bwd(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                             cu_seqlens: torch.Tensor, seed: Optional[torch.Tensor], max_seqlen: int,
+                             dropout_p: float, sm_scale: float) -> torch.Tensor:
+    return _qkv_bwd_impl(do, qkv, o, lse, cu_seqlens, seed, max_seqlen, dropout_p, sm_scale)
+
+
+@attention_packed_qkv_bwd.register_fake
+def _(do, qkv, o, lse, cu_seqlens, seed, max_seqlen, dropout_p, sm_scale):
+    return qkv.new_empty(qkv.shape)
+
+
+def _packed_qkv_setup_context(ctx, inputs, output):
+    qkv, cu_seqlens, seed, max_seqlen, dropout_p, sm_scale = inputs
+    o, lse = output
+    ctx.save_for_backward(qkv, o, lse, cu_seqlens, seed)
+    ctx.max_seqlen, ctx.dropout_p, ctx.sm_scale = max_seqlen, dropout_p, sm_scale
+
+
+def _packed_qkv_backward(ctx, do, dlse):
+    qkv, o, lse, cu_seqlens, seed = ctx.saved_tensors
+    dqkv = attention_packed_qkv_bwd(do, qkv, o, lse, cu_seqlens, seed, ctx.max_seqlen, ctx.dropout_p, ctx.sm_scale)
+    return dqkv, None, None, None, None, None
+
+
+attention_packed_qkv_fwd.register_autograd(_packed_qkv_backward, setup_context=_packed_qkv_setup_context)
+
+
 class _EagerFn(torch.autograd.Function):
     """The same kernels without the custom-op dispatcher, for eager mode: torch.library's
     Python dispatch costs per call, and BERT calls attention twice per layer per step.
@@ -305,11 +406,31 @@ class _EagerFn(torch.autograd.Function):
         return (*grads, None, None, None, None, None, None)
 
 
-def _draw_seed(seed: Optional[torch.Tensor], dropout_p: float, q: torch.Tensor) -> Optional[torch.Tensor]:
-    """The dropout seed: drawn from torch's generator on the device when not given (no host sync)."""
+class _EagerQKVFn(torch.autograd.Function):
+    """The qkv form without the dispatcher (see _EagerFn): one [T, 3, H, D] input, one gradient."""
+
+    @staticmethod
+    def forward(ctx, qkv, seed, dropout_p, sm_scale, cu_seqlens, max_seqlen):
+        o, lse = _qkv_fwd_impl(qkv, cu_seqlens, seed, max_seqlen, dropout_p, sm_scale)
+        ctx.save_for_backward(qkv, o, lse, seed, cu_seqlens)
+        ctx.dropout_p, ctx.sm_scale, ctx.max_seqlen = dropout_p, sm_scale, max_seqlen
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        qkv, o, lse, seed, cu_seqlens = ctx.saved_tensors
+        dqkv = _qkv_bwd_impl(do, qkv, o, lse, cu_seqlens, seed, ctx.max_seqlen, ctx.dropout_p, ctx.sm_scale)
+        return dqkv, None, None, None, None, None
+
+
+def _call_args(dropout_p: float, sm_scale: Optional[float], seed: Optional[torch.Tensor],
+               q: torch.Tensor) -> Tuple[float, Optional[torch.Tensor], float]:
+    """(dropout_p, seed, scale) as the ops take them. The dropout seed is drawn from torch's generator on the
+    device when not given (no host sync); the scale defaults to 1/sqrt(D)."""
+    dropout_p = float(dropout_p)
     if dropout_p > 0 and seed is None:
-        return torch.randint(0, 2 ** 31 - 1, (1,), device=q.device, dtype=torch.int64)
-    return seed
+        seed = torch.randint(0, 2 ** 31 - 1, (1,), device=q.device, dtype=torch.int64)
+    return dropout_p, seed, float(sm_scale or 1.0 / math.sqrt(q.shape[-1]))
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
@@ -322,9 +443,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask:
     torch's generator when None and dropout_p > 0); the same seed gives the same dropout mask.
     """
     _check(q, k, v, key_mask)
-    dropout_p = float(dropout_p)
-    seed = _draw_seed(seed, dropout_p, q)
-    scale = float(sm_scale or 1.0 / math.sqrt(q.shape[-1]))
+    dropout_p, seed, scale = _call_args(dropout_p, sm_scale, seed, q)
     if torch.compiler.is_compiling():  # the custom op: opaque to dynamo, no graph break
         return attention_fwd(q, k, v, key_mask, seed, dropout_p, scale)[0]
     return _EagerFn.apply(q, k, v, key_mask, seed, dropout_p, scale, None, 0)
@@ -340,12 +459,26 @@ def fused_attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     enough); it sizes the grid and keys dropout: at dropout_p > 0 the mask depends on it, as the
     padded one depends on S. Returns [T, H, D] in q's layout. Never syncs the host."""
     _check_packed(q, k, v, cu_seqlens, max_seqlen)
-    dropout_p = float(dropout_p)
-    seed = _draw_seed(seed, dropout_p, q)
-    scale = float(sm_scale or 1.0 / math.sqrt(q.shape[-1]))
+    dropout_p, seed, scale = _call_args(dropout_p, sm_scale, seed, q)
     if torch.compiler.is_compiling():  # the custom op: opaque to dynamo, no graph break
         return attention_packed_fwd(q, k, v, cu_seqlens, seed, max_seqlen, dropout_p, scale)[0]
     return _EagerFn.apply(q, k, v, None, seed, dropout_p, scale, cu_seqlens, max_seqlen)
+
+
+def fused_attention_packed_qkv(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                               dropout_p: float = 0.0, sm_scale: Optional[float] = None,
+                               seed: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fused_attention_packed with q, k, v = qkv.unbind(1): qkv [T, 3, H, D], e.g. the [T, 3*H*D] output of one
+    fused QKV GEMM viewed as [T, 3, H, D] (unit stride along D, any strides otherwise), read in place.
+    Returns o [T, H, D] contiguous. Its backward gives qkv one contiguous [T, 3, H, D] gradient, dq, dk, dv
+    written into its slices by the kernel (a qkv that is not contiguous is copied once in the backward).
+    cu_seqlens, max_seqlen, dropout_p, sm_scale and seed as in fused_attention_packed: the same seed and
+    max_seqlen give the same dropout mask, and the same numbers. Never syncs the host."""
+    _check_packed_qkv(qkv, cu_seqlens, max_seqlen)
+    dropout_p, seed, scale = _call_args(dropout_p, sm_scale, seed, qkv)
+    if torch.compiler.is_compiling():  # the custom op: opaque to dynamo, no graph break
+        return attention_packed_qkv_fwd(qkv, cu_seqlens, seed, max_seqlen, dropout_p, scale)[0]
+    return _EagerQKVFn.apply(qkv, seed, dropout_p, scale, cu_seqlens, max_seqlen)
 
 
 def dropout_keep_mask(seed: torch.Tensor, bsz: int, heads: int, seq: int, dropout_p: float) -> torch.Tensor:

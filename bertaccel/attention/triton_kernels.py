@@ -15,8 +15,12 @@ P = exp(QK^T*scale - lse) and regenerate the dropout mask from the same seed and
 S x S tensor is stored. One launch forward and one backward: at BERT sizes (B=32, S=128) the
 host cost of a launch is larger than the kernel's GPU time, so launches are what to save.
 
-The kernels take one stride set for Q, K, V, O, dO and the gradients: the wrapper makes them share
-a layout, which is usually free ([B, S, H, D] projections viewed as [B, H, S, D] need no copy).
+The kernels take two stride sets: one for Q, K, V and their gradients dQ, dK, dV (the wrapper makes
+them share a layout, usually free: [B, S, H, D] projections viewed as [B, H, S, D] need no copy), and
+one for O and dO. With its own set, O can be laid out apart from the inputs: packed Q, K, V can be the
+three slices of one fused [T, 3, H, D] projection, read in place, with dQ, dK, dV written into the
+slices of one [T, 3, H, D] gradient (the fused QKV GEMM's backward then reads it as it is), while O
+is a plain [T, H, D]; and dO need only match O, not Q.
 
 Packed (VARLEN) tokens: Q, K, V are [T, H, D], N sequences concatenated, cu_seqlens [N+1] gives
 their starts. The same kernels run with the "batch" index as the sequence index: its start and
@@ -61,9 +65,11 @@ def _store_rows(ptr, base, rows, offs_d, stride_s, ok, tile):
 
 
 @triton.jit
-def _sequence(Cu, off_hz, S, H, stride_b, stride_h, stride_s, VARLEN: tl.constexpr):
-    """(b, base, L) of one (sequence, head) program: the batch row or packed sequence index, the
-    offset of its first row for this head, and its length: S padded; packed, loaded from cu_seqlens.
+def _sequence(Cu, off_hz, S, H, stride_b, stride_h, stride_s, stride_ob, stride_oh, stride_os,
+              VARLEN: tl.constexpr):
+    """(b, base, obase, L) of one (sequence, head) program: the batch row or packed sequence index,
+    the offset of its first row for this head in Q, K, V, dQ, dK, dV (base) and in O, dO (obase,
+    their own strides), and its length: S padded; packed, loaded from cu_seqlens.
     (One return statement: see _seed.)"""
     b = off_hz // H
     h = off_hz % H
@@ -71,10 +77,12 @@ def _sequence(Cu, off_hz, S, H, stride_b, stride_h, stride_s, VARLEN: tl.constex
         start = tl.load(Cu + b)
         length = tl.load(Cu + b + 1) - start
         base = start * stride_s + h * stride_h
+        obase = start * stride_os + h * stride_oh
     else:
         length = S
         base = b * stride_b + h * stride_h
-    return b, base, length
+        obase = b * stride_ob + h * stride_oh
+    return b, base, obase, length
 
 
 @triton.jit
@@ -112,12 +120,13 @@ def _seed(Seed, DROPOUT: tl.constexpr):
 # S and the mask's row stride vary with the batch's padding / max_seqlen: not specialized on (see top).
 @triton.jit(do_not_specialize=["S", "mask_stride_b"])
 def _fwd_kernel(Q, K, V, M, Seed, Cu, O, LSE, sm_scale, p_drop, S, H,
-                stride_b, stride_h, stride_s, mask_stride_b,
+                stride_b, stride_h, stride_s, stride_ob, stride_oh, stride_os, mask_stride_b,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
                 VARLEN: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
-    b, base, L = _sequence(Cu, off_hz, S, H, stride_b, stride_h, stride_s, VARLEN)
+    b, base, obase, L = _sequence(Cu, off_hz, S, H, stride_b, stride_h, stride_s, stride_ob, stride_oh, stride_os,
+                                  VARLEN)
     if start_m * BLOCK_M < L:  # packed: the grid is sized by max_seqlen, this sequence may be shorter
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -145,7 +154,7 @@ def _fwd_kernel(Q, K, V, M, Seed, Cu, O, LSE, sm_scale, p_drop, S, H,
         has_key = l_i > 0
         out = acc / tl.where(has_key, l_i, 1.0)[:, None]  # no valid key at all: output 0
         lse = tl.where(has_key, tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(l_i), float("inf"))
-        _store_rows(O, base, offs_m, offs_d, stride_s, row_ok, out)
+        _store_rows(O, obase, offs_m, offs_d, stride_os, row_ok, out)
         tl.store(LSE + off_hz * S + offs_m, lse, mask=row_ok)
 
 
@@ -158,20 +167,21 @@ def _probs(q, k, key_ok, lse, sm_scale, PRECISION: tl.constexpr, UPCAST: tl.cons
 
 
 @triton.jit
-def _rows_lse_delta(O, DO, LSE, base, off_hz, offs_m, offs_d, S, stride_s, row_ok):
-    """dO, the saved log-sum-exp (row stride S) and delta = rowsum(dO * O) for a block of query rows. Computed
+def _rows_lse_delta(O, DO, LSE, obase, off_hz, offs_m, offs_d, S, stride_os, row_ok):
+    """dO, the saved log-sum-exp (row stride S) and delta = rowsum(dO * O) for a block of query rows (O and dO
+    at obase with row stride stride_os: their own layout). Computed
     where it is needed rather than in a separate pre-pass: one kernel launch less per backward,
     which is what counts at BERT sizes, where the launches cost more than the math."""
-    do = _load_rows(DO, base, offs_m, offs_d, stride_s, row_ok)
-    o = _load_rows(O, base, offs_m, offs_d, stride_s, row_ok)
+    do = _load_rows(DO, obase, offs_m, offs_d, stride_os, row_ok)
+    o = _load_rows(O, obase, offs_m, offs_d, stride_os, row_ok)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     lse = tl.load(LSE + off_hz * S + offs_m, mask=row_ok, other=float("inf"))
     return do, lse, delta
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, start_n, off_hz, b, base, sm_scale, p_drop, S, L,
-              stride_s, mask_stride_b, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, start_n, off_hz, b, base, obase, sm_scale, p_drop, S, L,
+              stride_s, stride_os, mask_stride_b, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dK, dV of one key block, streaming over all query blocks of the sequence (length L)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -183,7 +193,7 @@ def _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, start_n, off_hz, b, base, sm
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < L
         q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
-        do, lse, delta = _rows_lse_delta(O, DO, LSE, base, off_hz, offs_m, offs_d, S, stride_s, row_ok)
+        do, lse, delta = _rows_lse_delta(O, DO, LSE, obase, off_hz, offs_m, offs_d, S, stride_os, row_ok)
         p = _probs(q, k, key_ok, lse, sm_scale, PRECISION, UPCAST)
         dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
         if DROPOUT:
@@ -200,15 +210,15 @@ def _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, start_n, off_hz, b, base, sm
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, start_m, off_hz, b, base, sm_scale, p_drop, S, L,
-            stride_s, mask_stride_b, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, start_m, off_hz, b, base, obase, sm_scale, p_drop, S, L,
+            stride_s, stride_os, mask_stride_b, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of one query block, streaming over all key blocks of the sequence (length L)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < L
     q = _load_rows(Q, base, offs_m, offs_d, stride_s, row_ok)
-    do, lse, delta = _rows_lse_delta(O, DO, LSE, base, off_hz, offs_m, offs_d, S, stride_s, row_ok)
+    do, lse, delta = _rows_lse_delta(O, DO, LSE, obase, off_hz, offs_m, offs_d, S, stride_os, row_ok)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     for start_n in range(0, L, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -224,22 +234,24 @@ def _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, start_m, off_hz, b, base, sm_scale
 
 @triton.jit(do_not_specialize=["S", "mask_stride_b"])
 def _bwd_kernel(Q, K, V, O, DO, M, Seed, Cu, LSE, DQ, DK, DV, sm_scale, p_drop, S, H,
-                stride_b, stride_h, stride_s, mask_stride_b,
+                stride_b, stride_h, stride_s, stride_ob, stride_oh, stride_os, mask_stride_b,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
                 VARLEN: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """The whole backward in one launch: program i computes dK/dV of key block i and dQ of query
     block i (the grid covers the larger of the two block counts; blocks past the sequence's
-    length L do nothing)."""
+    length L do nothing). Q, K, V, DQ, DK, DV share the first stride set, O and DO the second."""
     pid = tl.program_id(0)
     off_hz = tl.program_id(1)
-    b, base, L = _sequence(Cu, off_hz, S, H, stride_b, stride_h, stride_s, VARLEN)
+    b, base, obase, L = _sequence(Cu, off_hz, S, H, stride_b, stride_h, stride_s, stride_ob, stride_oh, stride_os,
+                                  VARLEN)
     seed = _seed(Seed, DROPOUT)
     if pid * BLOCK_N < L:
-        _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, pid * BLOCK_N, off_hz, b, base, sm_scale, p_drop, S, L,
-                  stride_s, mask_stride_b, HEAD_DIM, BLOCK_M, BLOCK_N, HAS_MASK, DROPOUT, PRECISION, UPCAST)
+        _bwd_dkdv(Q, K, V, O, DO, M, LSE, DK, DV, seed, pid * BLOCK_N, off_hz, b, base, obase, sm_scale, p_drop, S,
+                  L, stride_s, stride_os, mask_stride_b, HEAD_DIM, BLOCK_M, BLOCK_N, HAS_MASK, DROPOUT, PRECISION,
+                  UPCAST)
     if pid * BLOCK_M < L:
-        _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, pid * BLOCK_M, off_hz, b, base, sm_scale, p_drop, S, L,
-                stride_s, mask_stride_b, HEAD_DIM, BLOCK_M, BLOCK_N, HAS_MASK, DROPOUT, PRECISION, UPCAST)
+        _bwd_dq(Q, K, V, O, DO, M, LSE, DQ, seed, pid * BLOCK_M, off_hz, b, base, obase, sm_scale, p_drop, S, L,
+                stride_s, stride_os, mask_stride_b, HEAD_DIM, BLOCK_M, BLOCK_N, HAS_MASK, DROPOUT, PRECISION, UPCAST)
 
 
 @triton.jit(do_not_specialize=["S"])
