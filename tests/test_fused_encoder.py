@@ -236,3 +236,26 @@ def test_half_params_needs_fused_half_precision_and_a_master_weight_optimizer(co
     assert not half_params(compose_cfg(["encoder=fused", "precision=fp32"]), Masters)
     assert not half_params(compose_cfg(["encoder=fused", "precision=bf16", "encoder.half_params=false"]), Masters)
     assert not half_params(compose_cfg(["encoder=hf", "precision=bf16"]), Masters)
+
+
+def test_a_fused_run_trains_end_to_end_and_a_cpu_sweep_skips_it_with_the_reason(cli, monkeypatch):
+    """The real CLI: in Triton's interpreter (this CPU, TRITON_INTERPRET=1) encoder=fused trains and
+    records its metrics and FLOPs; without the interpreter a sweep records it skipped, and goes on."""
+    from conftest import TINY
+
+    from bertaccel.runs.tracking import runs_by_status
+
+    r = cli([*TINY, "encoder=fused", "train.max_steps_per_epoch=3", "dataset.test_subset=32"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
+    assert run.data.params["encoder"] == "fused"
+    assert run.data.metrics["optimizer_steps"] == 3 and 0 <= run.data.metrics["test_accuracy"] <= 1
+    assert run.data.metrics["padded_tokens"] >= run.data.metrics["real_tokens"] > 0
+    assert "encoder=fused" in run.data.tags["model_flops_source"]
+    monkeypatch.delenv("TRITON_INTERPRET")  # the run processes inherit the environment: a plain CPU now
+    r = cli(["-m", *TINY, "encoder=hf,fused", "train.max_steps_per_epoch=2", "dataset.test_subset=32",
+             "tracking.experiment=sweep"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 runs: finished=1 skipped=1 failed=0" in r.stdout
+    (skipped,) = runs_by_status(cli.store, "sweep")["skipped"]
+    assert skipped.data.tags["reason"].startswith("encoder=fused needs a CUDA GPU")
