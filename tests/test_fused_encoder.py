@@ -18,6 +18,7 @@ from bertaccel.options.checks import validate
 
 pytest.importorskip("triton")
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # Triton runs on CPU tensors only in the interpreter
 LENGTHS = [9, 1, 5]  # ragged: a single token, and rows padded in a batch of 9
 
 
@@ -50,7 +51,7 @@ def _options(fused_kernels=True, packed=True, attention="eager"):
 
 def _models(fused_kernels=True, packed=True, seed=0):
     torch.manual_seed(seed)
-    hf = BertForSequenceClassification._from_config(tiny_config(), attn_implementation="eager")
+    hf = BertForSequenceClassification._from_config(tiny_config(), attn_implementation="eager").to(DEVICE)
     fused = copy.deepcopy(hf)
     fuse_encoder(fused, *_options(fused_kernels, packed))
     return hf, fused
@@ -62,31 +63,32 @@ def _batch(seed=1):
     mask = torch.zeros_like(ids)
     for row, n in enumerate(LENGTHS):
         mask[row, :n] = 1
-    return ids, mask
+    return ids.to(DEVICE), mask.to(DEVICE)
 
 
 @pytest.mark.parametrize("core", ["reference", "triton"])
 @pytest.mark.parametrize("fused_kernels", [False, True])
 def test_fused_layer_matches_bert_layer_outputs_and_gradients(core, fused_kernels):
-    hf = BertForSequenceClassification._from_config(tiny_config(), attn_implementation="eager")
+    hf = BertForSequenceClassification._from_config(tiny_config(), attn_implementation="eager").to(DEVICE)
     src = hf.bert.encoder.layer[0].train()  # dropout 0: training mode computes the same function
     from bertaccel.encoder.attention import CORES
 
     layer = FusedBertLayer(src, reference_core if core == "reference" else CORES["triton"], fused_kernels)
     g = torch.Generator().manual_seed(3)
-    rows = [torch.randn(1, n, 32, generator=g) for n in LENGTHS]
+    rows = [torch.randn(1, n, 32, generator=g).to(DEVICE) for n in LENGTHS]
     # Hugging Face's layer one sequence at a time (no padding, no mask); ours on the packed tokens.
     hf_in = [r.clone().requires_grad_() for r in rows]
     outs = [src(r) for r in hf_in]  # transformers 5.17 returns a tuple, 5.24 the tensor
     hf_out = torch.cat([o[0] if isinstance(o, tuple) else o for o in outs], 1)
     packed_in = torch.cat(rows, 1).requires_grad_()
-    keep = torch.ones(1, sum(LENGTHS), dtype=torch.bool)
+    keep = torch.ones(1, sum(LENGTHS), dtype=torch.bool, device=DEVICE)
     packing = pack_exact(keep)
-    packing.cu_seqlens = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    packing.cu_seqlens = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32,
+                                      device=DEVICE)
     packing.max_seqlen = max(LENGTHS)
     out = layer(packed_in, packing)
     torch.testing.assert_close(out, hf_out, rtol=1e-4, atol=1e-5)
-    weight = torch.randn(out.shape, generator=g)
+    weight = torch.randn(out.shape, generator=g).to(DEVICE)
     (hf_out * weight).sum().backward()
     (out * weight).sum().backward()
     torch.testing.assert_close(packed_in.grad, torch.cat([r.grad for r in hf_in], 1), rtol=1e-4, atol=1e-5)
@@ -109,7 +111,7 @@ def test_fused_layer_matches_bert_layer_outputs_and_gradients(core, fused_kernel
 def test_fused_model_gives_hugging_faces_logits_and_gradients_on_padded_batches(packed):
     hf, fused = _models(fused_kernels=True, packed=packed)
     ids, mask = _batch()
-    labels = torch.tensor([0, 2, 1])
+    labels = torch.tensor([0, 2, 1], device=DEVICE)
     for model in (hf, fused):
         model.train()  # dropout 0: the training path, the same function
         model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
@@ -133,7 +135,7 @@ def test_fused_model_saves_and_reloads_as_a_hugging_face_model(tmp_path):
         fused.bert.encoder.layer[1].qkv.bias.add_(0.5)  # "trained": differs from the source model
         expected = fused.eval()(input_ids=ids, attention_mask=mask).logits
     fused.save_pretrained(tmp_path)
-    reloaded = BertForSequenceClassification.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    reloaded = BertForSequenceClassification.from_pretrained(tmp_path, attn_implementation="eager").to(DEVICE).eval()
     assert type(reloaded.bert.encoder).__name__ == "BertEncoder"  # a plain Hugging Face model
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=ids, attention_mask=mask).logits, expected,
@@ -151,13 +153,13 @@ def test_checkpointing_gives_the_same_gradients_with_dropout(mode):
 
     torch.manual_seed(0)
     hf = BertForSequenceClassification._from_config(
-        tiny_config(num_hidden_layers=4, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+        tiny_config(num_hidden_layers=4, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)).to(DEVICE)
     plain = copy.deepcopy(hf)
     fuse_encoder(plain, *_options())
     ckpt = copy.deepcopy(plain)
     apply_checkpointing(ckpt, mode)
     ids, mask = _batch()
-    labels = torch.tensor([0, 2, 1])
+    labels = torch.tensor([0, 2, 1], device=DEVICE)
     for model in (plain, ckpt):
         torch.manual_seed(5)  # the same dropout seeds drawn in both
         model.train()(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
@@ -171,7 +173,7 @@ def test_flops_count_the_fused_qkv_as_the_layers_input_projection():
     hf, fused = _models()
     ids, mask = _batch()
     counts = TokenCounts()
-    counts.add({"input_ids": ids, "attention_mask": mask, "labels": torch.zeros(3, dtype=torch.long)})
+    counts.add({"input_ids": ids, "attention_mask": mask, "labels": torch.zeros(3, dtype=torch.long, device=DEVICE)})
     fused.bert.encoder.layout = None  # padded shapes: the two models count the same work
     assert bert_train_flops(fused, counts) == bert_train_flops(hf, counts)
     for model in (hf, fused):  # frozen lower layers: the backward stops at the Q/K/V inputs
@@ -204,6 +206,7 @@ def test_encoder_option_composes_builds_and_refuses_what_cannot_apply(compose_cf
     cfg = compose_cfg(["model=tiny", "encoder=fused", "attention=triton"])
     validate(cfg)
     model, note = build_model(cfg.model, 4, cfg.attention, 128, cfg.encoder)
+    model.to(DEVICE)
     assert isinstance(model.bert.encoder, FusedEncoder) and "2 layers fused (attention core triton)" in note
     assert compose_cfg([]).encoder.layer == "hf"  # the default: Hugging Face's layer
     with pytest.raises(ConfigError, match=r"encoder.packed=False applies to encoder=fused only"):
