@@ -188,14 +188,14 @@ def test_empty_batch():
     y = FO.bias_gelu(x, bias)
     assert y.shape == (0, 48)
     y.sum().backward()
-    assert x.grad.shape == (0, 48) and torch.equal(bias.grad, torch.zeros(48))
+    assert x.grad.shape == (0, 48) and torch.equal(bias.grad, torch.zeros(48, device=DEVICE))
     inputs = _layernorm_inputs(0, 48, torch.float32, torch.float32, gen)
     y = FO.bias_dropout_residual_layernorm(*inputs, p=0.1, eps=EPS)
     assert y.shape == (0, 48)
     y.sum().backward()
     assert inputs[0].grad.shape == (0, 48) and inputs[2].grad.shape == (0, 48)
     for t in (inputs[1], inputs[3], inputs[4]):
-        assert torch.equal(t.grad, torch.zeros(48))
+        assert torch.equal(t.grad, torch.zeros(48, device=DEVICE))
     assert FO.dropout_keep_mask(torch.tensor([1]), 0, 48, 0.1).shape == (0, 48)
 
 
