@@ -37,7 +37,8 @@ from bertaccel.measure.profiling import CATEGORIES, categorize, summarize  # noq
 from vs_hf_common import (SEED, StepClock, bert_config, fixed_batches, free_memory, hardware_profile,  # noqa: E402
                           load_tokenizer_from, package_dir, random_bert, read_rows, shuffled_subset, sync)
 
-MODES = {"eager": None, "compile": "default", "reduce-overhead": "reduce-overhead"}
+MODES = {"eager": None, "compile": "default", "reduce-overhead": "reduce-overhead",
+         "fused": None}  # fused: eager, our fused encoder (encoder=fused, bertaccel/encoder/)
 
 
 def gpu_activity(prof) -> List[tuple]:
@@ -64,7 +65,15 @@ def union_ns(spans: List[tuple]) -> int:
 
 def measure(mode: str, batches, config, device, warmup: int, steps: int, profile_steps: int,
             top: int) -> Dict[str, object]:
-    model = random_bert(config, "sdpa").to(device).train()
+    model = random_bert(config, "sdpa")
+    if mode == "fused":
+        from types import SimpleNamespace
+
+        from bertaccel.encoder.swap import fuse_encoder
+
+        fuse_encoder(model, SimpleNamespace(packed=True, fused_kernels=True),
+                     SimpleNamespace(swap="triton", hf_implementation="eager"))
+    model = model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
     forward = model if MODES[mode] is None else torch.compile(model, mode=MODES[mode])
     graphs = mode == "reduce-overhead"

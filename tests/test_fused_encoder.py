@@ -29,7 +29,7 @@ def tiny_config(**kw) -> BertConfig:
     return BertConfig(**base)
 
 
-def reference_core(qkv, packing, p, scale):
+def reference_core(qkv, packing, p, scale, seed=None):
     """Per-sequence softmax attention in plain torch over the packed [T, 3, H, D] projection."""
     assert p == 0.0
     bounds = packing.cu_seqlens.tolist()

@@ -19,15 +19,18 @@ from bertaccel.attention.packing import Packing
 CORE_OF_ATTENTION = {"eager": "triton", "triton": "triton", "xformers": "xformers", "sdpa": "sdpa"}
 
 
-def _triton(qkv: torch.Tensor, packing: Packing, p: float, scale: float) -> torch.Tensor:
+def _triton(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
+            seed: Optional[torch.Tensor] = None) -> torch.Tensor:
     from bertaccel.attention.triton_attention import fused_attention_packed_qkv
 
     # The backward writes dQ, dK and dV into one [T, 3, H, D] gradient: the QKV GEMM's backward
     # reads it as it is (no concatenation).
-    return fused_attention_packed_qkv(qkv, packing.cu_seqlens, packing.max_seqlen, p, scale)
+    return fused_attention_packed_qkv(qkv, packing.cu_seqlens, packing.max_seqlen, p, scale,
+                                      seed if p > 0 else None)
 
 
-def _xformers(qkv: torch.Tensor, packing: Packing, p: float, scale: float) -> torch.Tensor:
+def _xformers(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
+              seed: Optional[torch.Tensor] = None) -> torch.Tensor:
     import xformers.ops as xops
 
     from bertaccel.attention.swap import _xformers_ops
@@ -39,11 +42,12 @@ def _xformers(qkv: torch.Tensor, packing: Packing, p: float, scale: float) -> to
                                            op=_xformers_ops(q))[0]
 
 
-def _sdpa_varlen(qkv: torch.Tensor, packing: Packing, p: float, scale: float) -> torch.Tensor:
+def _sdpa_varlen(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
+                 seed: Optional[torch.Tensor] = None) -> torch.Tensor:
     """torch's varlen kernels (what sdpa runs per batch, over sequence starts instead of padding):
     flash for fp16/bf16, memory-efficient (CUTLASS) for fp32, which flash does not take. Both
     have autograd formulas in torch (derivatives.yaml) and draw dropout from torch's generator,
-    capture-safe as sdpa's are."""
+    capture-safe as sdpa's are (so `seed`, ours, is not theirs: unused, as xFormers')."""
     q, k, v = qkv.unbind(1)
     cu, n = packing.cu_seqlens, packing.max_seqlen
     if qkv.dtype in (torch.float16, torch.bfloat16):
@@ -54,7 +58,8 @@ def _sdpa_varlen(qkv: torch.Tensor, packing: Packing, p: float, scale: float) ->
     return out[0][0]
 
 
-CORES: Dict[str, Callable[[torch.Tensor, Packing, float, float], torch.Tensor]] = {
+# (qkv, packing, dropout p, scale, seed or None) -> [T, H, D]
+CORES: Dict[str, Callable[..., torch.Tensor]] = {
     "triton": _triton, "xformers": _xformers, "sdpa": _sdpa_varlen}
 
 

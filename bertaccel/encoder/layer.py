@@ -20,7 +20,7 @@ BertModel loads, and a BertLayer's state dict loads into this layer.
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -73,21 +73,29 @@ class FusedBertLayer(nn.Module):
         self._register_load_state_dict_pre_hook(_from_hf_names, with_module=True)
         self.train(src.training)
 
-    def forward(self, hidden_states: torch.Tensor, packing: Packing, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """hidden_states: the packed tokens [1, T, D] (or [T, D]); packing: where the sequences start."""
+    def dropout_ps(self) -> bool:
+        """Whether any of the layer's dropouts draws (and so needs a seed)."""
+        return self.attention_dropout > 0 or self.hidden_dropout > 0 or self.ffn_dropout > 0
+
+    def forward(self, hidden_states: torch.Tensor, packing: Packing, *args: Any,
+                seeds: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
+        """hidden_states: the packed tokens [1, T, D] (or [T, D]); packing: where the sequences start;
+        seeds: int64 [3], the dropout seeds of the attention and the two LayerNorm kernels (drawn
+        by each kernel's wrapper when None)."""
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         tokens = x.shape[0]
         training = self.training
+        seed = (lambda i: None) if seeds is None else (lambda i: seeds[i:i + 1])
         qkv = F.linear(x, self.qkv.weight, self.qkv.bias)
         ctx = self.core(qkv.view(tokens, 3, self.num_heads, self.head_dim), packing,
-                        self.attention_dropout if training else 0.0, self.scaling)
+                        self.attention_dropout if training else 0.0, self.scaling, seed(0))
         a = F.linear(ctx.reshape(tokens, -1), self.attention_output.weight)
-        h = self._add_norm(a, self.attention_output.bias, x, self.attention_LayerNorm, self.hidden_dropout)
+        h = self._add_norm(a, self.attention_output.bias, x, self.attention_LayerNorm, self.hidden_dropout, seed(1))
         i = F.linear(h, self.intermediate.weight)
         g = self._bias_gelu(i, self.intermediate.bias)
         o = F.linear(g, self.output.weight)
-        y = self._add_norm(o, self.output.bias, h, self.output_LayerNorm, self.ffn_dropout)
+        y = self._add_norm(o, self.output.bias, h, self.output_LayerNorm, self.ffn_dropout, seed(2))
         return y.view(shape)
 
     def _bias_gelu(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -98,13 +106,13 @@ class FusedBertLayer(nn.Module):
         return F.gelu(x + bias)
 
     def _add_norm(self, x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, norm: nn.LayerNorm,
-                  p: float) -> torch.Tensor:
+                  p: float, seed: Optional[torch.Tensor]) -> torch.Tensor:
         p = p if self.training else 0.0
         if self.fused_kernels:
             from bertaccel.encoder.fused_ops import bias_dropout_residual_layernorm
 
             return bias_dropout_residual_layernorm(x, bias, residual, norm.weight, norm.bias, p, norm.eps,
-                                                   training=self.training)
+                                                   seed=seed if p > 0 else None, training=self.training)
         z = F.dropout(x + bias, p, self.training) + residual
         # Under autocast layer_norm runs (and returns) fp32: back to the stream's dtype, as the kernel does.
         return F.layer_norm(z, z.shape[-1:], norm.weight, norm.bias, norm.eps).to(x.dtype)

@@ -27,11 +27,17 @@ def core_for(attention: Any) -> str:
 
 def run_layers(encoder: nn.Module, hidden_states: torch.Tensor, packing: Packing, *args: Any, **kwargs: Any):
     """The layer loop, a plain function of the encoder (activation checkpointing replaces it, and
-    DataParallel replicas run their own layers)."""
+    DataParallel replicas run their own layers). The dropout seeds of every layer (attention and
+    the two LayerNorm kernels) are drawn in one launch per forward, not three per layer: at BERT
+    sizes a launch costs the host more than the kernel costs the GPU."""
     from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
-    for layer in encoder.layer:
-        hidden_states = layer(hidden_states, packing)
+    seeds = None
+    if encoder.training and any(layer.dropout_ps() for layer in encoder.layer):
+        seeds = torch.randint(0, 2 ** 31 - 1, (len(encoder.layer), 3), device=hidden_states.device,
+                              dtype=torch.int64)
+    for i, layer in enumerate(encoder.layer):
+        hidden_states = layer(hidden_states, packing, seeds=None if seeds is None else seeds[i])
     return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states)
 
 
