@@ -170,11 +170,11 @@ def _bias_gelu_bwd_impl(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -
     col_tiles = triton.cdiv(n_cols, block_c)
     programs, rows_per_program = _row_split(n_rows, block_r, col_tiles, x.device)
     dx = torch.empty_like(x)
-    partial = torch.empty((programs, n_cols), device=x.device, dtype=torch.float32)
+    partial = torch.empty((1, programs, n_cols), device=x.device, dtype=torch.float32)
     if programs > 0:
         K._bias_gelu_bwd_kernel[(programs, col_tiles)](
             dy, x, bias, dx, partial, n_rows, n_cols, rows_per_program, BLOCK_R=block_r, BLOCK_C=block_c)
-    return dx, partial.sum(0).to(bias.dtype)
+    return dx, _sum_partials(partial, (bias,))[0]
 
 
 def _layernorm_fwd_impl(x, bias, residual, weight, ln_bias, seed: Optional[torch.Tensor], p: float,
@@ -204,9 +204,22 @@ def _layernorm_bwd_impl(dy, xhat, rstd, bias, weight, ln_bias, seed: Optional[to
             dy, xhat, weight, rstd, xhat if seed is None else seed, dx, dres, partials[0], partials[1],
             partials[2], n_rows, n_cols, rows_per_program, p, 1.0 / (1.0 - p),
             BLOCK_R=block_r, BLOCK_D=block_d, DROPOUT=seed is not None, num_warps=warps)
-    # One sum each, not partials.sum(1).unbind(0): a custom op's outputs may not be views of one tensor.
-    dbias, dweight, dln_bias = (part.sum(0) for part in partials)
-    return dx, dbias.to(bias.dtype), dres, dweight.to(weight.dtype), dln_bias.to(ln_bias.dtype)
+    dbias, dweight, dln_bias = _sum_partials(partials, (bias, weight, ln_bias))
+    return dx, dbias, dres, dweight, dln_bias
+
+
+def _sum_partials(partials: torch.Tensor, params: Tuple[torch.Tensor, ...]) -> Tuple[torch.Tensor, ...]:
+    """Each [programs, C] fp32 partial buffer summed over its programs, in its parameter's dtype:
+    one launch for all of them (kernels._sum_partials_kernel). Separate tensors, not views of one:
+    a custom op's outputs may not alias each other."""
+    outs = tuple(torch.empty_like(p) for p in params)
+    n_sets, n_programs, n_cols = partials.shape
+    if n_programs == 0:
+        return tuple(o.zero_() for o in outs)
+    block_c = min(256, triton.next_power_of_2(n_cols))
+    K._sum_partials_kernel[(triton.cdiv(n_cols, block_c), n_sets)](
+        partials, *(outs + (outs[0],) * (3 - n_sets)), n_programs, n_cols, BLOCK_P=8, BLOCK_C=block_c)
+    return outs
 
 
 # ---------------------------------------------------------------- custom ops (torch.compile)
