@@ -4,7 +4,8 @@
         [--programs-per-sm 4] [--tile 2048]
 
 Per op and token count (bf16 activations, fp32 parameters as under autocast, dropout 0.1, training):
-forward and forward+backward ms (median of CUDA-event timed repeats), for
+forward and forward+backward GPU ms (each captured in a CUDA graph and replayed: the host's launch
+cost left out; encoder=fused pays it eagerly, not under compile.step_graph), for
 - ours: bertaccel.encoder.fused_ops (bias+GELU; bias+dropout+residual+LayerNorm) and our Triton
   attention over the packed [T, 3, H, D] projection;
 - eager: the same arithmetic as PyTorch ops (what Hugging Face's layer runs);
@@ -32,26 +33,38 @@ from bertaccel.encoder import fused_ops as FO  # noqa: E402
 
 
 def timed_ms(fn: Callable[[], object], reps: int) -> float:
-    for _ in range(3):
+    """GPU time of one call: the call captured in a CUDA graph, the graph replayed `reps` times
+    between two events, median of 5 such blocks. Timing eager calls would time the host instead
+    at these sizes (a launch costs the host more than most of these kernels cost the GPU), and
+    every implementation here is capturable."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # JIT, autotuning and the allocator before capture
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
         fn()
-    torch.cuda.synchronize()
     times = []
-    for _ in range(reps):
+    for _ in range(5):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(reps):
+            graph.replay()
         b.record()
         torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / reps)
     return statistics.median(times)
 
 
 def fwd_bwd(op: Callable[..., torch.Tensor], inputs: List[torch.Tensor]) -> Callable[[], None]:
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+
     def run():
-        for t in inputs:
-            t.grad = None
         out = op(*inputs)
-        out.backward(torch.ones_like(out))
+        # autograd.grad, not backward: nothing accumulates into .grad across graph replays
+        torch.autograd.grad(out, leaves, torch.ones_like(out))
     return run
 
 
