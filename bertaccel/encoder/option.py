@@ -33,14 +33,11 @@ def check_encoder(e: Any) -> Optional[str]:
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option (options/checks.py asks every option so)."""
-    why = check_encoder(cfg.encoder)
-    if why or cfg.encoder.layer != "fused":
-        return why
-    if cfg.attention.sdpa_backends:
-        return (f"attention={cfg.attention.name} with encoder=fused: sdpa_backends choose among sdpa's dense "
-                f"kernels; the fused layer runs torch's varlen flash / memory-efficient kernels itself")
-    return None
+    """validate()'s question to this option (options/checks.py asks every option so). With
+    encoder=fused and attention=sdpa, sdpa_backends do not apply (the fused layer calls torch's
+    varlen flash / memory-efficient kernels itself, encoder/attention.py): not refused, since
+    conf/attention/sdpa.yaml names backends by default."""
+    return check_encoder(cfg.encoder)
 
 
 def encoder_unusable(cfg: Any, device: torch.device) -> Optional[str]:
