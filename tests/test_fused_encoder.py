@@ -263,3 +263,10 @@ def test_a_fused_run_trains_end_to_end_and_a_cpu_sweep_skips_it_with_the_reason(
     assert "2 runs: finished=1 skipped=1 failed=0" in r.stdout
     (skipped,) = runs_by_status(cli.store, "sweep")["skipped"]
     assert skipped.data.tags["reason"].startswith("encoder=fused needs a CUDA GPU")
+
+
+def test_step_graph_with_hugging_faces_eager_attention_is_refused_in_one_line(compose_cfg):
+    with pytest.raises(ConfigError, match="Hugging Face's eager mask builder copies a host scalar"):
+        validate(compose_cfg(["compile.step_graph=true", "attention=eager"]))
+    validate(compose_cfg(["compile.step_graph=true", "attention=eager", "encoder=fused"]))  # ours: no such copy
+    validate(compose_cfg(["compile.step_graph=true", "attention=sdpa"]))

@@ -35,6 +35,13 @@ def step_graph_refusal(cfg: Any) -> Optional[str]:
     if cfg.num_gpus > 1:
         return ("compile.step_graph=true needs num_gpus=1: DDP's gradient all-reduce runs from autograd "
                 "hooks on the host, outside anything a captured step could replay")
+    if (cfg.compile.mode == "off" and cfg.attention.hf_implementation == "eager" and cfg.attention.swap is None
+            and cfg.encoder.layer == "hf"):
+        # Seen on an H100 (torch 2.11, transformers 5.17): "Cannot copy between CPU and CUDA tensors
+        # during CUDA graph capture"; sdpa and our kernels get the [B, S] mask handed through instead.
+        return (f"compile.step_graph=true with attention={cfg.attention.name}: Hugging Face's eager mask builder "
+                "copies a host scalar to the GPU, which CUDA-graph capture forbids; use attention=sdpa (or "
+                "xformers, triton, encoder=fused)")
     if uses_cuda_graphs(cfg.compile.mode):  # Inductor's own CUDA graphs
         return (f"compile.step_graph=true with compile={cfg.compile.mode} would capture CUDA graphs inside "
                 "CUDA graphs; use compile=default (or off) with compile.step_graph=true")
