@@ -29,12 +29,15 @@ CATEGORIES = ("gemm", "attention", "elementwise", "optimizer", "other")
 # for the tell-tale part (cuBLAS/CUTLASS families, functor names, aten operator names).
 _RULES = [
     ("optimizer", r"adam|adan|lamb(?!da)|sgd|multi_tensor|foreach|optimizer|clip_grad|unscale|non_finite"),
-    ("attention", r"flash|fmha|attention|attn|sdpa|(?<!log)(?<!log_)softmax|cutlassf|cutlassb"),
+    # ^_fwd_kernel$ / ^_bwd_kernel$: our Triton attention (bertaccel/attention/triton_kernels.py)
+    ("attention", r"flash|fmha|attention|attn|sdpa|(?<!log)(?<!log_)softmax|cutlassf|cutlassb|"
+                  r"^_fwd_kernel$|^_bwd_kernel$"),
     ("gemm", r"gemm|gemv|addmm|bmm|\bmm\b|mmbackward|matmul|linear|cublas|cutlass|xmma|nvjet|"
              r"sm\d\d_|s16816|s1688|splitk"),
     ("elementwise", r"elementwise|vectorized|norm|gelu|dropout|bernoulli|add|mul|div|sub|copy|fill|"
                     r"reduce|triton_|cat|where|masked|tanh|exp|sqrt|pow|sum|mean|clone|zero|cast|"
-                    r"unrolled|relu|erf|threshold|neg|rsub|to_copy|contiguous|softmax|nll_loss|gammabeta"),
+                    r"unrolled|relu|erf|threshold|neg|rsub|to_copy|contiguous|softmax|nll_loss|gammabeta|"
+                    r"bdrln"),  # encoder=fused's bias+dropout+residual+LayerNorm (bertaccel/encoder/kernels.py)
 ]
 _COMPILED = [(c, re.compile(p, re.IGNORECASE)) for c, p in _RULES]
 # Profiler bookkeeping, not work: its self time is Python between operators.
