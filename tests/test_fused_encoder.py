@@ -270,3 +270,19 @@ def test_step_graph_with_hugging_faces_eager_attention_is_refused_in_one_line(co
         validate(compose_cfg(["compile.step_graph=true", "attention=eager"]))
     validate(compose_cfg(["compile.step_graph=true", "attention=eager", "encoder=fused"]))  # ours: no such copy
     validate(compose_cfg(["compile.step_graph=true", "attention=sdpa"]))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["freezing=layerwise", "accumulation=2", "train.epochs=2", "train.gradient_checkpointing=sqrt"],
+    ["num_gpus=2", "accumulation=2"],  # on a CPU: two gloo rank processes, DDP over the fused layers
+], ids=["freezing-accumulation-checkpointing", "data-parallel"])
+def test_fused_runs_with_the_other_techniques(cli, overrides):
+    from conftest import TINY
+
+    from bertaccel.runs.tracking import runs_by_status
+
+    r = cli([*TINY, "encoder=fused", "train.max_steps_per_epoch=2", "dataset.test_subset=32", *overrides])
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
+    epochs = 2 if "train.epochs=2" in overrides else 1
+    assert run.data.metrics["optimizer_steps"] == 2 * epochs and run.data.metrics["test_accuracy"] >= 0
