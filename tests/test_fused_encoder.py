@@ -281,8 +281,9 @@ def test_fused_runs_with_the_other_techniques(cli, overrides):
 
     from bertaccel.runs.tracking import runs_by_status
 
-    r = cli([*TINY, "encoder=fused", "train.max_steps_per_epoch=2", "dataset.test_subset=32", *overrides])
+    # One step an epoch, a few test rows: Triton's interpreter runs every kernel program in Python.
+    r = cli([*TINY, "encoder=fused", "train.max_steps_per_epoch=1", "dataset.test_subset=16", *overrides])
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
     epochs = 2 if "train.epochs=2" in overrides else 1
-    assert run.data.metrics["optimizer_steps"] == 2 * epochs and run.data.metrics["test_accuracy"] >= 0
+    assert run.data.metrics["optimizer_steps"] == epochs and run.data.metrics["test_accuracy"] >= 0
