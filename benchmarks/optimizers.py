@@ -10,10 +10,11 @@ run takes), warmed up, then timed over --steps steps. Columns:
 - ms/step: median of per-step times (CUDA events on a GPU, the host clock on a CPU);
 - launches/step: GPU kernels per step counted by torch.profiler (CUDA runtime launches); on a
   CPU the count of aten operators instead (the kernel count's analogue there);
-- vs adamw_fused: ms/step relative to adamw_fused (seed 004's goal: adan_fused within 1.2x, and
-  >= 3x faster than the unfused single-tensor Adan, adan_single).
-An option this machine cannot run (adan_fused without a GPU or TRITON_INTERPRET) is a row with
-its reason.
+- vs adamw_fused: ms/step relative to adamw_fused (AdamWFused, the same one-launch flat-buffer
+  machinery as adan_fused, so the ratio is the algorithms' cost; seed 004's goal: adan_fused
+  within 1.2x of a fused AdamW, and >= 3x faster than the unfused single-tensor Adan, adan_single).
+An option this machine cannot run (adan_fused, adamw_fused without a GPU or TRITON_INTERPRET) is a
+row with its reason.
 """
 from __future__ import annotations
 
@@ -104,6 +105,7 @@ def _launches(opt: torch.optim.Optimizer, device: torch.device) -> int:
 
 
 def measure(option: str, tiny: bool, device: torch.device, steps: int, warmup: int) -> Dict[str, Optional[float]]:
+    from bertaccel.optimizers.flat import kernel_launches_per_step
     from bertaccel.options.optimizer import build_optimizer, optimizer_unusable
 
     cfg = _compose(option)
@@ -119,7 +121,8 @@ def measure(option: str, tiny: bool, device: torch.device, steps: int, warmup: i
     ms = _time_steps(opt, steps, device)
     return {"ms": ms, "launches": _launches(opt, device),
             "params": sum(p.numel() for p in model.parameters()),
-            "tensors": sum(1 for _ in model.parameters())}
+            "tensors": sum(1 for _ in model.parameters()),
+            "triton": kernel_launches_per_step(opt) is not None}
 
 
 def main(argv=None) -> int:
@@ -154,8 +157,10 @@ def main(argv=None) -> int:
             continue
         rel = f"{r['ms'] / ref:.2f}x" if ref else "-"
         print(f"| {option} | {r['ms']:.3f} | {r['launches']} | {rel} |")
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and "ms" in rows.get("adan_fused", {}):
-        print("\nadan_fused ran in Triton's interpreter (TRITON_INTERPRET=1): a correctness path, its time is not a speed")
+    interpreted = [o for o, r in rows.items() if r.get("triton")]
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and interpreted:
+        print(f"\n{', '.join(interpreted)} ran in Triton's interpreter (TRITON_INTERPRET=1): a correctness path, "
+              "its time is not a speed")
     adan_f, adan_s = rows.get("adan_fused", {}).get("ms"), rows.get("adan_single", {}).get("ms")
     if adan_f and ref:
         print(f"\nadan_fused / adamw_fused = {adan_f / ref:.2f}x (goal <= 1.2x)")

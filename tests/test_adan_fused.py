@@ -128,7 +128,8 @@ def test_params_are_views_of_flat_buffers_and_still_parameters():
             assert isinstance(p, nn.Parameter) and p.is_leaf and p.requires_grad
             assert p.untyped_storage().data_ptr() == bucket.p.untyped_storage().data_ptr()
             assert p.grad.untyped_storage().data_ptr() == bucket.g.untyped_storage().data_ptr()
-            assert opt.state[p]["exp_avg"].untyped_storage().data_ptr() == bucket.m.untyped_storage().data_ptr()
+            assert (opt.state[p]["exp_avg"].untyped_storage().data_ptr()
+                    == bucket.state["exp_avg"].untyped_storage().data_ptr())
     # Gradients kept as views (zero_grad(set_to_none=False)): backward accumulates into the flat
     # buffer and the step copies nothing.
     opt.zero_grad(set_to_none=False)
@@ -316,7 +317,7 @@ def test_zeroed_state_restarts_like_a_fresh_optimizer():
 
 def test_mixed_dtypes_launch_once_per_dtype():
     """A group holding fp32 and fp16 tensors: one flat buffer and one launch per dtype; the fp16
-    update is computed in fp32 and rounded once."""
+    update is computed in fp32 from an fp32 master (fp32 state) and rounded once."""
     lr = 1e-2
     p32 = nn.Parameter(torch.randn(5, 3, device=DEVICE))
     p16 = nn.Parameter(torch.randn(9, device=DEVICE).half())
@@ -329,7 +330,8 @@ def test_mixed_dtypes_launch_once_per_dtype():
         opt.step()
         ref.step([[g32.double(), g16.half().double()]])
     assert kernel_launches_per_step(opt) == 2
-    assert p16.dtype == torch.float16 and opt.state[p16]["exp_avg"].dtype == torch.float16
+    assert p16.dtype == torch.float16 and opt.state[p16]["exp_avg"].dtype == torch.float32
+    assert opt.state[p16]["master_param"].dtype == torch.float32 and "master_param" not in opt.state[p32]
     _close(p32, r32)
     _close(p16, r16, rtol=2e-3, atol=2e-3)
 

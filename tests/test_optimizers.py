@@ -33,11 +33,16 @@ def test_every_optimizer_option_builds_and_steps_from_its_yaml(compose_cfg, opti
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def test_adamw_single_foreach_and_fused_are_the_three_torch_implementations(compose_cfg):
-    impls = {o: build_optimizer(_model(), compose_cfg([f"optimizer={o}"]).optimizer).defaults
-             for o in ("adamw_single", "adamw", "adamw_fused")}
-    assert (impls["adamw_single"]["foreach"], impls["adamw_single"]["fused"]) == (False, False)
-    assert impls["adamw"]["foreach"] is True and impls["adamw_fused"]["fused"] is True
+def test_adamw_single_and_foreach_are_torchs_and_adamw_fused_is_the_flat_kernel(compose_cfg):
+    from bertaccel.optimizers.adamw_flat import AdamWFused
+
+    opts = {o: build_optimizer(_model(), compose_cfg([f"optimizer={o}"]).optimizer)
+            for o in ("adamw_single", "adamw", "adamw_fused")}
+    assert (opts["adamw_single"].defaults["foreach"], opts["adamw_single"].defaults["fused"]) == (False, False)
+    assert opts["adamw"].defaults["foreach"] is True
+    fused = opts["adamw_fused"]  # one Triton launch per group, fp32 masters for half parameters
+    assert isinstance(fused, AdamWFused) and fused.master_weights
+    assert (fused.defaults["betas"], fused.defaults["eps"]) == ((0.9, 0.999), 1e-8)
 
 
 def test_an_options_own_class_rejects_its_bad_settings_in_one_line(compose_cfg):
@@ -79,9 +84,10 @@ def test_cosine_decays_to_its_floor_and_linear_scaling_counts_the_global_batch(c
         validate(compose_cfg(["optimizer.min_lr_ratio=1.5"]))
 
 
-def test_a_gpu_only_optimizer_is_a_skip_on_the_cpu_not_bad_input(tmp_path):
-    # Without the Triton interpreter, adan_fused cannot run on a CPU: the run is skipped with its
-    # class's reason (skip_reason), while validate() accepts the settings.
+@pytest.mark.parametrize("option, cls", [("adan_fused", "AdanFused"), ("adamw_fused", "AdamWFused")])
+def test_a_gpu_only_optimizer_is_a_skip_on_the_cpu_not_bad_input(option, cls):
+    # Without the Triton interpreter, the flat-buffer Triton optimizers cannot run on a CPU: the
+    # run is skipped with its class's reason (skip_reason), while validate() accepts the settings.
     import os
     import subprocess
     import sys
@@ -94,14 +100,14 @@ def test_a_gpu_only_optimizer_is_a_skip_on_the_cpu_not_bad_input(tmp_path):
         from bertaccel.options.hardware import probe, skip_reason
         register_configs()
         with initialize_config_dir(config_dir={str(CONF_DIR)!r}, version_base="1.3"):
-            cfg = compose(config_name="config", overrides=["optimizer=adan_fused", "model=tiny"])
+            cfg = compose(config_name="config", overrides=["optimizer={option}", "model=tiny"])
         validate(cfg)
         print(skip_reason(cfg, torch.device("cpu"), probe()))
         """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().startswith("optimizer=adan_fused cannot run on cpu: AdanFused"), out.stdout
+    assert out.stdout.strip().startswith(f"optimizer={option} cannot run on cpu: {cls}"), out.stdout
 
 
 def test_optimizer_benchmark_prints_every_option_side_by_side():
@@ -119,5 +125,8 @@ def test_optimizer_benchmark_prints_every_option_side_by_side():
     assert set(rows) == {"adamw_single", "adamw_fused", "adan", "lamb"}
     ops = {k: int(v[1]) for k, v in rows.items()}
     assert all(float(v[0]) > 0 for v in rows.values())
-    # single-tensor: ops per tensor; foreach: a fixed set; fused: a handful
-    assert ops["adamw_single"] > ops["adan"] > ops["adamw_fused"]
+    # single-tensor: ops per tensor; foreach: a fixed set. adamw_fused is one Triton kernel per
+    # group, here run by Triton's interpreter, whose argument copies are aten ops: on a CPU its count
+    # measures the interpreter, and the table says its time is no speed.
+    assert ops["adamw_single"] > ops["adan"]
+    assert "adamw_fused ran in Triton's interpreter (TRITON_INTERPRET=1)" in out.stdout

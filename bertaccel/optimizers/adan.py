@@ -98,9 +98,9 @@ def _real(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def check_hyperparameters(lr: Any, betas: Any, eps: Any, weight_decay: Any, who: str = "Adan") -> None:
-    """Raise a one-line ValueError for the first invalid Adan hyper-parameter. Shared by Adan and
-    AdanFused (`who` names the class in the message): one set of rules for one algorithm."""
+def check_lr(lr: Any, who: str) -> None:
+    """A one-line ValueError unless lr is a finite float >= 0 or a one-element floating-point
+    tensor (capturable schedules); also AdamWFused's rule."""
     if isinstance(lr, Tensor):
         if lr.numel() != 1 or not lr.is_floating_point():
             raise ValueError(f"{who}: a tensor lr must be one floating-point element, got shape "
@@ -110,6 +110,12 @@ def check_hyperparameters(lr: Any, betas: Any, eps: Any, weight_decay: Any, who:
             raise ValueError(f"{who}: lr must be >= 0, got {float(lr)!r}")
     elif not _real(lr) or lr < 0.0:
         raise ValueError(f"{who}: lr must be a finite float >= 0, got {lr!r}")
+
+
+def check_hyperparameters(lr: Any, betas: Any, eps: Any, weight_decay: Any, who: str = "Adan") -> None:
+    """Raise a one-line ValueError for the first invalid Adan hyper-parameter. Shared by Adan and
+    AdanFused (`who` names the class in the message): one set of rules for one algorithm."""
+    check_lr(lr, who)
     if not isinstance(betas, (tuple, list)) or len(betas) != 3:
         raise ValueError(f"{who}: betas must be a triple (beta1, beta2, beta3), got {betas!r}")
     for i, b in enumerate(betas):
