@@ -239,6 +239,10 @@ def test_half_params_needs_fused_half_precision_and_a_master_weight_optimizer(co
     assert not half_params(compose_cfg(["encoder=fused", "precision=fp32"]), Masters)
     assert not half_params(compose_cfg(["encoder=fused", "precision=bf16", "encoder.half_params=false"]), Masters)
     assert not half_params(compose_cfg(["encoder=hf", "precision=bf16"]), Masters)
+    assert not half_params(compose_cfg(["encoder=fused", "precision=fp16"]), Masters)  # clipping under GradScaler
+    assert half_params(compose_cfg(["encoder=fused", "precision=fp16", "optimizer.max_grad_norm=null"]), Masters)
+    assert half_params(cfg, optimizer_class(compose_cfg(["optimizer=adamw_fused"]).optimizer))  # ours keeps masters
+    assert not half_params(cfg, optimizer_class(compose_cfg(["optimizer=adamw_torch_fused"]).optimizer))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the skip is a CPU machine's (a GPU runs both)")

@@ -64,5 +64,8 @@ def half_params(cfg: Any, optimizer_factory: Any) -> bool:
     keeps fp32 master weights of half parameters (`master_weights`). optimizer_factory: the
     option's class, or a partial of it (options/optimizer.py optimizer_class)."""
     cls = getattr(optimizer_factory, "func", optimizer_factory)
+    # fp16 with clipping: GradScaler.unscale_ refuses fp16 gradients, and clipping them still scaled
+    # overflows the fp16 norm to inf (every gradient then zeroed), so the parameters stay fp32 there.
+    clipped_fp16 = cfg.precision.loss_scaling and cfg.optimizer.max_grad_norm is not None
     return (cfg.encoder.layer == "fused" and cfg.encoder.half_params and cfg.precision.autocast_dtype is not None
-            and bool(getattr(cls, "master_weights", False)))
+            and not clipped_fp16 and bool(getattr(cls, "master_weights", False)))
