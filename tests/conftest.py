@@ -35,7 +35,7 @@ def tiny_training(cfg):
     tok = load_tokenizer(cfg.model)
     data = tokenize_cached(raw, tok, cfg.dataset.max_length, cfg.cache_dir)
     torch.manual_seed(0)
-    model, _ = build_model(cfg.model, raw.num_labels, cfg.attention, len(tok))
+    model, _ = build_model(cfg.model, raw.num_labels, cfg.attention, len(tok), cfg.encoder)
     loaders = [make_loader(split, bs, tok.pad_token_id, shuffle, 0, 0, False, True, cfg.train.pad_to_multiple_of,
                            uses_fixed_shapes(cfg))
                for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),

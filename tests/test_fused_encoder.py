@@ -291,3 +291,24 @@ def test_fused_runs_with_the_other_techniques(cli, overrides):
     (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
     epochs = 2 if "train.epochs=2" in overrides else 1
     assert run.data.metrics["optimizer_steps"] == epochs and run.data.metrics["test_accuracy"] >= 0
+
+
+@pytest.mark.parametrize("half", [True, False])
+def test_half_parameters_train_with_the_optimizers_fp32_masters(compose_cfg, tmp_path, half):
+    """encoder.half_params: train() keeps the parameters in bf16 (the optimizer's flat buffers hold
+    their fp32 masters), and the weights move; off, they stay fp32 under autocast."""
+    from conftest import tiny_training
+
+    from bertaccel.train.loop import train
+
+    cfg = compose_cfg(["model=tiny", f"train.device={DEVICE}", "dataset.train_subset=64", "dataset.test_subset=16",
+                       "train.batch_size=16", "encoder=fused", "precision=bf16", "optimizer=adamw_fused",
+                       "train.max_steps_per_epoch=2", f"encoder.half_params={str(half).lower()}",
+                       f"cache_dir={tmp_path}"])
+    model, (train_loader, test_loader), _ = tiny_training(cfg)
+    before = model.bert.encoder.layer[0].qkv.weight.detach().float().clone()
+    result = train(model, train_loader, test_loader, cfg, torch.device(DEVICE), log=lambda _: None)
+    dtypes = {p.dtype for p in model.parameters()}
+    assert dtypes == ({torch.bfloat16} if half else {torch.float32})
+    assert result.epochs[-1].train_loss == pytest.approx(result.epochs[-1].train_loss)  # finite
+    assert not torch.equal(model.bert.encoder.layer[0].qkv.weight.detach().float(), before)
