@@ -44,8 +44,12 @@ log = logging.getLogger("vs_hf")
 def rung_step(rung: str, model, device: torch.device) -> Callable[[Dict[str, torch.Tensor]], torch.Tensor]:
     """One training step of the rung on `model`: its optimizer, its torch.compile mode, its autocast."""
     fp32 = rung == "a"
-    opt = (torch.optim.AdamW(model.parameters(), lr=LR, foreach=True) if fp32 else
-           torch.optim.AdamW(model.parameters(), lr=LR, fused=True))
+    if fp32:
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
+    elif rung == "f":  # inside a CUDA graph: state and lr on the device
+        opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(LR, device=device), fused=True, capturable=True)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
     forward: Callable = model
     if rung == "c":
         forward = torch.compile(model)
@@ -53,9 +57,6 @@ def rung_step(rung: str, model, device: torch.device) -> Callable[[Dict[str, tor
         forward = torch.compile(model, mode="reduce-overhead")
     cudagraphs = rung == "d"
     autocast = (nullcontext if fp32 else lambda: torch.autocast(device.type, dtype=torch.bfloat16))
-    if rung == "f":
-        opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(LR, device=device), fused=True, capturable=True)
-        return graphed_step(model, opt, autocast, device)
 
     def step(batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         if cudagraphs:
@@ -69,45 +70,36 @@ def rung_step(rung: str, model, device: torch.device) -> Callable[[Dict[str, tor
         opt.step()
         return loss
 
-    return step
+    return graphed(step, device) if rung == "f" else step
 
 
-def graphed_step(model, opt, autocast, device: torch.device, warmup: int = 3):
-    """The step (zero_grad, forward, backward, AdamW) captured once into a CUDA graph and replayed
-    from static input buffers: PyTorch's documented whole-network capture. Warm-up iterations on
-    a side stream first (the allocator and the kernels' JIT), as capture requires."""
+def graphed(step: Callable[[Dict[str, torch.Tensor]], torch.Tensor], device: torch.device, warmup: int = 3):
+    """`step` captured once into a CUDA graph over static input buffers and replayed:
+    PyTorch's documented whole-network capture. Warm-up iterations on a side stream first (the
+    allocator and the kernels' JIT), as capture requires."""
     static: Dict[str, torch.Tensor] = {}
     graph: List[Any] = []
     loss_out: List[torch.Tensor] = []
 
-    def body() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        with autocast():
-            loss = model(**static).loss
-        loss.backward()
-        opt.step()
-        return loss
-
-    def step(batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+    def replay(batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         if not graph:
             static.update({k: v.clone() for k, v in batch.items()})
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 for _ in range(warmup):
-                    body()
+                    step(static)
             torch.cuda.current_stream(device).wait_stream(side)
             g = torch.cuda.CUDAGraph()
-            opt.zero_grad(set_to_none=True)
-            with torch.cuda.graph(g):
-                loss_out.append(body())
+            with torch.cuda.graph(g):  # (the step zeroes the gradients first, set_to_none, as required)
+                loss_out.append(step(static))
             graph.append(g)
         for k, v in batch.items():
             static[k].copy_(v)
         graph[0].replay()
         return loss_out[0]
 
-    return step
+    return replay
 
 
 class Timing(NamedTuple):

@@ -15,10 +15,6 @@ import torch
 
 from bertaccel.attention.packing import Packing
 
-# attention option name -> core name (attention=eager names no kernel: the fused layer's own, ours).
-CORE_OF_ATTENTION = {"eager": "triton", "triton": "triton", "xformers": "xformers", "sdpa": "sdpa"}
-
-
 def _triton(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
             seed: Optional[torch.Tensor] = None) -> torch.Tensor:
     from bertaccel.attention.triton_attention import fused_attention_packed_qkv
@@ -64,10 +60,11 @@ CORES: Dict[str, Callable[..., torch.Tensor]] = {
 
 
 def prepare(core: str) -> Callable[[Packing], Any]:
-    """The core's per-batch object, built once per batch by the encoder: xFormers' block-diagonal mask."""
-    from bertaccel.attention.swap import BACKENDS
+    """The core's per-batch object, built once per batch by the encoder: the swap backend's own
+    (xFormers' block-diagonal mask; nothing for ours); torch's varlen kernels need none."""
+    from bertaccel.attention.swap import BACKENDS, _no_prepare
 
-    return BACKENDS["xformers"].prepare if core == "xformers" else (lambda packing: None)
+    return BACKENDS[core].prepare if core in BACKENDS else _no_prepare
 
 
 def core_unusable(core: str, device: torch.device) -> Optional[str]:

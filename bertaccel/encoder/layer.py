@@ -73,7 +73,7 @@ class FusedBertLayer(nn.Module):
         self._register_load_state_dict_pre_hook(_from_hf_names, with_module=True)
         self.train(src.training)
 
-    def dropout_ps(self) -> bool:
+    def draws_dropout(self) -> bool:
         """Whether any of the layer's dropouts draws (and so needs a seed)."""
         return self.attention_dropout > 0 or self.hidden_dropout > 0 or self.ffn_dropout > 0
 

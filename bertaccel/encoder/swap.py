@@ -33,7 +33,7 @@ def run_layers(encoder: nn.Module, hidden_states: torch.Tensor, packing: Packing
     from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
     seeds = None
-    if encoder.training and any(layer.dropout_ps() for layer in encoder.layer):
+    if encoder.training and any(layer.draws_dropout() for layer in encoder.layer):
         seeds = torch.randint(0, 2 ** 31 - 1, (len(encoder.layer), 3), device=hidden_states.device,
                               dtype=torch.int64)
     for i, layer in enumerate(encoder.layer):
@@ -74,16 +74,17 @@ class FusedEncoder(nn.Module):
             hidden_states = hidden_states.to(torch.get_autocast_dtype(device_type))
         if attention_mask is None:
             packing = _uniform(rows, length, hidden_states.device)
-            packing.bias = self.prepare(packing)
-            out = self.layers_forward(self, hidden_states.reshape(1, rows * length, dim), packing, *args, **kwargs)
-            out.last_hidden_state = out.last_hidden_state.view(rows, length, dim)
-            return out
-        keep = key_padding_mask(attention_mask, rows, length)
-        packing = pack(keep) if self.packed else pack_static(keep)
+            packed = hidden_states.reshape(1, rows * length, dim)
+            unpack = lambda h: h.view(rows, length, dim)  # noqa: E731
+        else:
+            keep = key_padding_mask(attention_mask, rows, length)
+            packing = pack(keep) if self.packed else pack_static(keep)
+            self.layout = "exact" if packing.seqlens_py is not None and self.packed else "static"
+            packed = pack_tokens(hidden_states, packing)
+            unpack = lambda h: unpack_tokens(h, packing)  # noqa: E731
         packing.bias = self.prepare(packing)
-        self.layout = "exact" if packing.seqlens_py is not None and self.packed else "static"
-        out = self.layers_forward(self, pack_tokens(hidden_states, packing), packing, *args, **kwargs)
-        out.last_hidden_state = unpack_tokens(out.last_hidden_state, packing)
+        out = self.layers_forward(self, packed, packing, *args, **kwargs)
+        out.last_hidden_state = unpack(out.last_hidden_state)
         return out
 
 
