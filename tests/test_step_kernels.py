@@ -15,7 +15,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cpu_rows_split_the_step_into_categories():
-    r = _run("--device", "cpu", "--tiny", "--batch-sizes", "4", "--seq", "32", "--modes", "eager",
+    r = _run("--device", "cpu", "--tiny", "--batch-sizes", "4", "--seq", "32", "--modes", "eager,fused",
              "--steps", "2", "--warmup-steps", "1", "--profile-steps", "2", "--top", "3")
     assert r.returncode == 0, r.stderr[-2000:]
     header = next(line for line in r.stdout.splitlines() if line.startswith("| B |"))
@@ -26,6 +26,8 @@ def test_cpu_rows_split_the_step_into_categories():
     per_category = [float(cells[f"{c} ms"]) for c in ("gemm", "attention", "elementwise", "optimizer", "other")]
     assert sum(per_category) > 0 and per_category[0] > 0  # the tiny model's linears are GEMMs
     assert "most expensive kernels" in r.stdout and "_fused_adamw_" in r.stdout
+    # encoder=fused's row: the same model with our layers (Triton's interpreter on a CPU)
+    assert any(line.startswith("| 4 | fused |") for line in r.stdout.splitlines()), r.stdout
 
 
 def test_reduce_overhead_on_a_cpu_is_one_line():
