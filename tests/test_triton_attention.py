@@ -12,6 +12,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from bertaccel.attention import triton_attention as TA  # noqa: E402
+from bertaccel.attention import triton_launch as TL  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -48,9 +49,9 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 5e-3}
 def small_blocks():
     # Several 16-wide column blocks even at small S, and a ragged tail: what the online softmax
     # across blocks and the tail masking must get right.
-    TA._block_override = (16, 16)
+    TL._block_override = (16, 16)
     yield
-    TA._block_override = None
+    TL._block_override = None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -78,7 +79,7 @@ def test_bshd_layout_bool_mask_and_unequal_blocks_match_the_contiguous_path():
     ref_grads = torch.autograd.grad(ref_out, (q, k, v), grad)
     bshd = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
     for blocks in [(16, 16), (16, 32), (32, 16)]:
-        TA._block_override = blocks
+        TL._block_override = blocks
         out = TA.fused_attention(*(t.transpose(1, 2) for t in bshd), keep.bool(), 0.0)
         assert out.transpose(1, 2).is_contiguous(), "output should come back in the [B, S, H, D] layout"
         assert _rel(out, ref_out) < 1e-5, blocks

@@ -11,6 +11,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from bertaccel.attention import triton_attention as TA  # noqa: E402
+from bertaccel.attention import triton_launch as TL  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Ragged: several 16-row blocks with a tail, an empty sequence, a single token, one block exactly.
@@ -60,9 +61,9 @@ def _rel(a, b):
 @pytest.fixture(autouse=True)
 def small_blocks():
     # 16x16 tiles: several query and key blocks per sequence, and ragged tails.
-    TA._block_override = (16, 16)
+    TL._block_override = (16, 16)
     yield
-    TA._block_override = None
+    TL._block_override = None
 
 
 @pytest.mark.parametrize("dtype, layout", [(torch.float32, "thd"), (torch.float16, "thd"),
@@ -176,7 +177,7 @@ def test_packed_input_checks(change, message):
 def test_packed_paths_never_sync_capture_in_a_cuda_graph_and_compile_one_variant_per_config():
     from bertaccel.attention import triton_kernels as K
 
-    TA._block_override = None  # the real, length-independent tiles
+    TL._block_override = None  # the real, length-independent tiles
     heads, dim = 4, 64
     seed = torch.tensor([3], dtype=torch.int64, device=DEVICE)
     K._fwd_kernel.device_caches.clear()
