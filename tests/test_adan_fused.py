@@ -25,6 +25,7 @@ from bertaccel.optimizers import adan_fused as AF  # noqa: E402
 from bertaccel.optimizers import adan_kernel  # noqa: E402
 from bertaccel.optimizers.adan import Adan  # noqa: E402
 from bertaccel.optimizers.adan_fused import AdanFused, grad_copies_last_step, kernel_launches_per_step  # noqa: E402
+from bertaccel.train.step_graph import restore_first_step  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BETAS = (0.98, 0.92, 0.99)
@@ -299,12 +300,7 @@ def test_zeroed_state_restarts_like_a_fresh_optimizer():
     for p, g in zip(ps, _grads(9)):
         p.grad = g.clone()
     opt.step()
-    with torch.no_grad():
-        for p, q in zip(ps, fresh_ps):
-            p.copy_(q)
-        for st in opt.state.values():
-            for v in st.values():
-                v.zero_()
+    restore_first_step(ps, fresh_ps, opt)  # as StepGraphs.capture leaves it
     fresh = AdanFused([{"params": fresh_ps}], lr=1e-2, capturable=True)
     for step in range(2):
         for p, q, g in zip(ps, fresh_ps, _grads(step)):
@@ -385,12 +381,7 @@ def test_capturable_step_replays_from_a_cuda_graph():
     with torch.cuda.stream(side):
         opt.step()
     torch.cuda.current_stream().wait_stream(side)
-    with torch.no_grad():
-        for p, w in zip(ps, init):
-            p.copy_(w)
-        for st in opt.state.values():
-            for v in st.values():
-                v.zero_()
+    restore_first_step(ps, init, opt)  # as StepGraphs.capture leaves it
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         opt.step()

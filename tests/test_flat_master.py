@@ -25,6 +25,7 @@ from bertaccel.optimizers.adan import Adan  # noqa: E402
 from bertaccel.optimizers.adan_fused import AdanFused  # noqa: E402
 from bertaccel.optimizers.flat import BLOCK, MASTER_KEY, kernel_launches_per_step  # noqa: E402
 from bertaccel.optimizers.flat_kernel import jit, store_param, tl  # noqa: E402
+from bertaccel.train.step_graph import restore_first_step  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [(3, 5), (7,), (BLOCK + 37,), (1,)]
@@ -203,12 +204,7 @@ def test_zeroed_state_restarts_from_the_weights_put_back(name):
     for p, g in zip(ps, _grads(9)):
         p.grad = g.to(dtype)
     opt.step()
-    with torch.no_grad():
-        for p, w in zip(ps, init):
-            p.copy_(w)
-        for st in opt.state.values():
-            for v in st.values():
-                v.zero_()
+    restore_first_step(ps, init, opt)  # as StepGraphs.capture leaves it
     fresh = Fused(_groups(fresh_ps), lr=_lr(1e-2, True), capturable=True)
     for step in range(2):
         for p, q, g in zip(ps, fresh_ps, _grads(step)):
@@ -334,12 +330,7 @@ def test_capturable_bf16_step_replays_from_a_cuda_graph(name):
     with torch.cuda.stream(side):  # eager warm-up (builds the buffers, compiles), then the reset
         opt.step()
     torch.cuda.current_stream().wait_stream(side)
-    with torch.no_grad():
-        for p, w in zip(ps, init):
-            p.copy_(w)
-        for st in opt.state.values():
-            for v in st.values():
-                v.zero_()
+    restore_first_step(ps, init, opt)  # as StepGraphs.capture leaves it
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         opt.step()

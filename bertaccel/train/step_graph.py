@@ -29,6 +29,20 @@ import torch.nn.functional as F
 from bertaccel.train.warmup import IGNORE_INDEX, synthetic_batch
 
 
+def restore_first_step(params: List[torch.Tensor], weights: List[torch.Tensor],
+                       optimizer: torch.optim.Optimizer) -> None:
+    """Undo warm-up steps: the weights copied back and every optimizer state tensor zeroed (exp_avg,
+    exp_avg_sq, step ...: the next step is a first step again; the flat-buffer optimizers reseed
+    their fp32 masters from the parameters at a first step)."""
+    with torch.no_grad():
+        for p, w in zip(params, weights):
+            p.copy_(w)
+        for state in optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    v.zero_()
+
+
 class _MicroGraph:
     def __init__(self, rows: int, length: int, masked: bool, device: torch.device):
         self.ids = torch.zeros(rows, length, dtype=torch.long, device=device)
@@ -100,13 +114,8 @@ class StepGraphs:
                 g.loss = self._micro_body(g)
         with torch.cuda.graph(self.update, pool=pool):
             self._update_body()
+        restore_first_step(self.params, weights, self.optimizer)
         with torch.no_grad():
-            for p, w in zip(self.params, weights):
-                p.copy_(w)
-            for state in self.optimizer.state.values():
-                for v in state.values():
-                    if isinstance(v, torch.Tensor):
-                        v.zero_()  # exp_avg, exp_avg_sq, step: as before the first step
             torch._foreach_zero_([p.grad for p in self.params])
         torch.cuda.synchronize(self.device)
 
