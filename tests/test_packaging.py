@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,16 @@ def test_wheel_in_a_fresh_venv_runs_from_another_directory(tmp_path):
     (wheel,) = wheels.glob("bertaccel-*.whl")
     venv = tmp_path / "venv"
     # torch, transformers, hydra ... come from this interpreter's site-packages; bertaccel from the wheel.
-    _sh([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], timeout=120)
+    # Not `venv --system-site-packages`: made from a virtualenv's interpreter, that sees the *base*
+    # interpreter's packages, not this one's (where the tests run in a venv, hydra was missing). A .pth
+    # file naming this interpreter's site directories works from a venv and from a system Python; its
+    # plain lines add the directories only (their .pth files, the checkout's editable hook among them,
+    # are not run), and they come after the venv's own site-packages, so the wheel's bertaccel wins.
+    _sh([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
     py = venv / "bin" / "python"
+    purelib = _sh([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], timeout=60).stdout.strip()
+    ours = [d for d in site.getsitepackages() + [site.getusersitepackages()] if Path(d).is_dir()]
+    (Path(purelib) / "outer_site_packages.pth").write_text("\n".join(ours) + "\n")
     _sh([sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet", "--no-deps", str(wheel)], timeout=300)
 
     elsewhere = tmp_path / "elsewhere"
