@@ -144,20 +144,22 @@ class Composer:
 
         cfg = compose(config_name="config", overrides=self.extra + list(overrides), return_hydra_config=True)
         choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
+        # The folders Hydra searched, in its order (conf/, the sweeps, the extra search path).
+        self.folders = [Path(s.path) for s in cfg.hydra.runtime.config_sources if s.schema == "file"]
         with open_dict(cfg):
             del cfg["hydra"]
         return cfg, choices
 
     def options(self, group: str) -> List[str]:
-        return sorted(self.loader.get_group_options(group))
+        """The group's options over the whole search path (the extra one included)."""
+        return sorted(self.loader.get_group_options(group, config_name="config", overrides=self.extra))
 
     def option_comment(self, group: str, option: str) -> str:
-        """The option file's leading comment (its description), from whichever source holds it."""
-        name = f"{group}/{option}"
-        for source in self.loader.get_sources():
-            if source.scheme() == "file" and source.is_config(name):
-                text = (Path(source.path) / f"{name}.yaml").read_text()
-                return _leading_comment(text)
+        """The option file's leading comment (its description), from the first folder holding it."""
+        for folder in self.folders:
+            path = folder / group / f"{option}.yaml"
+            if path.is_file():
+                return _leading_comment(path.read_text())
         return ""
 
 
