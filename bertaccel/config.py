@@ -228,7 +228,7 @@ class ModelConfig:
     """conf/model/<name>.yaml: the BERT model to fine-tune and where its weights come from; checks
     in bertaccel/options/model.py."""
     name: str = MISSING
-    source: str = MISSING  # package: weights in a pip package; hub: the Hugging Face hub; random_init
+    source: str = MISSING  # package: weights in a pip package; hub: the Hugging Face hub; random_init: new weights, shape below
     # package: an importable package holding the weights in <package>/model; hub: a hub id.
     pretrained: Optional[str] = None
     # random_init only: a BERT shape, with the tokenizer taken from `tokenizer_package`. Null for

@@ -181,6 +181,8 @@ def show(value: Any) -> str:
         value = OmegaConf.to_container(value)
     if value is None:
         return "null"
+    if value == "":
+        return '""'  # (an empty code span would show nothing)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
