@@ -154,7 +154,9 @@ class EncoderConfig:
 
 @dataclass
 class CompileConfig:
-    mode: str = "off"
+    """conf/compile/<mode>.yaml: torch.compile of the model, and CUDA-graph replay of the whole
+    step; checks in bertaccel/options/compile.py."""
+    mode: str = "off"  # torch.compile's mode; off: the model runs eagerly
     # One graph for every padded length (the sequence dimension marked dynamic) instead of a
     # graph per length: one compile instead of one per length (train.pad_to_multiple_of).
     dynamic_length: bool = True
@@ -168,15 +170,18 @@ class CompileConfig:
 
 @dataclass
 class FreezingConfig:
-    name: str = "none"
+    """conf/freezing/<name>.yaml: which parameters train in which epoch (bertaccel/options/freezing.py)."""
+    name: str = "none"  # none: every parameter trains; layerwise: one encoder layer (+ head) per epoch
 
 
 @dataclass
 class OptimizerConfig:
+    """conf/optimizer/<name>.yaml: the optimizer class and the learning-rate schedule; meaning and
+    checks in bertaccel/options/optimizer.py."""
     name: str = "adamw"
-    lr: float = bounded(5e-5, gt=0)
-    weight_decay: float = bounded(0.01, ge=0)
-    schedule: str = "linear"
+    lr: float = bounded(5e-5, gt=0)  # peak learning rate (after warm-up)
+    weight_decay: float = bounded(0.01, ge=0)  # decoupled; not applied to biases and LayerNorm weights
+    schedule: str = "linear"  # after warm-up: constant, linear decay to 0, or cosine to min_lr_ratio x lr
     warmup_ratio: float = bounded(0.1, ge=0, lt=1)  # fraction of the optimizer steps
     min_lr_ratio: float = bounded(0.0, ge=0, lt=1)  # cosine: decay to this fraction of lr (seed 001 eq. 10: 0.1)
     scale_lr: str = "none"              # linear: lr x effective batch / base_batch_size (seed 001 eq. 11)
@@ -189,11 +194,13 @@ class OptimizerConfig:
 
 @dataclass
 class HardwareConfig:
+    """conf/hardware/<name>.yaml: a GPU's (or CPU's) price, power and peak FLOP/s, for a run's cost,
+    energy and MFU; auto picks the profile that matches the device (bertaccel/options/hardware.py)."""
     name: str = "auto"
     # Substrings of torch.cuda.get_device_name() that select this profile under hardware=auto.
     match: List[str] = field(default_factory=list)
     price_per_gpu_hour_usd: Optional[float] = bounded(None, gt=0, note="null: no cost_usd")
-    price_source: str = ""
+    price_source: str = ""  # where the price comes from (said with cost_usd)
     tdp_w: Optional[float] = bounded(None, gt=0, note="watts; null: unknown")
     peak_tflops_bf16: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
     peak_tflops_fp16: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
@@ -218,8 +225,10 @@ class CarbonConfig:
 
 @dataclass
 class ModelConfig:
+    """conf/model/<name>.yaml: the BERT model to fine-tune and where its weights come from; checks
+    in bertaccel/options/model.py."""
     name: str = MISSING
-    source: str = MISSING
+    source: str = MISSING  # package: weights in a pip package; hub: the Hugging Face hub; random_init: new weights, shape below
     # package: an importable package holding the weights in <package>/model; hub: a hub id.
     pretrained: Optional[str] = None
     # random_init only: a BERT shape, with the tokenizer taken from `tokenizer_package`. Null for
@@ -238,12 +247,14 @@ MODEL_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
 
 @dataclass
 class DatasetConfig:
+    """conf/dataset/<name>.yaml: the text-classification data and how it is tokenized; checks in
+    bertaccel/options/dataset.py, reading in bertaccel/data/read.py."""
     name: str = MISSING
-    source: str = MISSING
-    hub_id: Optional[str] = None
-    train_path: Optional[str] = None
+    source: str = MISSING  # bundled: in bertaccel/samples; hub: the Hugging Face hub; csv: local files
+    hub_id: Optional[str] = None  # source=hub: the dataset's hub id
+    train_path: Optional[str] = None  # bundled: under bertaccel/samples; csv: relative to where you run
     test_path: Optional[str] = None
-    text_columns: List[str] = field(default_factory=lambda: ["text"])
+    text_columns: List[str] = field(default_factory=lambda: ["text"])  # several: joined with a space
     label_column: str = "label"
     max_length: int = bounded(128, ge=8, le=512, note="BERT positions")
     train_subset: Optional[int] = bounded(None, gt=0, note="null: all rows")  # first N rows after a seeded shuffle; null = all
@@ -257,14 +268,15 @@ class DatasetConfig:
 
 @dataclass
 class TrainConfig:
+    """The training loop: batches, seed, device and data loading (checks: bertaccel/options/train.py)."""
     epochs: int = bounded(1, gt=0)
     # Rows per micro-batch and device: an integer, or "auto" (the largest power of two that fits the
     # GPU at the dataset's longest padded length, found by trying: bertaccel/train/batch_fit.py).
     # Any-typed so both spellings compose (as accumulation); validate() checks.
     batch_size: Any = 32
-    eval_batch_size: int = bounded(128, gt=0)
+    eval_batch_size: int = bounded(128, gt=0)  # rows per batch when testing
     seed: int = bounded(42, ge=0, le=2**32 - 1, note="numpy's seed range; isolation.seed_everything seeds it")
-    device: str = "auto"
+    device: str = "auto"  # auto: a CUDA GPU when one is visible, else the CPU
     num_workers: int = bounded(0, ge=0, note="0: batches made in the training process")
     # Workers kept alive between epochs (num_workers > 0), so each epoch does not pay their start.
     persistent_workers: bool = True
@@ -288,6 +300,7 @@ class TrainConfig:
 
 @dataclass
 class TelemetryConfig:
+    """Energy and activity measured while a run trains (bertaccel/measure/)."""
     # false: no energy/activity collectors (their sampler threads share the GIL with the loop);
     # the measurements are then null with that reason.
     enabled: bool = True
@@ -300,6 +313,7 @@ class TelemetryConfig:
 
 @dataclass
 class ProfileWindowConfig:
+    """The torch.profiler window of profile=true (bertaccel/measure/)."""
     warmup_steps: int = bounded(3, ge=0)  # run but not recorded (allocator, autotuning, caches settle)
     active_steps: int = bounded(5, gt=0)  # recorded
     top_k: int = bounded(10, gt=0)  # kernels listed in the artifact
@@ -308,12 +322,14 @@ class ProfileWindowConfig:
 @dataclass
 class SearchConfig:
     """hydra/sweeper=optuna_pareto: what a trial returns (bertaccel/options/search.py)."""
+    # MLflow metric names a trial returns, with one direction (minimize | maximize) each.
     objectives: List[str] = field(default_factory=lambda: ["train_time_s", "cost_usd", "energy_kwh", "test_accuracy"])
     directions: List[str] = field(default_factory=lambda: ["minimize", "minimize", "minimize", "maximize"])
 
 
 @dataclass
 class SweepConfig:
+    """What a multirun (-m) does with configurations that already ran."""
     # Multirun only: skip a configuration whose config_hash already has a finished run.
     resume: bool = True
     # Also re-run configurations whose earlier run was failed or skipped.
@@ -322,12 +338,14 @@ class SweepConfig:
 
 @dataclass
 class TrackingConfig:
-    uri: str = "sqlite:///mlflow.db"
-    experiment: str = "bertaccel"
+    """The MLflow store every run is recorded in (checks: bertaccel/options/tracking.py)."""
+    uri: str = "sqlite:///mlflow.db"  # any MLflow tracking URI; a relative path is from where you run
+    experiment: str = "bertaccel"  # the MLflow experiment the runs go to
 
 
 @dataclass
 class LauncherConfig:
+    """Where and how each run's processes start (checks: bertaccel/options/launcher.py)."""
     # Where a run executes (bertaccel/runs/launch.py): inline = in the sweep's own process;
     # process = a fresh Python process per run (one per rank for num_gpus > 1).
     name: str = "process"
@@ -374,7 +392,7 @@ class RunConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    cache_dir: str = "~/.cache/bertaccel"
+    cache_dir: str = "~/.cache/bertaccel"  # tokenized datasets and compiled kernels, shared by runs
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     carbon: CarbonConfig = field(default_factory=CarbonConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)

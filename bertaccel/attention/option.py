@@ -39,7 +39,9 @@ def check_attention(a: Any) -> Optional[str]:
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option (options/checks.py asks every option so)."""
+    """Refuses an hf_implementation Hugging Face does not build (eager, sdpa), a swap that is no
+    backend of attention/swap.py, a swap over sdpa (it replaces the eager modules), and
+    sdpa_backends outside torch's names or with an hf_implementation other than sdpa."""
     return check_attention(cfg.attention)
 
 

@@ -33,7 +33,8 @@ def check_encoder(e: Any) -> Optional[str]:
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option (options/checks.py asks every option so). With
+    """Refuses a layer other than hf or fused, and a fused-only switch (packed, fused_kernels,
+    half_params) changed from its default under layer=hf, which has no such switch. With
     encoder=fused and attention=sdpa, sdpa_backends do not apply (the fused layer calls torch's
     varlen flash / memory-efficient kernels itself, encoder/attention.py): not refused, since
     conf/attention/sdpa.yaml names backends by default."""

@@ -55,7 +55,8 @@ def check_carbon(carbon: Any, pue: Optional[float]) -> Optional[str]:
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to the carbon block (options/checks.py asks every option so)."""
+    """Refuses a region not in REGIONS (unless intensity_g_per_kwh is given), a negative
+    intensity_g_per_kwh, and a hardware.pue below 1."""
     return check_carbon(cfg.carbon, cfg.hardware.pue)
 
 

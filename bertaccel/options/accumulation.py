@@ -30,8 +30,9 @@ EPS = 1e-12
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option: a count or adaptive, and adaptive on one process only
-    (adaptive with compile.step_graph is the step graph's refusal: options/compile.py)."""
+    """Refuses an accumulation that is neither an integer >= 1 nor adaptive, and adaptive with
+    num_gpus > 1 (the ranks would measure different variances). Adaptive with compile.step_graph
+    is the step graph's refusal (options/compile.py)."""
     if cfg.accumulation != "adaptive":
         return not_count_or("accumulation", cfg.accumulation, "adaptive")
     if cfg.num_gpus > 1:

@@ -8,8 +8,8 @@ from typing import Any, Optional
 
 
 def check(cfg: Any) -> Optional[str]:
-    """Checked without creating anything: the nearest existing part of cache_dir must be a
-    directory this user can write. Otherwise the first cache write fails inside the run's
+    """Refuses a cache_dir whose nearest existing part is not a directory this user can write
+    (checked without creating anything). Otherwise the first cache write fails inside the run's
     process, after its MLflow run was opened."""
     value = cfg.cache_dir
     path = Path(os.path.expanduser(value)).absolute()

@@ -9,7 +9,9 @@ from bertaccel.config import COMPILE_CACHES, COMPILE_MODES, not_one_of, uses_cud
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option (options/checks.py asks every option so)."""
+    """Refuses an unknown mode or cache; with step_graph=true, whatever a captured step cannot
+    replay (step_graph_refusal: fp16 loss scaling, freezing, num_gpus > 1, Hugging Face's eager
+    attention uncompiled, a mode with CUDA graphs of its own) and accumulation=adaptive."""
     why = (not_one_of("compile.mode", cfg.compile.mode, COMPILE_MODES)
            or not_one_of("compile.cache", cfg.compile.cache, COMPILE_CACHES))
     if why or not cfg.compile.step_graph:

@@ -8,7 +8,8 @@ from bertaccel.config import DATASET_SOURCES, not_one_of
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option (options/checks.py asks every option so)."""
+    """Refuses an unknown source, hub without hub_id, csv without train_path and test_path, and
+    an empty text_columns."""
     ds = cfg.dataset
     why = not_one_of("dataset.source", ds.source, DATASET_SOURCES)
     if why:

@@ -12,13 +12,14 @@ from bertaccel.config import FREEZINGS, not_one_of
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option: a strategy it knows."""
+    """Refuses a strategy it does not know (FREEZINGS)."""
     return not_one_of("freezing.name", cfg.freezing.name, FREEZINGS)
 
 
 def check_num_gpus(cfg: Any) -> Optional[str]:
-    """Freezing with data parallelism; validate() asks it after the optimizer and carbon checks,
-    where it always stood, so a config bad in both ways is still refused for the same one."""
+    """Refuses freezing other than none with num_gpus > 1: DDP registers its gradient hooks once.
+    validate() asks it after the optimizer and carbon checks, where it always stood, so a config
+    bad in both ways is still refused for the same one."""
     if cfg.num_gpus > 1 and cfg.freezing.name != "none":
         return (f"num_gpus={cfg.num_gpus} with freezing={cfg.freezing.name}: DDP registers its gradient "
                 "hooks once, for the parameters trainable at the start; use num_gpus=1 or freezing=none")

@@ -8,7 +8,8 @@ from bertaccel.config import LAUNCHERS, START_METHODS, not_one_of
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option (options/checks.py asks every option so)."""
+    """Refuses an unknown name or start_method, and launcher=inline with runs_at_once > 1 or
+    num_gpus > 1, which need processes of their own."""
     launcher = cfg.launcher
     why = (not_one_of("launcher.name", launcher.name, LAUNCHERS)
            or not_one_of("launcher.start_method", launcher.start_method, START_METHODS))

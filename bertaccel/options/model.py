@@ -8,7 +8,9 @@ from bertaccel.config import MODEL_SHAPE_FIELDS, MODEL_SOURCES, not_one_of
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option (options/checks.py asks every option so)."""
+    """Refuses an unknown source; package or hub without pretrained; random_init without
+    tokenizer_package or without a full shape (hidden_size divisible by num_attention_heads); a
+    shape given to a pretrained model; and a package or directory that is not there."""
     model = cfg.model
     why = not_one_of("model.source", model.source, MODEL_SOURCES)
     if why:

@@ -75,8 +75,9 @@ def check_optimizer(cfg: Any, capturable: bool) -> Optional[str]:
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option: its schedule and lr scaling by name, then its class's
-    own settings; with compile.step_graph=true, also in the capturable mode the captured step builds."""
+    """Refuses an unknown schedule or scale_lr, and settings the optimizer's class itself rejects
+    (optimizer.impl built over one CPU parameter); with compile.step_graph=true, also a class
+    without the capturable mode the captured step builds."""
     opt = cfg.optimizer
     return (not_one_of("optimizer.schedule", opt.schedule, LR_SCHEDULES)
             or not_one_of("optimizer.scale_lr", opt.scale_lr, SCALE_LR)

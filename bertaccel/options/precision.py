@@ -45,7 +45,8 @@ def check_precision(p: Any) -> Optional[str]:
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this option (options/checks.py asks every option so)."""
+    """Refuses an autocast_dtype autocast cannot run in (AUTOCAST_DTYPES, or null for none), and
+    loss_scaling=true with any dtype but float16 (GradScaler guards fp16's narrow exponent only)."""
     return check_precision(cfg.precision)
 
 

@@ -54,7 +54,8 @@ def check_search(search: Any) -> Optional[str]:
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to the search block (options/checks.py asks every option so)."""
+    """Refuses no objectives, objectives and directions of different lengths, a direction other
+    than minimize or maximize, and an objective named twice."""
     return check_search(cfg.search)
 
 

@@ -6,14 +6,14 @@ from typing import Any, Optional
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this block (options/checks.py asks every option so)."""
+    """Refuses an empty uri."""
     if not cfg.tracking.uri:
         return "tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db"
     return None
 
 
 def check_store(cfg: Any) -> Optional[str]:
-    """Whether the store can be used. validate() asks it last, as it may wait on the network (a
+    """Refuses a store that cannot be used (bertaccel/store.py store_refusal). validate() asks it last, as it may wait on the network (a
     few seconds at most): a tracking server that cannot be reached is bad input too, said before
     any work instead of after minutes of MLflow's retries."""
     from bertaccel.store import store_refusal  # (psutil, hydra: only when it is asked)

@@ -8,7 +8,9 @@ from bertaccel.config import DEVICES, GRADIENT_CHECKPOINTING, not_count_or, not_
 
 
 def check(cfg: Any) -> Optional[str]:
-    """validate()'s question to this block (options/checks.py asks every option so)."""
+    """Refuses a batch_size that is neither an integer >= 1 nor auto, auto with num_gpus > 1 (the
+    search runs in one process), an unknown device or gradient_checkpointing, and a
+    prefetch_factor without loader workers."""
     tr = cfg.train
     why = not_count_or("train.batch_size", tr.batch_size, "auto")
     if why:
