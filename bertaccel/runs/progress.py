@@ -44,6 +44,21 @@ def swept_keys(overrides: List[str]) -> Set[str]:
             if o.is_sweep_override()}
 
 
+def sweep_axes(overrides: List[str]) -> str:
+    """What a sweep varies, as the parent run's name in the MLflow UI:
+    `precision=fp16,fp32 x attention=xformers,triton` (the sweep overrides in command-line order;
+    one Hydra cannot list, such as a search's interval(...), as typed). Empty when nothing varies."""
+    axes = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if not o.is_sweep_override():
+            continue
+        try:
+            axes.append(f"{o.get_key_element()}={','.join(o.sweep_string_iterator())}")
+        except Exception:  # noqa: BLE001 - hydra raises its base exception for sweeps it cannot enumerate
+            axes.append(o.input_line)
+    return " x ".join(axes)
+
+
 @dataclass
 class SweepState:
     total: Optional[int] = None
@@ -111,8 +126,9 @@ class SweepProgress(Callback):
         overrides += [f"{k}={v}" for k, v in params.items()]
         try:
             state.total, state.swept = count_jobs(overrides), swept_keys(overrides)
+            axes = sweep_axes(overrides)
         except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us "of N" and short names
-            state.total, state.swept = None, set()
+            state.total, state.swept, axes = None, set(), ""
         searching = uses_search(config.hydra)
         if searching:  # a search runs its n_trials, not the grid
             state.total = int(config.hydra.sweeper.n_trials)
@@ -124,7 +140,8 @@ class SweepProgress(Callback):
         # sampler seeds are two sweeps, each with its own parent and front.
         search_tags = parent_tags(config.hydra, config.search) if searching else {}
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides + [f"{k}={v}" for k, v in search_tags.items()])
-        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total, search_tags)
+        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total, search_tags,
+                             name=axes or f"sweep {sweep_id}")
         state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
         set_env(state.context)
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)

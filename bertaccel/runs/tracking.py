@@ -26,6 +26,10 @@ from bertaccel.store import sqlite_file, store_lock
 # neither re-runs a finished configuration nor splits its repeats).
 # search: what a trial returns to the sweeper, not what is trained.
 HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search")
+# MLflow 3's UI opens an experiment on its GenAI view (traces) unless the experiment says it is
+# model training: the tag and value its UI reads (mlflow.experimentKind, custom_model_development).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 MLFLOW_BATCH = 100  # log_batch accepts at most 100 params per call
 
 
@@ -67,13 +71,20 @@ def _artifact_location(uri: str, experiment: str) -> Optional[str]:
 
 
 def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
+    """The experiment's id, created when missing; either way it is marked model training
+    (EXPERIMENT_KIND): one an older version created is marked when the next run goes into it."""
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=_artifact_location(uri, name))
-    except MlflowException:  # created meanwhile by a parallel run
-        return client.get_experiment_by_name(name).experiment_id
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=_artifact_location(uri, name),
+                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except MlflowException:  # created meanwhile by a parallel run
+            exp = client.get_experiment_by_name(name)
+    # A kind someone chose stays; none, or one MLflow's UI only guessed, is replaced.
+    kind = exp.tags.get(EXPERIMENT_KIND_TAG, "")
+    if not kind or kind.endswith("inferred") or kind == "no_inferred_type":
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return exp.experiment_id
 
 
 def _locked(method):
@@ -121,6 +132,11 @@ class RunTracker:
         batch = [Metric(key, float(v), now, i) for i, v in enumerate(values)]
         for i in range(0, len(batch), MLFLOW_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i:i + MLFLOW_BATCH])
+
+    @_locked
+    def log_inputs(self, datasets: Sequence[Any]) -> None:
+        """The run's datasets (runs/datasets.py: DatasetInput per split)."""
+        self.client.log_inputs(self.run_id, datasets=list(datasets))
 
     @_locked
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
