@@ -23,6 +23,7 @@ from hydra.experimental.callback import Callback
 
 from bertaccel.options.search import parent_tags, uses_search
 from bertaccel.runs.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
+from bertaccel.runs.tracking import experiment_id_of, ui_address
 from bertaccel.store import exit_if_store_unusable, repair_store
 
 # interrupted: a submitit job killed from outside (its run is marked so and runs again next time)
@@ -66,6 +67,7 @@ class SweepState:
     outcomes: List[Any] = field(default_factory=list)
     context: Optional[SweepContext] = None
     uri: str = ""
+    ui: str = ""  # the MLflow UI's address of the sweep's runs (tracking.ui_address)
     pid: int = 0  # the launching process (a submitit job's process has a copy of this state)
 
     def count(self, status: str) -> int:
@@ -98,6 +100,8 @@ class SweepState:
         totals = f"{len(self.outcomes)} runs: {self.counts()}"
         if self.context is not None:
             totals += f"\nsweep id {self.context.sweep_id} (MLflow parent run {self.context.parent_run_id})"
+        if self.ui:
+            totals += f"\nMLflow UI: {self.ui}"
         return "\n".join(["", "== sweep summary ==", *lines, totals])
 
     def exit_code(self) -> int:
@@ -143,6 +147,7 @@ class SweepProgress(Callback):
         parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total, search_tags,
                              name=axes or f"sweep {sweep_id}")
         state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
+        state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
         set_env(state.context)
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
 

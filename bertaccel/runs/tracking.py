@@ -87,6 +87,16 @@ def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
     return exp.experiment_id
 
 
+def ui_address(uri: str, experiment_id: str) -> str:
+    """Where the MLflow UI lists an experiment's runs. MLflow 3.17's UI opens every experiment on
+    its GenAI view (traces) whatever the experiment's kind tag says: its GenAI / Model training
+    switch decides, per browser, and `workflowType=machine_learning` in the address sets it."""
+    page = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    if uri.startswith(("http://", "https://")):  # a tracking server serves the UI itself
+        return f"{uri.rstrip('/')}/{page}"
+    return f"http://127.0.0.1:5000/{page} (after `mlflow ui --backend-store-uri {uri}`)"
+
+
 def _locked(method):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -168,6 +178,11 @@ def finish_run(uri: str, run_id: str, status: str, reason: Optional[str] = None)
         tags = [RunTag("status", status)] + ([RunTag("reason", reason[:5000])] if reason else [])
         client.log_batch(run_id, tags=tags)
         client.set_terminated(run_id, mlflow_status(status))
+
+
+def experiment_id_of(uri: str, run_id: str) -> str:
+    with store_lock(uri):
+        return MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
 
 
 def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]:
