@@ -29,6 +29,7 @@ from bertaccel.runs.tracking import search_runs
 ROOT = Path(__file__).resolve().parents[1]
 AXES = "precision=fp32,bf16 x attention=eager,sdpa"
 PAGE_WAIT_S = 60
+STOP_WAIT_S = 10
 NAME_WIDEN_PX = 190  # the screenshot's Run Name column: from 190 px to fit the parent's axes
 
 
@@ -70,15 +71,20 @@ def mlflow_ui(swept_store, tmp_path) -> Iterator[str]:
             time.sleep(0.5)
         yield base
     finally:
-        # Its own process group (uvicorn's workers too): SIGTERM, then SIGKILL if it lingers.
+        # Its own process group: SIGTERM, then SIGKILL for what lingers (mlflow ui's job consumers
+        # outlive the SIGTERM of their server, and the server waits for them).
         try:
             os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
+            server.wait(timeout=STOP_WAIT_S)
+        except ProcessLookupError:
+            pass  # it had ended (the set-up's assertion says why)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        server.wait()
         log.close()
 
 
