@@ -11,12 +11,12 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 from report_store import Store
 
+from bertaccel import sweep_report
 from bertaccel.data import RawData, RawSplit, load_raw, split_fingerprint
 from bertaccel.runs.datasets import DIGEST_CHARS, dataset_inputs
 from bertaccel.runs.progress import sweep_axes
-from bertaccel.runs.sweep import SweepContext, open_parent
+from bertaccel.runs.sweep import SweepContext, open_parent, set_env
 from bertaccel.runs.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RunTracker, experiment_id, ui_address
-from bertaccel import sweep_report
 from bertaccel.sweep_report import REASON_TAG, REPORT_TAG, SweepReport, attach_report
 
 CONF = Path(__file__).resolve().parents[1] / "bertaccel" / "conf"
@@ -188,3 +188,19 @@ def test_a_later_report_clears_an_earlier_reason(tmp_path):
     MlflowClient(tracking_uri=ctx.uri).set_tag(ctx.parent_run_id, REASON_TAG, "no report: the sweep has no finished runs")
     attach_report(ctx, "bertaccel")
     assert REASON_TAG not in MlflowClient(tracking_uri=ctx.uri).get_run(ctx.parent_run_id).data.tags
+
+
+def test_the_report_callback_comes_after_the_sweeps_frame_and_takes_its_context():
+    """Hydra starts callbacks in order and ends them in reverse: listed after sweep_progress, the
+    report's callback finds the parent run opened and attaches before the parent is closed."""
+    callbacks = OmegaConf.load(CONF / "config.yaml").hydra.callbacks
+    assert list(callbacks) == ["sweep_progress", "sweep_report"]
+    assert callbacks.sweep_report._target_ == "bertaccel.sweep_report.SweepReport"
+    ctx = SweepContext("sw1", "parent-id", ["precision"], "sqlite:///x.db")
+    set_env(ctx)
+    try:
+        callback = SweepReport()
+        callback.on_multirun_start(OmegaConf.create({"tracking": {"experiment": "mine"}}))
+    finally:
+        set_env(None)
+    assert (callback.context, callback.experiment) == (ctx, "mine")

@@ -8,7 +8,6 @@ they saw the same rows. MLflow keeps 36 characters of a digest, so its first DIG
 from __future__ import annotations
 
 import json
-
 from typing import Any, Dict, List
 
 from mlflow.data.dataset_source import DatasetSource
@@ -62,4 +61,3 @@ def dataset_inputs(ds_cfg: Any, raw: RawData) -> List[DatasetInput]:
         ds = SplitDataset(source, str(ds_cfg.name), split_fingerprint(rows)[:DIGEST_CHARS], len(rows.texts))
         inputs.append(DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(CONTEXT_TAG, split)]))
     return inputs
-

@@ -145,7 +145,7 @@ class SweepProgress(Callback):
         search_tags = parent_tags(config.hydra, config.search) if searching else {}
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides + [f"{k}={v}" for k, v in search_tags.items()])
         parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total, search_tags,
-                             name=axes or f"sweep {sweep_id}")
+                             name=axes)
         state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
         state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
         set_env(state.context)

@@ -26,8 +26,9 @@ from bertaccel.store import sqlite_file, store_lock
 # neither re-runs a finished configuration nor splits its repeats).
 # search: what a trial returns to the sweeper, not what is trained.
 HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search")
-# MLflow 3's UI opens an experiment on its GenAI view (traces) unless the experiment says it is
-# model training: the tag and value its UI reads (mlflow.experimentKind, custom_model_development).
+# The experiment's kind, as MLflow records it (its UI's kind selector writes this tag): model
+# training, not GenAI. MLflow 3.17's UI opens an experiment by its own GenAI / Model training switch
+# instead, whatever the tag says: ui_address is the page that opens on the runs.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MLFLOW_BATCH = 100  # log_batch accepts at most 100 params per call
