@@ -147,8 +147,8 @@ class SweepProgress(Callback):
         parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total, search_tags,
                              name=axes)
         state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
+        set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
         state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
-        set_env(state.context)
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:
