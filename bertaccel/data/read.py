@@ -137,6 +137,13 @@ def _read_hub(hub_id: str, text_columns: Sequence[str], label_column: str):
     return out
 
 
+def split_paths(ds_cfg: Any) -> Tuple[Path, Path]:
+    """The train and test files a local dataset (csv, bundled) reads: bundled ones from the
+    package's samples, csv ones relative to the directory the run starts from."""
+    base = SAMPLES_DIR if ds_cfg.source == "bundled" else Path.cwd()
+    return base / os.path.expanduser(ds_cfg.train_path), base / os.path.expanduser(ds_cfg.test_path)
+
+
 def load_raw(ds_cfg: Any, cache_dir: Optional[str] = None) -> RawData:
     """Read train and test splits as the dataset config says; raises DataError / DatasetUnavailable.
 
@@ -147,9 +154,7 @@ def load_raw(ds_cfg: Any, cache_dir: Optional[str] = None) -> RawData:
         (tr_texts, tr_raw), (te_texts, te_raw) = _read_hub(ds_cfg.hub_id, ds_cfg.text_columns, ds_cfg.label_column)
         test_name = f"{ds_cfg.hub_id}/test"
     else:
-        base = SAMPLES_DIR if ds_cfg.source == "bundled" else Path.cwd()
-        train_path = base / os.path.expanduser(ds_cfg.train_path)
-        test_path = base / os.path.expanduser(ds_cfg.test_path)
+        train_path, test_path = split_paths(ds_cfg)
         for key, path in (("train_path", train_path), ("test_path", test_path)):
             if ds_cfg.source == "csv" and not path.is_file():
                 what = "a directory, not a file" if path.is_dir() else "no such file"

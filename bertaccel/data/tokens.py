@@ -47,7 +47,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
 
-def _split_fingerprint(split: RawSplit) -> str:
+def split_fingerprint(split: RawSplit) -> str:
     """The rows' content, one to one: each text goes in behind its length, so no two different
     splits give the same bytes (with bare separators, a text holding them could pass for a row
     boundary: ["a<sep>0<sep>b"] labelled 1 and ["a", "b"] labelled 0, 1 hashed alike)."""
@@ -81,7 +81,7 @@ class TokenizedData:
 def tokenize_cached(raw: RawData, tokenizer: Any, max_length: int, cache_dir: str) -> TokenizedData:
     """Tokenize both splits once per (content, tokenizer, max_length); later runs load the file."""
     t0 = time.perf_counter()
-    key = hashlib.sha256(json.dumps([_split_fingerprint(raw.train), _split_fingerprint(raw.test),
+    key = hashlib.sha256(json.dumps([split_fingerprint(raw.train), split_fingerprint(raw.test),
                                      tokenizer_fingerprint(tokenizer), max_length]).encode()).hexdigest()[:24]
     path = Path(os.path.expanduser(cache_dir)) / "tokens" / f"{key}.pt"
     if path.is_file():

@@ -31,6 +31,7 @@ from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tok
 from bertaccel.options.checks import validate
 from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from bertaccel.plan.hook import log_prediction
+from bertaccel.runs.datasets import dataset_inputs
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
 from bertaccel.runs.record import Outcome, RankTracker, open_tracker, resumed
@@ -149,6 +150,7 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
         reason = unavailable or skip_reason(cfg, device, probe())
         if reason:
             return _end(tracker, outcome, "skipped", reason)
+        tracker.log_inputs(dataset_inputs(cfg.dataset, raw))  # the UI's Dataset column (runs/datasets.py)
         with isolated_run(cfg.train.seed, shared_process=cfg.launcher.name == "inline"), \
                 tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
                 compile_caches(cfg.cache_dir, cfg.compile.cache, device) as ccache:

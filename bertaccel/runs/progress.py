@@ -23,6 +23,7 @@ from hydra.experimental.callback import Callback
 
 from bertaccel.options.search import parent_tags, uses_search
 from bertaccel.runs.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
+from bertaccel.runs.tracking import experiment_id_of, ui_address
 from bertaccel.store import exit_if_store_unusable, repair_store
 
 # interrupted: a submitit job killed from outside (its run is marked so and runs again next time)
@@ -44,6 +45,21 @@ def swept_keys(overrides: List[str]) -> Set[str]:
             if o.is_sweep_override()}
 
 
+def sweep_axes(overrides: List[str]) -> str:
+    """What a sweep varies, as the parent run's name in the MLflow UI:
+    `precision=fp16,fp32 x attention=xformers,triton` (the sweep overrides in command-line order;
+    one Hydra cannot list, such as a search's interval(...), as typed). Empty when nothing varies."""
+    axes = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if not o.is_sweep_override():
+            continue
+        try:
+            axes.append(f"{o.get_key_element()}={','.join(o.sweep_string_iterator())}")
+        except Exception:  # noqa: BLE001 - hydra raises its base exception for sweeps it cannot enumerate
+            axes.append(o.input_line)
+    return " x ".join(axes)
+
+
 @dataclass
 class SweepState:
     total: Optional[int] = None
@@ -51,6 +67,7 @@ class SweepState:
     outcomes: List[Any] = field(default_factory=list)
     context: Optional[SweepContext] = None
     uri: str = ""
+    ui: str = ""  # the MLflow UI's address of the sweep's runs (tracking.ui_address)
     pid: int = 0  # the launching process (a submitit job's process has a copy of this state)
 
     def count(self, status: str) -> int:
@@ -83,6 +100,8 @@ class SweepState:
         totals = f"{len(self.outcomes)} runs: {self.counts()}"
         if self.context is not None:
             totals += f"\nsweep id {self.context.sweep_id} (MLflow parent run {self.context.parent_run_id})"
+        if self.ui:
+            totals += f"\nMLflow UI: {self.ui}"
         return "\n".join(["", "== sweep summary ==", *lines, totals])
 
     def exit_code(self) -> int:
@@ -111,8 +130,9 @@ class SweepProgress(Callback):
         overrides += [f"{k}={v}" for k, v in params.items()]
         try:
             state.total, state.swept = count_jobs(overrides), swept_keys(overrides)
+            axes = sweep_axes(overrides)
         except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us "of N" and short names
-            state.total, state.swept = None, set()
+            state.total, state.swept, axes = None, set(), ""
         searching = uses_search(config.hydra)
         if searching:  # a search runs its n_trials, not the grid
             state.total = int(config.hydra.sweeper.n_trials)
@@ -124,9 +144,11 @@ class SweepProgress(Callback):
         # sampler seeds are two sweeps, each with its own parent and front.
         search_tags = parent_tags(config.hydra, config.search) if searching else {}
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides + [f"{k}={v}" for k, v in search_tags.items()])
-        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total, search_tags)
+        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total, search_tags,
+                             name=axes)
         state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
-        set_env(state.context)
+        set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
+        state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:

@@ -109,6 +109,9 @@ class RankTracker:
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
         pass
 
+    def log_inputs(self, datasets: Any) -> None:
+        pass
+
     def set_tags(self, tags: Mapping[str, str]) -> None:
         pass
 

@@ -36,6 +36,7 @@ from bertaccel.store import store_lock
 
 SWEEP_ENV = "BERTACCEL_SWEEP"  # JSON {sweep_id, parent_run_id, swept}: reaches jobs of other launchers too
 RUNNING_ELSEWHERE = "running_elsewhere"  # Previous / Outcome status: a live process runs this configuration
+RUN_NAME_CHARS = 250  # MLflow's store keeps this much of a run's name
 PROCESSES_TAG = "sweep_processes"  # on a parent run: the live sweep processes on it, host:pid:start
 
 
@@ -74,9 +75,12 @@ def sweep_identity(config_name: str, overrides: Sequence[str]) -> str:
 
 
 def open_parent(uri: str, experiment: str, sweep_id: str, overrides: Sequence[str], total: Optional[int],
-                extra_tags: Optional[Mapping[str, str]] = None) -> str:
+                extra_tags: Optional[Mapping[str, str]] = None, name: str = "") -> str:
     """The sweep's parent run: reopened when the same sweep ran before, else created. extra_tags:
-    a search's settings (search.parent_tags)."""
+    a search's settings (search.parent_tags). name: what the MLflow UI lists it as, the swept axes
+    (progress.sweep_axes); a parent reopened gets it too (one an older version named `sweep <id>`).
+    The sweep id stays its tag, which is what finds it again."""
+    name = (name or f"sweep {sweep_id}")[:RUN_NAME_CHARS]
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
         found = search_runs(uri, experiment, f"tags.sweep_id = '{sweep_id}' and tags.`bertaccel.role` = 'sweep'")
@@ -87,14 +91,14 @@ def open_parent(uri: str, experiment: str, sweep_id: str, overrides: Sequence[st
             run_id = run.info.run_id
             # Another sweep process of the same command may be on it now (two sweeps started together).
             tags[PROCESSES_TAG] = _processes_text(_live_processes(run.data.tags) + [_process_key(me)])
-            client.update_run(run_id, status="RUNNING")
+            client.update_run(run_id, status="RUNNING", name=name)
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             if "reason" in run.data.tags:  # an interrupted sweep's reason is not this sweep's
                 client.delete_tag(run_id, "reason")
             return run_id
         tags[PROCESSES_TAG] = _processes_text([_process_key(me)])
         exp_id = experiment_id(client, uri, experiment)
-        run = client.create_run(exp_id, run_name=f"sweep {sweep_id}", tags=tags)
+        run = client.create_run(exp_id, run_name=name, tags=tags)
         client.log_param(run.info.run_id, "sweep_overrides", " ".join(overrides)[:6000])
         if total:
             client.log_param(run.info.run_id, "sweep_configurations", str(total))

@@ -26,6 +26,11 @@ from bertaccel.store import sqlite_file, store_lock
 # neither re-runs a finished configuration nor splits its repeats).
 # search: what a trial returns to the sweeper, not what is trained.
 HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search")
+# The experiment's kind, as MLflow records it (its UI's kind selector writes this tag): model
+# training, not GenAI. MLflow 3.17's UI opens an experiment by its own GenAI / Model training switch
+# instead, whatever the tag says: ui_address is the page that opens on the runs.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 MLFLOW_BATCH = 100  # log_batch accepts at most 100 params per call
 
 
@@ -67,13 +72,30 @@ def _artifact_location(uri: str, experiment: str) -> Optional[str]:
 
 
 def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
+    """The experiment's id, created when missing; either way it is marked model training
+    (EXPERIMENT_KIND): one an older version created is marked when the next run goes into it."""
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=_artifact_location(uri, name))
-    except MlflowException:  # created meanwhile by a parallel run
-        return client.get_experiment_by_name(name).experiment_id
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=_artifact_location(uri, name),
+                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except MlflowException:  # created meanwhile by a parallel run
+            exp = client.get_experiment_by_name(name)
+    # A kind someone chose stays; none, or one MLflow's UI only guessed, is replaced.
+    kind = exp.tags.get(EXPERIMENT_KIND_TAG, "")
+    if not kind or kind.endswith("inferred") or kind == "no_inferred_type":
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return exp.experiment_id
+
+
+def ui_address(uri: str, experiment_id: str) -> str:
+    """Where the MLflow UI lists an experiment's runs. MLflow 3.17's UI opens every experiment on
+    its GenAI view (traces) whatever the experiment's kind tag says: its GenAI / Model training
+    switch decides, per browser, and `workflowType=machine_learning` in the address sets it."""
+    page = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    if uri.startswith(("http://", "https://")):  # a tracking server serves the UI itself
+        return f"{uri.rstrip('/')}/{page}"
+    return f"http://127.0.0.1:5000/{page} (after `mlflow ui --backend-store-uri {uri}`)"
 
 
 def _locked(method):
@@ -123,6 +145,11 @@ class RunTracker:
             self.client.log_batch(self.run_id, metrics=batch[i:i + MLFLOW_BATCH])
 
     @_locked
+    def log_inputs(self, datasets: Sequence[Any]) -> None:
+        """The run's datasets (runs/datasets.py: DatasetInput per split)."""
+        self.client.log_inputs(self.run_id, datasets=list(datasets))
+
+    @_locked
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
         self.client.log_artifacts(self.run_id, local_dir, artifact_path)
 
@@ -152,6 +179,11 @@ def finish_run(uri: str, run_id: str, status: str, reason: Optional[str] = None)
         tags = [RunTag("status", status)] + ([RunTag("reason", reason[:5000])] if reason else [])
         client.log_batch(run_id, tags=tags)
         client.set_terminated(run_id, mlflow_status(status))
+
+
+def experiment_id_of(uri: str, run_id: str) -> str:
+    with store_lock(uri):
+        return MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
 
 
 def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]:

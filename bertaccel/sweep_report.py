@@ -1,0 +1,114 @@
+"""The report of a sweep, attached to its MLflow parent run when the sweep ends, so the MLflow UI
+shows it beside the runs it scores (artifact `report/report.html`, with report.md and plots/).
+
+Where it lives, and why: the sweep's end is in runs/ (runs/progress.py, SweepProgress), and the
+report is in report/, which stands above runs/ (pyproject.toml, [tool.importlinter]): runs/ may
+not import report/, and run.py, in report's layer, may not either. So this module is a layer of
+its own above both, and its Hydra callback is listed after SweepProgress in conf/config.yaml:
+Hydra calls it by name (no import of it from below), starts callbacks in order and ends them in
+reverse, so it reads the sweep's context after SweepProgress has opened the parent run and
+attaches the report before SweepProgress closes it and prints the summary.
+
+It never fails the sweep: a report that cannot be built is the parent run's tag REASON_TAG (why),
+and a sweep without finished runs attaches nothing and says so there. Two sweep processes of the
+same command (one parent run) each attach the report as they end; the last one's covers every run.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.experimental.callback import Callback
+from mlflow.entities import RunTag
+from mlflow.tracking import MlflowClient
+
+from bertaccel.runs.sweep import SweepContext, context_from_env
+from bertaccel.runs.tracking import search_runs
+from bertaccel.store import store_lock
+
+ARTIFACT_DIR = "report"  # on the parent run: report/report.html, report/report.md, report/plots/
+REPORT_TAG = "report"  # the attached report's path on the parent run
+REASON_TAG = "report_reason"  # why no report is attached
+REASON_CHARS = 500
+
+
+def finished_runs(uri: str, experiment: str, sweep_id: str) -> int:
+    """The sweep's configuration runs that finished (this time or in an earlier run of it)."""
+    runs = search_runs(uri, experiment, f"tags.sweep_id = '{sweep_id}' and tags.status = 'finished'")
+    return sum(r.data.tags.get("bertaccel.role") != "sweep" for r in runs)
+
+
+def build_report(uri: str, experiment: str, sweep_id: str, out: Path) -> Optional[str]:
+    """Write the sweep's report into `out` as `python -m bertaccel.report --sweep <id>` would;
+    None when written, else the report's own one-line reason."""
+    from bertaccel.report.__main__ import main as report_main
+
+    said = io.StringIO()  # the report's console lines are not the sweep's output
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        code = report_main(["--uri", uri, "--experiment", experiment, "--sweep", sweep_id, "--out", str(out)])
+    if code == 0:
+        return None
+    errors = [line for line in said.getvalue().splitlines() if line.startswith("error:")]
+    return (errors[-1] if errors else f"the report exited with status {code}").removeprefix("error: ")
+
+
+def _tag(uri: str, run_id: str, **tags: str) -> None:
+    """Set tags on the parent run; one given as "" is removed (an earlier sweep's reason)."""
+    with store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        present = client.get_run(run_id).data.tags
+        client.log_batch(run_id, tags=[RunTag(k, v[:REASON_CHARS]) for k, v in tags.items() if v])
+        for k in (k for k, v in tags.items() if not v and k in present):
+            client.delete_tag(run_id, k)
+
+
+def attach_report(ctx: SweepContext, experiment: str) -> str:
+    """Attach the sweep's report to its parent run; what happened, in one line (also tagged)."""
+    finished = finished_runs(ctx.uri, experiment, ctx.sweep_id)
+    if not finished:
+        why = "no report: the sweep has no finished runs"
+        _tag(ctx.uri, ctx.parent_run_id, **{REASON_TAG: why})
+        return why
+    with tempfile.TemporaryDirectory(prefix="bertaccel-sweep-report-") as tmp:
+        out = Path(tmp) / "report"
+        why = build_report(ctx.uri, experiment, ctx.sweep_id, out)
+        if why is not None:
+            why = f"no report: it could not be built ({why})"
+            _tag(ctx.uri, ctx.parent_run_id, **{REASON_TAG: why})
+            return why
+        with store_lock(ctx.uri):
+            client = MlflowClient(tracking_uri=ctx.uri)
+            # What a reader opens (not the folder's bertaccel marker, which only guards --out).
+            for name in ("report.html", "report.md"):
+                client.log_artifact(ctx.parent_run_id, str(out / name), ARTIFACT_DIR)
+            if (out / "plots").is_dir():
+                client.log_artifacts(ctx.parent_run_id, str(out / "plots"), f"{ARTIFACT_DIR}/plots")
+    _tag(ctx.uri, ctx.parent_run_id, **{REPORT_TAG: f"{ARTIFACT_DIR}/report.html", REASON_TAG: ""})
+    return f"report of {finished} finished runs attached to the parent run ({ARTIFACT_DIR}/report.html)"
+
+
+class SweepReport(Callback):
+    """Hydra callback (conf/config.yaml, after sweep_progress): the report on the parent run."""
+
+    def __init__(self) -> None:
+        self.context: Optional[SweepContext] = None
+        self.experiment = ""
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        # SweepProgress.on_multirun_start ran just before (Hydra starts callbacks in order).
+        self.context, self.experiment = context_from_env(), str(config.tracking.experiment)
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        ctx = self.context
+        if ctx is None or not ctx.uri:
+            return
+        try:
+            said = attach_report(ctx, self.experiment)
+        except Exception as e:  # noqa: BLE001 - the sweep's runs are recorded; a report is never worth failing it
+            said = f"no report: attaching it failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            with contextlib.suppress(Exception):
+                _tag(ctx.uri, ctx.parent_run_id, **{REASON_TAG: said})
+        print(f"[sweep] {said}", flush=True)
