@@ -193,3 +193,24 @@ def test_the_answer_leads_the_page_and_its_chart_is_drawn_in_chromium(tmp_path, 
         assert w / widths[0] == pytest.approx(c / changes[0], rel=0.03)
     # Nothing was fetched: the page is one file (no script, stylesheet or image from elsewhere).
     assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+
+
+def test_weights_given_are_the_question_the_answer_answers(tmp_path):
+    """With --weights the answer has a row per given strategy only (the thesis' seven stay in the
+    tables below); a CSV has no group choices, so without --baseline its slowest row is the baseline."""
+    (tmp_path / "runs.csv").write_text("name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy\n"
+                                       "slow,20,2,0.4,50,0.90\nfast,10,1,0.3,50,0.88\nfrugal,15,0.5,0.1,50,0.89\n")
+    r = _cli(["--csv", "runs.csv", "--weights", "money=0,1,0,0", "--weights", "speed=1,0,0,0", "--out", "rep"],
+             tmp_path)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "rep" / "report.md").read_text()
+    answer = _answer(md)
+    rows = [x.split("|")[1].strip() for x in answer.splitlines() if x.startswith("| ") and "---" not in x][1:]
+    assert rows == ["money", "speed"]
+    assert "Baseline: 'slow', the slowest run: no run logged its config group choices" in answer
+    # money: frugal (cost 0.5), 20 / 15 = 1.33x, energy 0.1 / 0.4 - 1 = -75 %, cost -75 %, accuracy -1 pt.
+    assert _row(answer, "money")[1:6] == ["frugal", "1.33x", "-75.0 %", "-75.0 %", "-1.00 pts"]
+    # speed: fast, 2x, energy -25 %, cost -50 %, accuracy -2 pts.
+    assert _row(answer, "speed")[1:6] == ["fast", "2.00x", "-25.0 %", "-50.0 %", "-2.00 pts"]
+    assert "The weights decide: 2 runs win under different strategies ('frugal', 'fast')" in answer
+    assert "| balance |" in md.split("## Scores (thesis Table 5.4 form)")[1]

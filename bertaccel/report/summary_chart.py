@@ -56,6 +56,8 @@ def answer_chart(ans: Answer, rows: Sequence[Row]) -> Optional[Dict]:
             bar = ax.barh([y + (k - 1) * BAR_HEIGHT], [pct], height=BAR_HEIGHT * 0.9, color=colour,
                           label=None if name in legended else name)
             legended.add(name)
+            ax.annotate(f"{pct:+.1f} %", (pct, y + (k - 1) * BAR_HEIGHT), xytext=(3 if pct >= 0 else -3, 0),
+                        textcoords="offset points", ha="left" if pct >= 0 else "right", va="center", fontsize=7)
             gid = mark_id(STEM, len(tips))
             bar[0].set_gid(gid)
             tips[gid] = tip
@@ -70,7 +72,8 @@ def answer_chart(ans: Answer, rows: Sequence[Row]) -> Optional[Dict]:
     ax.set_xlabel(f"change against the baseline{unit}, % (lower is better; 0 = the baseline)")
     ax.set_title(textwrap.shorten(f"Winners against {rows[ans.baseline.index].name}", 90), fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.margins(x=0.15)  # room for the value labels at the bars' ends
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # off the bars
     fig.tight_layout()
     png, svg = png_and_svg(fig, tips, STEM)
     return {"stem": STEM, "title": "The winners' time, energy and cost change against the baseline", "png": png,
