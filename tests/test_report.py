@@ -110,9 +110,13 @@ def test_cli_report_on_csv_writes_markdown_html_and_plots(tmp_path):
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "| mine | 0.4 | 0.4 | 0.1 | 0.1 |" in md and "speedup" in md
     html = (tmp_path / "rep" / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 5 and "src='http" not in html
+    # The answer's chart, the three scatters and the Pareto plot are inline SVG (hover tooltips); the
+    # weight map stays a PNG. Nothing is fetched from elsewhere.
+    assert html.count("<svg ") == 5 and html.count("data:image/png;base64,") == 1
+    assert "src='http" not in html and "<script" not in html
     assert {p.name for p in (tmp_path / "rep" / "plots").iterdir()} == {
-        "time_vs_cost.png", "time_vs_energy.png", "cost_vs_accuracy.png", "pareto_front.png", "weight_map.png"}
+        "answer.png", "time_vs_cost.png", "time_vs_energy.png", "cost_vs_accuracy.png", "pareto_front.png",
+        "weight_map.png"}
 
 
 @pytest.mark.parametrize("content,expected", [

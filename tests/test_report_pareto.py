@@ -113,4 +113,4 @@ def test_cli_writes_the_front_the_shares_and_their_plots(tmp_path):
     plots = {p.name for p in (tmp_path / "rep" / "plots").iterdir()}
     assert {"pareto_front.png", "weight_map.png"} <= plots
     html = (tmp_path / "rep" / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 5
+    assert html.count("<svg ") + html.count("data:image/png;base64,") == 6  # the answer's chart + 5 as before

@@ -1,4 +1,5 @@
-"""python -m bertaccel.report: Markdown + self-contained HTML report of a sweep or a CSV.
+"""python -m bertaccel.report: Markdown + self-contained HTML report of a sweep or a CSV, leading
+with the answer (the winner per strategy against a baseline, render.py / summary.py).
 
     python -m bertaccel.report --experiment bertaccel [--sweep SWEEP_ID] [--uri sqlite:///mlflow.db]
     python -m bertaccel.report --csv results.csv
@@ -45,7 +46,8 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--weights", action="append", default=[], metavar="[NAME=]W1,W2,W3,W4[,W5]",
                     help="extra strategy: weights of time, cost, energy, occupancy, and optionally carbon (co2e_kg)")
     ap.add_argument("--accuracy-floor", help="runs below it are marked and never 'best'")
-    ap.add_argument("--baseline", help="run name (or MLflow run id) for speedup / accuracy change")
+    ap.add_argument("--baseline", help="run name (or MLflow run id) the answer and the baseline table compare "
+                                       "against; default: the run on the config groups' defaults, else the slowest")
     ap.add_argument("--time", choices=TIME_MODES, default=DEFAULT_TIME_MODE,
                     help="T of the score: train = train_time_s, the training windows (default, the thesis' T); "
                          "total = compile_time_s + train_time_s, with cost scaled to match")

@@ -7,7 +7,9 @@ import math
 from typing import Dict, List, Optional, Sequence
 
 from .pareto import Front
+from .plots import run_tooltip
 from .scoring import Row
+from .svg import mark_id, png_and_svg
 from .weights import STEPS, WeightMap
 
 W4_PANELS = (0, 2, 4, 6, 8, 10)   # w4 of the map's panels, in twentieths: 0, 0.1, ..., 0.5
@@ -42,8 +44,9 @@ def pareto_plot(rows: Sequence[Row], front: Front) -> Dict:
         if i in front.left_out or r.time_s is None or r.accuracy is None:
             continue
         on = i in front.on_front
-        ax.scatter([r.time_s], [r.accuracy], s=60 if on else 40, color="tab:red" if on else "none",
-                   edgecolors="black" if on else "0.5", zorder=3 if on else 2)
+        mark = ax.scatter([r.time_s], [r.accuracy], s=60 if on else 40, color="tab:red" if on else "none",
+                          edgecolors="black" if on else "0.5", zorder=3 if on else 2)
+        mark.set_gid(mark_id("pareto_front", i))
         if on:
             ax.annotate(str(i), (r.time_s, r.accuracy), xytext=(4, 4), textcoords="offset points", fontsize=7)
         drawn += 1
@@ -55,8 +58,12 @@ def pareto_plot(rows: Sequence[Row], front: Front) -> Dict:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
+    tips = {mark_id("pareto_front", i): run_tooltip(i, r) + ("\non the front" if i in front.on_front else
+                                                             "\ndominated") for i, r in enumerate(rows)}
+    png, svg = png_and_svg(fig, tips, "pareto_front")
     return {"stem": "pareto_front", "title": "Pareto front over time, cost, energy and accuracy",
-            "png": png_bytes(fig), "drawn": drawn, "left_out": len(rows) - drawn}
+            "png": png, "svg": svg, "drawn": drawn, "left_out": len(rows) - drawn,
+            "section": "Pareto front over time, cost, energy and accuracy (runs)"}
 
 
 def weight_map_plot(wm: WeightMap) -> Dict:
@@ -93,7 +100,7 @@ def weight_map_plot(wm: WeightMap) -> Dict:
                  "(a corner = all of the weight left by w4 on that metric)", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     return {"stem": "weight_map", "title": "Weight sensitivity: the winner at each (w1, w2, w3) for six values of w4",
-            "png": png_bytes(fig), "drawn": len(wm.points), "left_out": 0}
+            "png": png_bytes(fig), "drawn": len(wm.points), "left_out": 0, "section": "Weight sensitivity"}
 
 
 def target_plot(rows: Sequence[Row], target: float) -> Optional[Dict]:
@@ -105,8 +112,9 @@ def target_plot(rows: Sequence[Row], target: float) -> Optional[Dict]:
         if not r.epoch_accuracy or len(r.epoch_time_s) != len(r.epoch_accuracy):
             continue
         ends = [sum(r.epoch_time_s[:e + 1]) for e in range(len(r.epoch_time_s))]
-        ax.plot(ends, r.epoch_accuracy, marker="o", ms=3, lw=1, color=plt.get_cmap("tab10")(i % 10),
-                label=f"{i}: {r.name}")
+        line, = ax.plot(ends, r.epoch_accuracy, marker="o", ms=3, lw=1, color=plt.get_cmap("tab10")(i % 10),
+                        label=f"{i}: {r.name}")
+        line.set_gid(mark_id("time_to_target", i))
         drawn += 1
     ax.axhline(target, color="black", ls="--", lw=0.8, label=f"target {target}")
     ax.set_xlabel("training-window seconds (cumulative)")
@@ -115,8 +123,12 @@ def target_plot(rows: Sequence[Row], target: float) -> Optional[Dict]:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.tight_layout()
+    tips = {mark_id("time_to_target", i): f"#{i} {r.name}\n" + "\n".join(
+        f"epoch {e}: accuracy {a:.4f} after {sum(r.epoch_time_s[:e + 1]):.1f} s" for e, a in enumerate(r.epoch_accuracy))
+        for i, r in enumerate(rows) if r.epoch_accuracy and len(r.epoch_time_s) == len(r.epoch_accuracy)}
+    png, svg = png_and_svg(fig, tips, "time_to_target")
     return {"stem": "time_to_target", "title": f"Accuracy against training time (target {target})",
-            "png": png_bytes(fig), "drawn": drawn, "left_out": len(rows) - drawn}
+            "png": png, "svg": svg, "drawn": drawn, "left_out": len(rows) - drawn, "section": "Time to accuracy"}
 
 
 def all_figures(rows: Sequence[Row], front: Front, wm: WeightMap, measured: Sequence[Row],

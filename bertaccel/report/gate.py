@@ -1,5 +1,5 @@
-"""The comparability gate: runs measured on different devices, datasets or numbers of rows, or
-whose energy comes from different meters, are not ranked together without a warning.
+"""The comparability gate: runs of different sweeps, measured on different devices, datasets or
+numbers of rows, or whose energy comes from different meters, are not ranked together without a warning.
 
 A CPU package's RAPL energy and a GPU board's NVML energy measure different things; a run on 512
 rows and one on 120,000 trained different amounts and were tested on different sets. Ranking
@@ -14,9 +14,12 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from .scoring import Row
 
 UNKNOWN = "not given"
+NO_SWEEP = "none (a single run)"
 # (what differs, the row's value): a CSV without a device column names its hardware instead;
-# the energy source counts only for runs that have an energy to rank.
+# the energy source counts only for runs that have an energy to rank; the sweep only for MLflow
+# runs (a CSV row has no sweep id): runs of two sweeps may be of two commits or two machines.
 KEYS: Tuple[Tuple[str, Callable[[Row], Optional[str]]], ...] = (
+    ("sweep", lambda r: (r.sweep or NO_SWEEP) if r.run_id else None),
     ("device", lambda r: r.device or r.hardware or UNKNOWN),
     ("dataset", lambda r: r.dataset or UNKNOWN),
     ("train rows per epoch", lambda r: UNKNOWN if r.train_rows is None else str(r.train_rows)),

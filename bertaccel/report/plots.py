@@ -7,6 +7,7 @@ import textwrap
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .scoring import Row
+from .svg import mark_id, png_and_svg
 from .timing import Basis
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
@@ -29,8 +30,20 @@ CARBON_PLOT = ("co2e_vs_accuracy", "co2e_kg", "accuracy", "CO2e (kg)", "test acc
                "Carbon vs accuracy (CO2e = energy x PUE x grid intensity)")
 
 
-def scatter_figure(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, title: str) -> Tuple[Any, int]:
-    """(matplotlib figure, points drawn); the caller closes the figure. Rows missing x or y are left out."""
+TIP_COLUMNS = (("time_s", ".2f"), ("cost_usd", ".4g"), ("energy_kwh", ".5f"), ("accuracy", ".4f"))
+
+
+def run_tooltip(i: int, r: Row, label: Any = Basis().label) -> str:
+    """What hovering a run's mark shows: its '#', name (a sweep's names are its overrides), what ran
+    it and its scored values (null, never 0, for one not measured)."""
+    values = [f"{label(c)}: " + ("null" if r.get(c) is None else format(r.get(c), spec)) for c, spec in TIP_COLUMNS]
+    return "\n".join([f"#{i} {r.name}", f"{r.hardware or 'unknown'}, {r.precision or 'unknown'}"] + values)
+
+
+def scatter_figure(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str, title: str,
+                   stem: str = "") -> Tuple[Any, int]:
+    """(matplotlib figure, points drawn); the caller closes the figure. Rows missing x or y are left out.
+    stem: when given, each point's gid is svg.mark_id(stem, row number), for its tooltip."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,8 +63,10 @@ def scatter_figure(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str
         h, p = r.hardware or "unknown", r.precision or "unknown"
         label = f"{h}, {p}" if (h, p) not in seen else None
         seen.add((h, p))
-        ax.scatter([xv], [yv], color=colours[h], marker=markers[p], s=MARKER_AREA, label=label, edgecolors="black",
-                   linewidths=0.5)
+        mark = ax.scatter([xv], [yv], color=colours[h], marker=markers[p], s=MARKER_AREA, label=label,
+                          edgecolors="black", linewidths=0.5)
+        if stem:
+            mark.set_gid(mark_id(stem, i))
         points.append((i, xv, yv))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -138,6 +153,9 @@ def all_plots(rows: Sequence[Row], basis: Optional[Basis] = None) -> List[Dict]:
         xl, yl = (basis.label(c) if basis.label(c) != c else default for c, default in ((x, xl), (y, yl)))
         if basis.title_suffix:
             title = f"{title} ({basis.title_suffix})"
-        png, drawn = scatter_png(rows, x, y, xl, yl, title)
-        out.append({"stem": stem, "title": title, "png": png, "drawn": drawn, "left_out": len(rows) - drawn})
+        fig, drawn = scatter_figure(rows, x, y, xl, yl, title, stem)
+        tips = {mark_id(stem, i): run_tooltip(i, r, basis.label) for i, r in enumerate(rows)}
+        png, svg = png_and_svg(fig, tips, stem)
+        out.append({"stem": stem, "title": title, "png": png, "svg": svg, "drawn": drawn, "left_out": len(rows) - drawn,
+                    "section": "Raw metrics"})  # the raw table's '#' labels their points
     return out

@@ -99,7 +99,8 @@ def _plot(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Dict[str, An
     ax.legend(fontsize=7)
     fig.tight_layout()
     return {"stem": "predicted_vs_measured", "title": "Predicted vs measured train time (labels: # of the raw table)",
-            "png": png_bytes(fig), "drawn": len(pts), "left_out": len(rows) - len(pts)}
+            "png": png_bytes(fig), "drawn": len(pts), "left_out": len(rows) - len(pts),
+            "section": "Predicted vs measured"}
 
 
 def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> None:

@@ -1,4 +1,7 @@
-"""The report as Markdown and as one self-contained HTML file (plots inlined as base64 PNG)."""
+"""The report as Markdown and as one self-contained HTML file. It leads with the answer (summary.py):
+the winner per strategy against a baseline, the warnings that change it, its chart; then the
+tables, each figure under the table that discusses it (layout.py). In the HTML a figure with an
+SVG is inlined as SVG (hover tooltips, svg.py), else as a base64 PNG; the Markdown links PNGs."""
 from __future__ import annotations
 
 import base64
@@ -7,7 +10,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from .baseline import choose_baseline
+from .layout import placed
+from .repeats import repeat_stats
 from .scoring import METRICS, Row, Scored, full_weights
+from .summary import TITLE as ANSWER_TITLE
+from .summary import answer, answer_table, headline
+from .summary_chart import answer_chart
 from .timing import Basis, TimeView
 
 Table = tuple  # (title, note, headers, rows of cells)
@@ -24,6 +33,8 @@ class Report:
     notes: List[str] = field(default_factory=list)
     tables: List[Table] = field(default_factory=list)
     plots: List[Dict] = field(default_factory=list)
+    lead: List[str] = field(default_factory=list)        # the answer's sentences, above its table
+    lead_warnings: List[str] = field(default_factory=list)  # what changes the answer, right below it
 
 
 def _steps(v: Optional[float]) -> str:
@@ -157,6 +168,12 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     if work:
         rep.notes.append(work)
 
+    base = choose_baseline(rows, baseline)
+    ans = answer(rows, scored, base, repeat_stats(rows, scored), view)
+    rep.tables.append(answer_table(ans, rows, lab))
+    rep.lead = [headline(ans, rows), f"Baseline: {base.why}."]
+    rep.lead_warnings = ans.warnings
+    chart = answer_chart(ans, rows)
     if view is not None and view.basis.projected:
         rep.tables.append(projection_table(view))
     rep.tables.append(_raw_table(rows, lab, sfx, o_label, carbon))
@@ -166,14 +183,14 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     rep.tables.append(_best_table(rows, scored, lab, own, rank_warning))
     if scored.affected:
         rep.tables.append(_fewer_metrics_table(rows, scored, own))
-    if baseline is not None:
-        rep.tables.append(baseline_table(rows, baseline, lab, sfx))
+    if base.index is not None:  # every run against the answer's baseline
+        rep.tables.append(baseline_table(rows, base.index, lab, sfx))
     if view is not None and view.break_even:
         rep.tables.append(break_even_table(view))
     if view is not None and view.unpaired:
         rep.notes.append(f"{len(view.unpaired)} compiled run(s) without an uncompiled run of the same configuration, "
                          "so no break-even: " + ", ".join(view.measured[i].name for i in view.unpaired[:5]))
-    rep.plots = plots
+    rep.plots = ([chart] if chart is not None else []) + list(plots)
     return rep
 
 
@@ -261,46 +278,90 @@ def _fewer_metrics_table(rows: Sequence[Row], scored: Scored, own: str) -> Table
              for (ms, why), idx in groups.items()])
 
 
+def _left(p: Dict) -> str:
+    return f" ({p['left_out']} run(s) without both values left out)" if p["left_out"] else ""
+
+
+def _md_table(table: Table) -> List[str]:
+    title, note, headers, rows = table
+    out = [f"## {title}", ""] + ([note, ""] if note else [])
+    out.append("| " + " | ".join(headers) + " |")
+    out.append("|" + "---|" * len(headers))
+    out += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in rows]
+    return out + [""]
+
+
 def to_markdown(rep: Report, plot_dir: str = "plots") -> str:
     out = [f"# {rep.title}", "", f"Source: {rep.source}", ""]
-    out += [f"- {n}" for n in rep.notes] + ([""] if rep.notes else [])
-    for title, note, headers, rows in rep.tables:
-        out += [f"## {title}", ""] + ([note, ""] if note else [])
-        out.append("| " + " | ".join(headers) + " |")
-        out.append("|" + "---|" * len(headers))
-        out += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in rows]
-        out.append("")
-    out += ["## Plots", ""]
-    for p in rep.plots:
-        left = f" ({p['left_out']} run(s) without both values left out)" if p["left_out"] else ""
-        out += [f"![{p['title']}]({plot_dir}/{p['stem']}.png){left}", ""]
+    sections, rest = placed(rep.tables, rep.plots)
+    for k, (table, plots) in enumerate(sections):
+        lead = table[0] == ANSWER_TITLE
+        if lead:
+            out += [f"## {table[0]}", ""] + [f"**{rep.lead[0]}** " + " ".join(rep.lead[1:]), ""]
+            out += _md_table(table)[2:]
+            out += [f"> {w}\n>" for w in rep.lead_warnings] + ([""] if rep.lead_warnings else [])
+        else:
+            out += _md_table(table)
+        out += [line for p in plots for line in (f"![{p['title']}]({plot_dir}/{p['stem']}.png){_left(p)}", "")]
+        if k == 0 and rep.notes:  # the notes on the data follow the answer
+            out += ["## Notes on these runs", ""] + [f"- {n}" for n in rep.notes] + [""]
+    if rest:
+        out += ["## Other plots", ""]
+        out += [line for p in rest for line in (f"![{p['title']}]({plot_dir}/{p['stem']}.png){_left(p)}", "")]
     return "\n".join(out)
+
+
+CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
+       "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}"
+       "td:first-child,th:first-child{text-align:left}.note{color:#555}"
+       ".lead{font-size:1.15em}.warning{background:#fff4e5;border-left:4px solid #e67e22;padding:6px 10px;"
+       "margin:6px 0}figure{margin:0 0 1.5em 0}svg .mark:hover{opacity:0.7}")
+
+
+def _html_table(table: Table) -> List[str]:
+    e = html.escape
+    _, note, headers, rows = table
+    out = [f"<p class='note'>{e(note)}</p>"] if note else []
+    out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
+    for row in rows:
+        cells = []
+        for c in row:
+            c = str(c)
+            cells.append(f"<td><b>{e(c[2:-2])}</b></td>" if c.startswith("**") else f"<td>{e(c)}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    return out + ["</table>"]
+
+
+def _html_figure(p: Dict) -> str:
+    """An inline SVG (tooltips on hover) where the figure has one, else its PNG as base64."""
+    e = html.escape
+    caption = f"<figcaption>{e(p['title'] + _left(p))}</figcaption>"
+    if p.get("svg"):
+        return f"<figure class='chart' id='figure-{e(p['stem'])}'>{p['svg']}{caption}</figure>"
+    data = base64.b64encode(p["png"]).decode()
+    return f"<figure id='figure-{e(p['stem'])}'><img alt='{e(p['title'])}' src='data:image/png;base64,{data}'>{caption}</figure>"
 
 
 def to_html(rep: Report) -> str:
     e = html.escape
     out = ["<!doctype html><html><head><meta charset='utf-8'>", f"<title>{e(rep.title)}</title>",
-           "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
-           "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}"
-           "td:first-child,th:first-child{text-align:left}.note{color:#555}</style></head><body>",
-           f"<h1>{e(rep.title)}</h1><p>Source: {e(rep.source)}</p>"]
-    if rep.notes:
-        out.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in rep.notes) + "</ul>")
-    for title, note, headers, rows in rep.tables:
-        out.append(f"<h2>{e(title)}</h2>" + (f"<p class='note'>{e(note)}</p>" if note else ""))
-        out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
-        for row in rows:
-            cells = []
-            for c in row:
-                c = str(c)
-                cells.append(f"<td><b>{e(c[2:-2])}</b></td>" if c.startswith("**") else f"<td>{e(c)}</td>")
-            out.append("<tr>" + "".join(cells) + "</tr>")
-        out.append("</table>")
-    out.append("<h2>Plots</h2>")
-    for p in rep.plots:
-        data = base64.b64encode(p["png"]).decode()
-        left = f" ({p['left_out']} run(s) without both values left out)" if p["left_out"] else ""
-        out.append(f"<figure><img alt='{e(p['title'])}' src='data:image/png;base64,{data}'>"
-                   f"<figcaption>{e(p['title'] + left)}</figcaption></figure>")
+           f"<style>{CSS}</style></head><body>", f"<h1>{e(rep.title)}</h1><p>Source: {e(rep.source)}</p>"]
+    sections, rest = placed(rep.tables, rep.plots)
+    for k, (table, plots) in enumerate(sections):
+        lead = table[0] == ANSWER_TITLE
+        out.append(f"<section id='{'answer' if lead else f'section-{k}'}'><h2>{e(table[0])}</h2>")
+        if lead:
+            out.append(f"<p class='lead'><b>{e(rep.lead[0])}</b> " + e(" ".join(rep.lead[1:])) + "</p>")
+        out += _html_table(table)
+        if lead:
+            out += [f"<p class='warning'>{e(w)}</p>" for w in rep.lead_warnings]
+        out += [_html_figure(p) for p in plots]
+        out.append("</section>")
+        if k == 0 and rep.notes:
+            out.append("<section id='notes'><h2>Notes on these runs</h2><ul>"
+                       + "".join(f"<li>{e(n)}</li>" for n in rep.notes) + "</ul></section>")
+    if rest:
+        out.append("<section id='other-plots'><h2>Other plots</h2>" + "".join(_html_figure(p) for p in rest)
+                   + "</section>")
     out.append("</body></html>")
     return "\n".join(out)

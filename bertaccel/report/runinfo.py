@@ -69,6 +69,11 @@ def run_fields(run: Any, client: Any) -> Dict[str, Any]:
         fields[name] = metrics.get(name)
         if fields[name] is None:
             extra[name] = tags.get(f"{name}_source", "not logged")
+    from bertaccel.config import GROUPS
+
+    # A run logs each group's option as a param named for the group (runs/record.py open_tracker).
+    fields["choices"] = {g: params[g] for g in GROUPS if g in params}
+    fields["sweep"] = tags.get("sweep_id", "")
     fields["device"] = tags.get("device_name", "")
     fields["dataset"] = params.get("dataset.name", "")
     fields["energy_source"] = energy_source_kind(tags.get("energy_kwh_source", "")) \

@@ -69,6 +69,9 @@ class Row:
     epoch_accuracy: Tuple[float, ...] = ()   # test accuracy after each epoch, in order
     epoch_time_s: Tuple[float, ...] = ()     # each epoch's training window in seconds
     co2e_kg: Optional[float] = None          # carbon (bertaccel/measure/carbon.py), the optional fifth score term
+    # The summary's baseline and the gate's sweep check (report/baseline.py, gate.py).
+    choices: Dict[str, str] = field(default_factory=dict)  # config group -> option, as the run logged them
+    sweep: str = ""                          # the sweep_id tag; "" = a single run or a CSV row
 
     def get(self, metric: str) -> Optional[float]:
         return getattr(self, metric)

@@ -98,7 +98,8 @@ def front_plot(s: SearchFront) -> Optional[Dict[str, Any]]:
     return {"stem": f"search_front_{s.sweep_id}", "title": f"Front found by search {s.sweep_id} "
             f"(labels: run # of its table; other objectives compared but not drawn)" if len(s.front.objectives) > 2
             else f"Front found by search {s.sweep_id} (labels: run # of its table)",
-            "png": png_bytes(fig), "drawn": len(pts), "left_out": len(s.values) - len(pts)}
+            "png": png_bytes(fig), "drawn": len(pts), "left_out": len(s.values) - len(pts),
+            "section": f"Search {s.sweep_id}:"}
 
 
 def _cell(v: Optional[float]) -> str:

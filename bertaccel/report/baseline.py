@@ -1,0 +1,79 @@
+"""The run the summary compares every winner against, and why it was chosen.
+
+In order: the run --baseline names; else the run trained on the config groups' defaults (its
+logged group choices equal conf/config.yaml's defaults list: what `python -m bertaccel.run`
+trains with no overrides, the natural "before"); else the slowest run (every other run is then a
+speed-up, and the answer says so rather than pretending the slowest was chosen for a reason).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence
+
+from .scoring import Row
+
+
+@dataclass(frozen=True)
+class Baseline:
+    index: Optional[int]    # row index; None when no run can be one (see why)
+    how: str                # "given" | "defaults" | "slowest" | "none"
+    why: str                # the sentence the report prints
+
+
+def default_choices() -> Dict[str, str]:
+    """conf/config.yaml's defaults list as {group: option}, e.g. {'precision': 'fp32', ...}; the
+    schema entry and Hydra's own overrides are not choices a run logs."""
+    import yaml
+
+    from bertaccel.config import CONF_DIR, GROUPS
+
+    listed = yaml.safe_load((CONF_DIR / "config.yaml").read_text())["defaults"]
+    out = {}
+    for item in listed:
+        if isinstance(item, dict):
+            (group, option), = item.items()
+            if group in GROUPS:
+                out[group] = str(option)
+    return out
+
+
+def top_level_defaults() -> Dict[str, int]:
+    """accumulation and num_gpus as config.yaml sets them: chosen on the command line like a group,
+    so among runs with the default group choices the one that also kept these is the defaults run."""
+    import yaml
+
+    from bertaccel.config import CONF_DIR
+
+    conf = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
+    return {k: int(conf[k]) for k in ("accumulation", "num_gpus")}
+
+
+def _slowest(rows: Sequence[Row], among: Sequence[int]) -> Optional[int]:
+    timed = [(rows[i].time_s, -i) for i in among if rows[i].time_s is not None]
+    return -max(timed)[1] if timed else None
+
+
+def choose_baseline(rows: Sequence[Row], given: Optional[int] = None) -> Baseline:
+    """given: the row --baseline named (the caller resolved the name)."""
+    if given is not None:
+        return Baseline(given, "given", f"'{rows[given].name}', given with --baseline")
+    defaults = default_choices()
+    on_defaults = [i for i, r in enumerate(rows) if r.choices and all(r.choices.get(g) == o
+                                                                      for g, o in defaults.items())]
+    if on_defaults:
+        top = top_level_defaults()
+        plain = [i for i in on_defaults if all(getattr(rows[i], k) in (v, None) for k, v in top.items())]
+        pool = plain or on_defaults
+        pick = pool[0] if len(pool) == 1 else _slowest(rows, pool)
+        if pick is not None:
+            said = ", ".join(f"{g}={o}" for g, o in defaults.items())
+            more = "" if len(pool) == 1 else f" (the slowest of the {len(pool)} runs that have them)"
+            return Baseline(pick, "defaults", f"'{rows[pick].name}', the run with the config groups' defaults "
+                                              f"({said}){more}; --baseline RUN_NAME picks another")
+    pick = _slowest(rows, range(len(rows)))
+    if pick is None:
+        return Baseline(None, "none", "no baseline: no run has a time_s to compare against")
+    lacking = "no run logged its config group choices (a CSV, or runs older than them)" if not any(
+        r.choices for r in rows) else "no run has the config groups' defaults"
+    return Baseline(pick, "slowest", f"'{rows[pick].name}', the slowest run: {lacking}; --baseline RUN_NAME "
+                                     "picks another")
