@@ -21,6 +21,8 @@ from mlflow.utils.time import get_current_time_millis
 
 from bertaccel.store import sqlite_file, store_lock
 
+INPUT_ATTEMPTS = 3  # log_inputs: a clash on a dataset's key is retried (RunTracker.log_inputs)
+
 # Values that say where results go, not what was run: left out of the config hash.
 # carbon: how co2e_kg is priced from the measured energy, not what is trained (a region change
 # neither re-runs a finished configuration nor splits its repeats).
@@ -146,8 +148,19 @@ class RunTracker:
 
     @_locked
     def log_inputs(self, datasets: Sequence[Any]) -> None:
-        """The run's datasets (runs/datasets.py: DatasetInput per split)."""
-        self.client.log_inputs(self.run_id, datasets=list(datasets))
+        """The run's datasets (runs/datasets.py: DatasetInput per split).
+
+        Once more after a unique-key clash: MLflow's store looks a dataset up and then inserts it
+        in two steps, so runs of a parallel sweep on a tracking server (no store lock there) that
+        log the same new dataset at once clash on its key (seen on PostgreSQL: "duplicate key value
+        violates unique constraint dataset_pk"); by then the row exists and the second call links it."""
+        for attempt in range(INPUT_ATTEMPTS):
+            try:
+                self.client.log_inputs(self.run_id, datasets=list(datasets))
+                return
+            except MlflowException as e:
+                if attempt + 1 == INPUT_ATTEMPTS or "unique" not in str(e).lower():
+                    raise
 
     @_locked
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
