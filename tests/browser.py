@@ -7,12 +7,11 @@ The driver's path is given to Selenium, so Selenium Manager never tries to downl
 """
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from typing import Iterator, Optional
 
 import pytest
+from services import apt_install
 
 PACKAGES = ("chromium", "chromium-driver")
 
@@ -21,21 +20,6 @@ def _binaries() -> Optional[tuple]:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     return (browser, driver) if browser and driver else None
-
-
-def _install() -> Optional[str]:
-    """apt-get install chromium chromium-driver; why it cannot be done, or None."""
-    if os.geteuid() != 0:
-        return "Chromium is not installed and installing it needs root (apt-get install chromium chromium-driver)"
-    if shutil.which("apt-get") is None:
-        return "Chromium is not installed and this system has no apt-get to install it"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]):
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-        if p.returncode != 0:
-            last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-            return f"Chromium could not be installed: `{' '.join(cmd)}` failed: {last}"
-    return None
 
 
 @pytest.fixture
@@ -48,7 +32,7 @@ def browser() -> Iterator["object"]:
         pytest.skip("selenium is not installed: pip install -e '.[test]'")
     found = _binaries()
     if found is None:
-        why = _install()
+        why = apt_install(PACKAGES, "Chromium")
         if why is not None:
             pytest.skip(why)
         found = _binaries()

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 from browser import browser  # noqa: F401 - the fixture
 from conftest import TINY
+from services import free_port, mlflow_service
 
 from bertaccel.runs.tracking import search_runs
 
@@ -31,12 +28,6 @@ AXES = "precision=fp32,bf16 x attention=eager,sdpa"
 PAGE_WAIT_S = 60
 STOP_WAIT_S = 10
 NAME_WIDEN_PX = 190  # the screenshot's Run Name column: from 190 px to fit the parent's axes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -51,41 +42,11 @@ def swept_store(cli):
 def mlflow_ui(swept_store, tmp_path) -> Iterator[str]:
     """`mlflow ui` on the sweep's store, on a free port of 127.0.0.1; yields its address."""
     uri, _ = swept_store
-    port = _free_port()
-    log = open(tmp_path / "mlflow-ui.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-                               "--host", "127.0.0.1", "--port", str(port)],
-                              cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None, (tmp_path / "mlflow-ui.log").read_text()[-3000:]
-            assert time.time() < deadline, "mlflow ui did not answer /health in 120 s"
-            time.sleep(0.5)
+    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+            "--port", str(free_port())]
+    with mlflow_service(argv, tmp_path / "mlflow-ui.log", start_timeout_s=120, stop_wait_s=STOP_WAIT_S,
+                        cwd=tmp_path) as base:
         yield base
-    finally:
-        # Its own process group: SIGTERM, then SIGKILL for what lingers (mlflow ui's job consumers
-        # outlive the SIGTERM of their server, and the server waits for them).
-        try:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=STOP_WAIT_S)
-        except ProcessLookupError:
-            pass  # it had ended (the set-up's assertion says why)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(server.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        server.wait()
-        log.close()
 
 
 def _wait_for(driver, what: str, test, timeout_s: float = PAGE_WAIT_S):

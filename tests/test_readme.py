@@ -13,15 +13,13 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import List
 
 import pytest
+from services import free_port, mlflow_service
 
 ROOT = Path(__file__).resolve().parent.parent
 CARD_STORE = ROOT / "tests" / "data" / "h100_card_sweep.db.gz"
@@ -124,35 +122,14 @@ def test_the_readme_plan_predicts_each_run(card_store):
             assert re.search(rf"^\d+\s+precision={prec},attention={attn}\s+1\s+1 x 6000\s+188\s", table, re.M), table
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_readme_ui_serves_the_sweep(card_store):
     """`mlflow ui` as the README writes it, on a free local port, lists the sweep's runs."""
-    port = _free_port()
-    argv = command("mlflow ui") + ["--host", "127.0.0.1", "--port", str(port)]
+    argv = command("mlflow ui") + ["--host", "127.0.0.1", "--port", str(free_port())]
     argv[0] = shutil.which("mlflow") or argv[0]
-    server = subprocess.Popen(argv, cwd=card_store, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              start_new_session=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None, server.stderr.read().decode()[-2000:]
-                assert time.monotonic() < deadline, "mlflow ui did not answer within 120 s"
-                time.sleep(1)
+    with mlflow_service(argv, card_store / "mlflow-ui.log", start_timeout_s=120, stop_wait_s=60, cwd=card_store,
+                        env=ENV) as url:
         from mlflow import MlflowClient
         client = MlflowClient(tracking_uri=url)
         exp = client.get_experiment_by_name("bertaccel")
         runs = client.search_runs([exp.experiment_id], "tags.sweep_id = 'config-b32a167b41'")
         assert len(runs) >= 4, [r.info.run_name for r in runs]
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=60)

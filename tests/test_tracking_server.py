@@ -11,13 +11,9 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator, List, Optional
 
@@ -25,6 +21,8 @@ import nbformat
 import pytest
 from mlflow import MlflowClient
 from nbclient import NotebookClient
+
+from services import apt_install, free_port, mlflow_service
 
 from bertaccel.runs.tracking import search_runs
 
@@ -46,27 +44,6 @@ def _pg_bin() -> Optional[Path]:
     return versions[-1].parent if versions else None
 
 
-def _install_postgres() -> Optional[str]:
-    """apt-get install postgresql; why it cannot be done, or None."""
-    if os.geteuid() != 0:
-        return "PostgreSQL is not installed and installing it needs root (apt-get install postgresql)"
-    if shutil.which("apt-get") is None:
-        return "PostgreSQL is not installed and this system has no apt-get to install it"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"]):
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-        if p.returncode != 0:
-            last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-            return f"PostgreSQL could not be installed: `{' '.join(cmd)}` failed: {last}"
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _as_pg_user(cmd: List[str]) -> List[str]:
     return ["runuser", "-u", PG_USER, "--", *cmd] if os.geteuid() == 0 else cmd
 
@@ -81,7 +58,7 @@ def _run(cmd: List[str], **kw) -> subprocess.CompletedProcess:
 def postgres() -> Iterator[str]:
     """A throwaway PostgreSQL cluster; yields its database URI for MLflow."""
     if _pg_bin() is None:
-        why = _install_postgres()
+        why = apt_install(["postgresql"], "PostgreSQL")
         if why is not None:
             pytest.skip(why)
     bin_dir = _pg_bin()
@@ -96,7 +73,7 @@ def postgres() -> Iterator[str]:
     data = Path(tempfile.mkdtemp(prefix="bertaccel-pg-"))
     if os.geteuid() == 0:
         os.chown(data, pw.pw_uid, pw.pw_gid)
-    port = _free_port()
+    port = free_port()
     started = False
     try:
         _run(_as_pg_user([str(bin_dir / "initdb"), "-D", str(data / "db"), "-U", "bertaccel", "-A", "trust",
@@ -121,38 +98,12 @@ def postgres() -> Iterator[str]:
 @pytest.fixture
 def tracking_server(postgres, tmp_path) -> Iterator[str]:
     """`mlflow server` on the PostgreSQL store, artifacts in a directory it serves; yields its URI."""
-    port = _free_port()
+    port = free_port()
     artifacts = tmp_path / "server-artifacts"
-    log = open(tmp_path / "mlflow-server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", postgres,
-                               "--artifacts-destination", str(artifacts), "--host", "127.0.0.1",
-                               "--port", str(port), "--workers", "2"],
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-3000:]
-            assert time.time() < deadline, "mlflow server did not answer /health in 180 s"
-            time.sleep(0.5)
+    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", postgres,
+            "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
+    with mlflow_service(argv, tmp_path / "mlflow-server.log", start_timeout_s=180, stop_wait_s=30) as uri:
         yield uri
-    finally:
-        # The server's own process group (its workers too): SIGTERM, then SIGKILL if it lingers.
-        try:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
-        except ProcessLookupError:
-            pass  # it had ended (the set-up's assertion says why)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
 
 
 def test_a_parallel_sweep_on_a_postgresql_tracking_server(cli, tracking_server, tmp_path, monkeypatch):
