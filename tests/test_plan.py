@@ -190,11 +190,11 @@ def test_work_replays_the_runs_own_batches(compose_cfg, overrides):
     offsets = torch.zeros(102, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths, 0)
     split = TokenizedSplit(torch.ones(int(offsets[-1]), dtype=torch.int32), offsets, torch.zeros(101, dtype=torch.int64))
-    tokens, micro, steps, samples = epoch_batches(lengths, cfg)
+    tokens, micro, steps, samples, rank0_lengths = epoch_batches(lengths, cfg)
     world, k = int(cfg.num_gpus), int(cfg.accumulation)
     loaders = [make_loader(split, cfg.train.batch_size, 0, True, cfg.train.seed, 0, False, cfg.train.group_by_length,
                            cfg.train.pad_to_multiple_of, uses_fixed_shapes(cfg), r, world) for r in range(world)]
-    want_samples = 0
+    want_samples, want_rank0 = 0, []
     for epoch in range(cfg.train.epochs):
         counts, n = TokenCounts(), 0
         for r, loader in enumerate(loaders):
@@ -204,8 +204,17 @@ def test_work_replays_the_runs_own_batches(compose_cfg, overrides):
                 counts.add(batch)
                 want_samples += int((batch["labels"] >= 0).sum())
                 n += 1
+                if r == 0:
+                    want_rank0.append(batch["input_ids"].shape[1])
         assert counts == tokens[epoch] and n == micro[epoch], epoch
     assert samples == want_samples and steps[0] == (4 if cfg.train.max_steps_per_epoch else -(-len(loaders[0]) // k))
+    assert rank0_lengths == want_rank0  # the shapes the probe times (plan/probe.py)
+    # The evaluation's batches, as the run's test loader cuts them (rank 0's share).
+    from bertaccel.plan.work import eval_batches
+
+    test = make_loader(split, cfg.train.eval_batch_size, 0, False, cfg.train.seed, 0, False, cfg.train.group_by_length,
+                       cfg.train.pad_to_multiple_of, uses_fixed_shapes(cfg), 0, world)
+    assert eval_batches(lengths, cfg) == [tuple(b["input_ids"].shape) for b in test]
 
 
 def test_an_auto_batch_is_not_counted_before_the_run_and_says_what_to_plan_instead(compose_cfg):

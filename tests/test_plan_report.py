@@ -58,7 +58,7 @@ def test_errors_and_medians_on_a_synthetic_store(tmp_path):
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Predicted vs measured (bertaccel.plan)" in md
-    assert "30.0 % over 3 runs, 20.0 % over the 2 predicted from similar runs; goal <= 15 %: not met" in md
+    assert "30.0 % over 3 runs, 20.0 % over the 2 predicted from similar runs or a probe; goal <= 15 %: not met" in md
     assert "1 run(s) without a prediction: not predicted: no similar finished run" in md
     assert (tmp_path / "rep" / "plots" / "predicted_vs_measured.png").is_file()
     assert Row("x").run_id == ""  # rows without a run id (CSV) are simply not compared

@@ -33,6 +33,9 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("-m", "--multirun", action="store_true", help="accepted for symmetry with bertaccel.run -m")
     ap.add_argument("--hardware", help="comma-separated profiles (conf/hardware) to re-price the grid on")
     ap.add_argument("--prune", action="store_true", help="list configurations no weight strategy can make best")
+    ap.add_argument("--probe", action="store_true",
+                    help="time a few steps of each distinct configuration on this machine first (cached under "
+                         "cache_dir/probe) and predict from them where the store has no run of that configuration")
     ap.add_argument("--out", help="folder for plan.md, plan.csv and plots/")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. precision=fp32,bf16 train.epochs=1")
     return ap.parse_intermixed_args(argv)
@@ -100,16 +103,25 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {first}", file=sys.stderr)
         return 2
     planner = Planner(targets)
+    planner.prober.enabled = a.probe
+    if a.probe:
+        planner.walls.machine.start()  # (in the background while the probes run)
     preds = [p for planned in grid.configs for p in planner.predict(planned)]
     several = bool(targets)
     scored = output.score(preds, several)
     tables = [output.prediction_table(preds, several), output.score_table(preds, scored, several)]
+    if a.probe or any(p.run_wall_s is not None for p in preds):
+        tables.insert(1, output.wait_table(preds, planner.walls.sweep_wall_s()))
     if a.prune:
         tables.append(output.prune_table(preds, several))
     notes = [f"{len(grid.configs)} configurations of --config-name {grid.config_name} (sweep id {grid.sweep_id}), "
              f"as bertaccel.run -m expands them; each trains the configured epochs on its train split after "
              f"dataset.train_subset (set dataset.train_subset=null for the full split)"]
-    notes += planner.notes + [output.OCCUPANCY_NOTE] + ([SCALING] if targets else [])
+    if a.probe:
+        notes.append(f"--probe: {planner.prober.probe_s:.1f} s of probing on this machine this time (cached probes "
+                     f"cost nothing); a configuration with finished runs of its own in the store is predicted from "
+                     f"them, not from its probe")
+    notes += planner.notes + planner.prober.notes + planner.walls.notes() + [output.OCCUPANCY_NOTE] + ([SCALING] if targets else [])
     short = {i: [m for m in ms if m != "occupancy_pct"] for i, ms in scored.affected.items()}
     short = {i: ms for i, ms in short.items() if ms}
     if short:
@@ -127,6 +139,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"note: {n}")
     for line in output.best_lines(preds, scored, several):
         print(line)
+    own = [p for p in preds if not p.why.get("run_wall_s", "").endswith("own hardware only")]
+    if grid.configs:
+        from .saved import save_plan
+
+        saved = save_plan(grid.configs[0].cfg.cache_dir, grid.sweep_id, own, planner.walls.sweep_wall_s())
+        print(f"plan saved for the sweep's runs: {saved} (each run of sweep {grid.sweep_id} logs its prediction)")
     if a.out is not None:
         md = output.markdown(tables, notes, f"bertaccel plan: {grid.config_name}")
         md += "\n## Plots\n\n" + "\n\n".join(f"![{p['title']}](plots/{p['stem']}.png)" for p in _plots(preds, several))

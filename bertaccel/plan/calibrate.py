@@ -16,6 +16,7 @@ The rules, all here:
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -58,6 +59,8 @@ class Reference:
     train_time_s: float
     num_gpus: int
     energy_kwh: Optional[float]
+    optimizer_steps: Optional[float] = None  # (fit.py: a per-step overhead needs the steps)
+    waits: Dict[str, Any] = field(default_factory=dict)  # what the user waited for (wall.py: WAIT_METRICS, tags)
 
 
 def references(runs: Sequence[Any]) -> List[Reference]:
@@ -77,7 +80,26 @@ def references(runs: Sequence[Any]) -> List[Reference]:
         except ValueError:
             continue
         out.append(Reference(r.info.run_id, r.info.run_name or r.info.run_id, similarity_key(p, hardware),
-                             float(flops), float(seconds), gpus, m.get("energy_kwh")))
+                             float(flops), float(seconds), gpus, m.get("energy_kwh"), m.get("optimizer_steps"),
+                             run_waits(r)))
+    return out
+
+
+def run_waits(run: Any) -> Dict[str, Any]:
+    """A finished run's waits (wall.py reads them): start-up, warm-up and its cache state, evaluation,
+    and the run's wall from its start to its record's end (MLflow end_time)."""
+    m, tags = run.data.metrics, run.data.tags
+    out: Dict[str, Any] = {k: m[k] for k in ("startup_overhead_s", "compile_time_s", "eval_time_s", "time_to_train_s")
+                           if m.get(k) is not None}
+    out["compile_cache"] = tags.get("compile_cache", "")
+    out["started_source"] = tags.get("startup_overhead_s_source", "")
+    try:
+        windows = json.loads(tags.get("train_windows_unix", "[]"))
+        if windows and run.info.end_time and "time_to_train_s" in out:
+            # time_to_train_s ends at the last window; after it: the last evaluation and the record.
+            out["run_wall_s"] = out["time_to_train_s"] + run.info.end_time / 1e3 - windows[-1][1]
+    except (ValueError, TypeError, IndexError):
+        pass
     return out
 
 
@@ -98,6 +120,8 @@ class Calibration:
     basis: str                        # where tflops_per_gpu came from (run names, or "profile: ...")
     power_basis: str                  # where power came from, or why it is null
     run_ids: List[str] = field(default_factory=list)
+    # fit.py: per optimizer step, apart from the FLOPs (0: not told apart, all in tflops_per_gpu)
+    overhead_ms_per_step: float = 0.0
 
 
 def _names(refs: Sequence[Reference], limit: int = 4) -> str:

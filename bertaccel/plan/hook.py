@@ -1,5 +1,9 @@
 """Every run logs its own prediction when it starts: the plan's numbers from the store as it
-stood before the run (finished runs only; the run itself is still `running`).
+stood before the run (finished runs only; the run itself is still `running`), or, when
+`python -m bertaccel.plan` planned this very sweep beforehand (its file under
+cache_dir/plan/<sweep id>.json, written by plan/saved.py), the plan's prediction of this
+configuration, waits included (warm-up, start-up, evaluation, run wall), as it was made before
+the sweep.
 
 Metrics predicted_step_time_ms, predicted_train_time_s, predicted_cost_usd, predicted_energy_kwh
 (each with a `_source` tag) and the tag prediction_basis. Nothing here may fail or slow a run:
@@ -16,7 +20,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .pricing import PREDICTED
+from .pricing import PREDICTED, PREDICTED_WAIT
 
 log = logging.getLogger("bertaccel")
 
@@ -49,6 +53,17 @@ def _predict_and_log(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: 
         return "a what-if run: its time is the device's, its profile another's"
     with store_lock(tracker.uri):
         run = tracker.client.get_run(tracker.run_id)
+    planned = _planned(cfg, run.data.tags.get("config_hash", ""))
+    if planned is not None:
+        tracker.log_metrics({f"predicted_{k}": planned[k] for k in PREDICTED + PREDICTED_WAIT
+                             if planned.get(k) is not None})
+        source = f"bertaccel.plan before the sweep ({planned['made_at']}): "
+        tracker.set_tags({"prediction_basis": (source + planned["basis"])[:5000],
+                          "prediction_power_basis": planned["power_basis"][:5000],
+                          **{f"predicted_{k}_source": (source + planned["sources"].get(k, planned["basis"]))[:5000]
+                             if planned.get(k) is not None else planned["why"].get(k, "null")[:5000]
+                             for k in PREDICTED + PREDICTED_WAIT}})
+        return ""
     params = dict(run.data.params)  # as logged, the built model's shape included: the same key as a later read
     work = work_of(cfg, DataShape(lengths, num_labels, 0), copy.deepcopy(model_config))
     refs, note = store_references(tracker.uri, tracker.experiment)
@@ -64,3 +79,15 @@ def _predict_and_log(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: 
                       **{f"predicted_{k}_source": (source if pred.get(k) is not None else pred.why.get(k, "null"))[:5000]
                          for k in PREDICTED}})
     return ""
+
+
+def _planned(cfg: Any, config_hash: str) -> Any:
+    """The plan's saved prediction of this configuration for this sweep, or None."""
+    from bertaccel.runs.sweep import context_from_env
+
+    from .saved import read_plan
+
+    sweep = context_from_env()
+    if sweep is None or not config_hash:
+        return None
+    return read_plan(cfg.cache_dir, sweep.sweep_id).get(config_hash)

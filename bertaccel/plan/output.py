@@ -78,6 +78,24 @@ def prediction_table(preds: Sequence[Prediction], several_hardware: bool) -> Tab
              "step_time_ms", "train_time_s", "cost_usd", "energy_kwh", "basis", "power basis"], rows)
 
 
+def wait_table(preds: Sequence[Prediction], sweep_wall_s: Optional[float]) -> Table:
+    """What a user waits for, per run of this machine's rows, in launch order (plan/wall.py)."""
+    rows = []
+    for i, p in enumerate(preds):
+        if p.run_wall_s is None and p.startup_overhead_s is None and p.warmup_s is None and "run_wall_s" in p.why \
+                and "own hardware only" in p.why["run_wall_s"]:
+            continue
+        rows.append([str(i), label(p, False), _f(p.startup_overhead_s, ".3g"), _f(p.warmup_s, ".3g"),
+                     _f(p.train_time_s, ".3g"), _f(p.eval_time_s, ".3g"), _f(p.run_wall_s, ".3g"),
+                     "; ".join(f"{k}: {v}" for k, v in p.wait_basis.items())
+                     or next((v for v in p.why.values()), "")])
+    total = "null: a run's wall is not predicted" if sweep_wall_s is None else f"{sweep_wall_s:.1f} s"
+    return ("What you wait for (predicted)",
+            f"startup_overhead_s = process start to the first step, the warm-up included; run_wall_s = start-up + "
+            f"train + evaluation + the record; the sweep's wall time (runs one after another): {total}",
+            ["#", "run", "startup_overhead_s", "warmup_s", "train_time_s", "eval_time_s", "run_wall_s", "basis"], rows)
+
+
 def score_table(preds: Sequence[Prediction], scored: Scored, several_hardware: bool) -> Table:
     names = list(scored.strategies)
     rows = []
@@ -133,7 +151,7 @@ def markdown(tables: Sequence[Table], notes: Sequence[str], title: str) -> str:
 CSV_HEADER = ["name", "time_s", "cost_usd", "energy_kwh", "occupancy_pct", "accuracy", "hardware", "precision",
               "step_time_ms", "num_gpus", "epochs", "train_rows", "optimizer_steps", "train_samples", "config_hash",
               "model_flops", "padded_tokens", "achieved_tflops_per_gpu", "mfu", "power_w_per_gpu", "basis",
-              "power_basis"]
+              "power_basis", "overhead_ms_per_step", "warmup_s", "startup_overhead_s", "eval_time_s", "run_wall_s"]
 
 
 def to_csv(preds: Sequence[Prediction], several_hardware: bool) -> str:
@@ -151,5 +169,6 @@ def to_csv(preds: Sequence[Prediction], several_hardware: bool) -> str:
                     p.hardware, p.precision, num(p.step_time_ms), p.num_gpus, num(k and k.epochs),
                     num(k and k.train_rows), num(k and k.optimizer_steps), num(k and k.samples), p.config_hash,
                     num(k and k.model_flops), num(k and k.tokens.padded_tokens), num(p.achieved_tflops_per_gpu),
-                    num(p.mfu), num(p.power_w_per_gpu), p.basis, p.power_basis])
+                    num(p.mfu), num(p.power_w_per_gpu), p.basis, p.power_basis, num(p.overhead_ms_per_step),
+                    num(p.warmup_s), num(p.startup_overhead_s), num(p.eval_time_s), num(p.run_wall_s)])
     return buf.getvalue()

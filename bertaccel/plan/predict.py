@@ -12,8 +12,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
-from .calibrate import Reference, calibrate, references, similarity_key
+from .calibrate import Calibration, Reference, calibrate, references, similarity_key
+from .fit import fit_overhead
 from .pricing import Prediction, price, unpredicted
+from .probe import Prober, ProbeResult
+from .wall import SweepWalls, compiles, graph_key
 from .work import DataShape, Work, data_shape, hf_config, meta_model, work_of
 
 
@@ -73,6 +76,9 @@ class Planner:
     data_memo: Dict[str, DataShape] = field(default_factory=dict)
     store_memo: Dict[Tuple[str, str], Any] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    prober: Prober = field(default_factory=Prober)    # --probe: enabled
+    walls: SweepWalls = field(default_factory=SweepWalls)
+    own_rows: int = 0                                  # this machine's rows so far (the first run's start-up)
 
     def profiles(self) -> Dict[str, Dict[str, Any]]:
         from bertaccel.options.hardware import load_profiles
@@ -107,14 +113,57 @@ class Planner:
                 if profile is None:
                     out.append(unpredicted(planned.name, planned.config_hash, cfg.hardware.name, precision, gpus, how))
                     continue
-            out.append(predict_one(planned.name, planned.config_hash, work, params, profile, profiles, refs,
-                                   precision, gpus))
+            probe, probe_note = self.prober.get(cfg, data, config, work, profile, runs_machine=self.walls.machine)
+            pred = predict_one(planned.name, planned.config_hash, work, params, profile, profiles, refs,
+                               precision, gpus, probe, probe_note)
+            if label == "own":
+                self._waits(cfg, pred, work, probe, refs, similarity_key(params, profile["name"]), data)
+            else:
+                for col in ("warmup_s", "startup_overhead_s", "eval_time_s", "run_wall_s"):
+                    pred.why[col] = "null: what a user waits for is predicted for the sweep's own hardware only"
+            out.append(pred)
         return out
+
+    def _waits(self, cfg: Any, pred: Prediction, work: Work, probe: Optional[ProbeResult], refs: Sequence[Reference],
+               key: Mapping[str, str], data: DataShape) -> None:
+        if self.prober.enabled and self.walls.scratch.record_s is None:
+            self.walls.scratch.measure(work.optimizer_steps or work.micro_batches)
+        self.walls.fill(pred, work, probe, refs, key, graph_key(cfg), compiles(cfg),
+                        cfg.compile.cache == "persistent", first=self.own_rows == 0)
+        self.own_rows += 1
 
 
 def predict_one(name: str, config_hash: str, work: Work, params: Mapping[str, str], profile: Mapping[str, Any],
                 profiles: Mapping[str, Mapping[str, Any]], refs: Sequence[Reference], precision: str,
-                gpus: int) -> Prediction:
+                gpus: int, probe: Optional[ProbeResult] = None, probe_note: str = "") -> Prediction:
     key = similarity_key(params, profile["name"])
-    cal = calibrate(refs, key, profile, profiles, precision)
+    cal = with_overhead(calibrate(refs, key, profile, profiles, precision), refs, key, probe, probe_note)
     return price(name, config_hash, work, cal, profile, precision, gpus)
+
+
+def with_overhead(cal: Calibration, refs: Sequence[Reference], key: Mapping[str, str],
+                  probe: Optional[ProbeResult], probe_note: str) -> Calibration:
+    """The rate split into a per-step overhead and a FLOP rate (fit.py), from the best evidence:
+    1. finished runs of this very configuration here (nothing let go): their own time, with the
+       overhead fit when they differ in FLOPs per step;
+    2. the probe of this configuration on this machine (plan --probe);
+    3. the similar runs calibrate() chose, with the overhead fit when they differ in FLOPs per
+       step (e.g. two batch sizes), else their FLOP rate alone."""
+    exact = [r for r in refs if r.key == dict(key)]
+    if not exact and probe is not None:
+        how = "cached probe" if probe.cached else "probe"
+        return Calibration(probe.tflops, cal.power_w_per_gpu,
+                           f"{how} of this configuration here ({probe.measured_at}): {probe.fit['how']}",
+                           cal.power_basis, [], probe.overhead_ms)
+    used = exact or [r for r in refs if r.run_id in cal.run_ids and r.key["hardware"] == key["hardware"]]
+    points = [r for r in used if r.optimizer_steps]
+    if len(points) >= 2:
+        fit = fit_overhead([r.model_flops / r.num_gpus for r in points], [r.train_time_s for r in points],
+                           [r.optimizer_steps for r in points])
+        if fit.overhead_ms > 0:
+            return Calibration(fit.tflops, cal.power_w_per_gpu, f"{cal.basis}; {fit.how}", cal.power_basis,
+                               cal.run_ids, fit.overhead_ms)
+    if probe_note and not exact and (cal.basis.startswith("profile") or cal.basis.startswith("null")):
+        return Calibration(cal.tflops_per_gpu, cal.power_w_per_gpu, f"{cal.basis} ({probe_note})", cal.power_basis,
+                           cal.run_ids, cal.overhead_ms_per_step)
+    return cal

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -37,6 +37,10 @@ class Work:
     model_flops: float
     samples: int                      # rows trained (filler rows not counted)
     why_no_steps: str = ""
+    # What the probe (probe.py) and the wall-time prediction (wall.py) need of the shapes:
+    rows_per_batch: int = 0           # rows of a train micro-batch (filler rows included)
+    micro_lengths: List[int] = field(default_factory=list)  # rank 0's padded length per micro-batch, all epochs
+    eval_batches: List[Tuple[int, int]] = field(default_factory=list)  # rank 0's (rows, padded length), one evaluation
 
 
 @dataclass
@@ -46,6 +50,7 @@ class DataShape:
     num_labels: int
     vocab_size: int
     key: str = ""
+    test_lengths: Optional[torch.Tensor] = None  # the test split's token lengths (its evaluation's shapes)
 
 
 def data_shape(cfg: Any, memo: Optional[Dict[str, DataShape]] = None) -> DataShape:
@@ -62,7 +67,7 @@ def data_shape(cfg: Any, memo: Optional[Dict[str, DataShape]] = None) -> DataSha
     raw = load_raw(cfg.dataset, cfg.cache_dir)
     tokenizer = load_tokenizer(cfg.model)
     data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
-    shape = DataShape(data.train.lengths, raw.num_labels, len(tokenizer), key)
+    shape = DataShape(data.train.lengths, raw.num_labels, len(tokenizer), key, data.test.lengths)
     if memo is not None:
         memo[key] = shape
     return shape
@@ -133,19 +138,44 @@ def epoch_batches(lengths: torch.Tensor, cfg: Any) -> Tuple[List[TokenCounts], L
     if cfg.train.max_steps_per_epoch:
         steps = min(steps, cfg.train.max_steps_per_epoch)
     taken = per_rank if adaptive else min(per_rank, steps * k)  # micro-batches per rank per epoch
-    tokens, micro, opt_steps, samples = [], [], [], 0
+    tokens, micro, opt_steps, samples, rank0_lengths = [], [], [], 0, []
     for _ in range(cfg.train.epochs):
         counts = TokenCounts()
-        for sampler in samplers:
+        for r, sampler in enumerate(samplers):
             for i, batch in enumerate(sampler):
                 if i == taken:
                     break
-                counts += _batch_counts(lengths, batch, cfg.train.pad_to_multiple_of, rows)
+                one = _batch_counts(lengths, batch, cfg.train.pad_to_multiple_of, rows)
+                counts += one
                 samples += len(batch)
+                if r == 0:
+                    rank0_lengths.append(one.padded_tokens // one.sequences)
         tokens.append(counts)
         micro.append(taken * world)
         opt_steps.append(steps)
-    return tokens, micro, opt_steps, samples
+    return tokens, micro, opt_steps, samples, rank0_lengths
+
+
+def eval_row_lengths(test_lengths: Optional[torch.Tensor], cfg: Any) -> List[List[int]]:
+    """Rank 0's evaluation batches as row lengths, as data.make_loader cuts the test split (sorted
+    by length when train.group_by_length, in order otherwise; every rank's share)."""
+    from bertaccel.distributed import shard
+
+    if test_lengths is None or not len(test_lengths):
+        return []
+    size = int(cfg.train.eval_batch_size)
+    order = torch.argsort(test_lengths, stable=True) if cfg.train.group_by_length else torch.arange(len(test_lengths))
+    batches = [order[i:i + size] for i in range(0, len(order), size)]
+    return [test_lengths[b].tolist() for b in shard(batches, 0, int(cfg.num_gpus), equal=False)]
+
+
+def eval_batches(test_lengths: Optional[torch.Tensor], cfg: Any) -> List[Tuple[int, int]]:
+    """Rank 0's evaluation batches as (rows, padded length), as PadCollator pads them."""
+    from bertaccel.train.step import uses_fixed_shapes
+
+    multiple = max(1, int(cfg.train.pad_to_multiple_of))
+    rows = int(cfg.train.eval_batch_size) if uses_fixed_shapes(cfg) else 0
+    return [(max(len(r), rows), -(-max(r) // multiple) * multiple) for r in eval_row_lengths(test_lengths, cfg)]
 
 
 def work_of(cfg: Any, data: DataShape, config: Any) -> Work:
@@ -159,7 +189,7 @@ def work_of(cfg: Any, data: DataShape, config: Any) -> Work:
     if cfg.accumulation == "adaptive" and cfg.train.max_steps_per_epoch:
         raise ValueError("accumulation=adaptive with train.max_steps_per_epoch: how many micro-batches run depends "
                          "on the gradient variance measured while training")
-    tokens, micro, steps, samples = epoch_batches(data.lengths, cfg)
+    tokens, micro, steps, samples, micro_lengths = epoch_batches(data.lengths, cfg)
     model = meta_model(config)
     flops, total = 0.0, TokenCounts()
     for epoch, counts in enumerate(tokens):
@@ -171,5 +201,7 @@ def work_of(cfg: Any, data: DataShape, config: Any) -> Work:
                 optimizer_steps=None if adaptive else sum(steps), tokens=total, model_flops=flops,
                 samples=samples,
                 why_no_steps="accumulation=adaptive: k is chosen from the gradient variance while training"
-                if adaptive else "")
+                if adaptive else "",
+                rows_per_batch=int(cfg.train.batch_size), micro_lengths=micro_lengths,
+                eval_batches=eval_batches(data.test_lengths, cfg))
 

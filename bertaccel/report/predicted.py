@@ -15,7 +15,17 @@ from .figures import png_bytes
 from .scoring import Row
 
 COMPARED = ("train_time_s", "step_time_ms", "cost_usd", "energy_kwh")
+# What a user waited for: the prediction's name -> how the run measured it (calibrate.run_waits's keys).
+WAITS = (("warmup_s", "compile_time_s"), ("startup_overhead_s", "startup_overhead_s"), ("eval_time_s", "eval_time_s"),
+         ("run_wall_s", "run_wall_s"))
 GOAL_PCT = 15.0
+WALL_GOAL_PCT = 20.0
+
+
+def measured(basis: str) -> bool:
+    """A prediction calibrated by measurement (similar runs, or a probe of the configuration), not a
+    profile's default MFU: the case the plan's goal is about."""
+    return "runs:" in basis or "probe" in basis
 
 
 def error_pct(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
@@ -53,7 +63,7 @@ def comparison(rows: Sequence[Row], runs: Mapping[str, Any]) -> Tuple[List[List[
             row += [_f(p, ".4g"), _f(x, ".4g"), _f(e, "+.1f")]
             if col == "train_time_s":
                 all_err.append(e)
-                if basis.startswith("runs:"):
+                if measured(basis):
                     from_runs.append(e)
         cells.append(row + [basis])
     return cells, {"median_all": median_abs(all_err), "median_from_runs": median_abs(from_runs),
@@ -74,12 +84,12 @@ def _plot(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Dict[str, An
             continue
         p, x = run.data.metrics.get("predicted_train_time_s"), run.data.metrics.get("train_time_s")
         if p is not None and x is not None:
-            from_runs = run.data.tags.get("prediction_basis", "").startswith("runs:")
+            from_runs = measured(run.data.tags.get("prediction_basis", ""))
             pts.append((i, x, p, from_runs))
     if not pts:
         return None
     fig, ax = plt.subplots(figsize=(5.6, 4.4), dpi=110)
-    for flag, colour, what in ((True, "tab:blue", "from similar runs"), (False, "tab:orange", "from the profile")):
+    for flag, colour, what in ((True, "tab:blue", "from similar runs or a probe"), (False, "tab:orange", "from the profile")):
         sel = [q for q in pts if q[3] == flag]
         if sel:
             ax.scatter([q[1] for q in sel], [q[2] for q in sel], color=colour, edgecolors="black", linewidths=0.5,
@@ -117,11 +127,59 @@ def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> N
     note = (f"predicted by bertaccel.plan when each run started, from the finished runs then in the store; error % = "
             f"(predicted - measured) / measured x 100; step_time_ms predicted is a mean per step, measured the "
             f"median. Median |error| of train_time_s: {_f(s['median_all'], '.1f')} % over {s['predicted']} runs, "
-            f"{_f(s['median_from_runs'], '.1f')} % over the {s['from_runs']} predicted from similar runs{goal}")
+            f"{_f(s['median_from_runs'], '.1f')} % over the {s['from_runs']} predicted from similar runs or a probe{goal}")
     rep.tables.append(("Predicted vs measured (bertaccel.plan)", note, headers, cells))
     if s["unpredicted"]:
         reasons = sorted(set(s["unpredicted"].values()))
         rep.notes.append(f"{len(s['unpredicted'])} run(s) without a prediction: " + "; ".join(reasons[:3]))
+    waits = wait_comparison(rows, runs)
+    if waits is not None:
+        rep.tables.append(waits)
     plot = _plot(rows, runs)
     if plot is not None:
         rep.plots.append(plot)
+
+
+def wait_comparison(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Tuple[str, str, List[str], List[List[str]]]]:
+    """What each run waited for, predicted (by a saved plan: plan/saved.py) vs measured, and each
+    sweep's wall: from its first run's process start to its last run's record."""
+    from bertaccel.plan.calibrate import run_waits
+
+    cells, sweeps = [], {}
+    for r in rows:
+        run = runs.get(r.run_id)
+        if run is None or run.data.metrics.get("predicted_run_wall_s") is None and \
+                run.data.metrics.get("predicted_warmup_s") is None:
+            continue
+        m, got = run.data.metrics, run_waits(run)
+        row = [r.name]
+        for name, key in WAITS:
+            p, x = m.get(f"predicted_{name}"), got.get(key)
+            row += [_f(p, ".3g"), _f(x, ".3g"), _f(error_pct(p, x), "+.1f")]
+        cells.append(row)
+        sweep = run.data.tags.get("sweep_id")
+        if sweep and "run_wall_s" in got and run.info.end_time:
+            started = run.info.end_time / 1e3 - got["run_wall_s"]  # (its process or job start)
+            s = sweeps.setdefault(sweep, {"start": started, "end": 0.0, "predicted": 0.0, "runs": 0, "complete": True})
+            s["start"] = min(s["start"], started)
+            s["end"] = max(s["end"], run.info.end_time / 1e3)
+            if m.get("predicted_run_wall_s") is None or "run_wall_s" not in got:
+                s["complete"] = False
+            else:
+                s["predicted"] += m["predicted_run_wall_s"]
+            s["runs"] += 1
+    if not cells:
+        return None
+    walls = []
+    for sweep, s in sorted(sweeps.items()):
+        if s["complete"]:
+            wall = s["end"] - s["start"]
+            e = error_pct(s["predicted"], wall)
+            walls.append(f"sweep {sweep}: {s['runs']} runs, wall predicted {s['predicted']:.1f} s, measured {wall:.1f} s "
+                         f"(first run's process start to the last run's record), error {e:+.1f} % "
+                         f"(goal within {WALL_GOAL_PCT:g} %: {'met' if abs(e) <= WALL_GOAL_PCT else 'not met'})")
+    headers = ["run"] + [f"{n} {w}" for n, _ in WAITS for w in ("predicted", "measured", "error %")]
+    note = ("predicted by bertaccel.plan before the sweep; measured: warmup_s = compile_time_s, startup_overhead_s = "
+            "process (or job) start to the first step, run_wall_s = that start to the run's record (MLflow end_time)"
+            + ("; " + "; ".join(walls) if walls else ""))
+    return ("What you waited for: predicted vs measured (bertaccel.plan)", note, headers, cells)

@@ -1,0 +1,132 @@
+"""plan --probe and the prediction model it feeds: the overhead fit's arithmetic, the overhead term
+in a prediction, and a real probe of the tiny model on the CPU (cache miss, hit, and a miss when
+the machine key changes)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bertaccel.measure.flops import TokenCounts
+from bertaccel.plan.calibrate import Calibration
+from bertaccel.plan.fit import fit_overhead
+from bertaccel.plan.pricing import price
+from bertaccel.plan.work import Work
+
+from conftest import TINY
+
+H100 = {"name": "h100", "price_per_gpu_hour_usd": 2.99, "tdp_w": 700.0, "peak_tflops_bf16": 989.4,
+        "peak_tflops_fp16": 989.4, "peak_tflops_fp32": 66.9}
+
+
+def test_the_fit_recovers_an_overhead_and_a_rate_from_steps_of_different_flops():
+    # 5 ms per step + FLOPs at 2 TFLOP/s, at three FLOPs per step
+    flops = [1e9, 4e9, 1e10]
+    seconds = [0.005 + f / 2e12 for f in flops]
+    fit = fit_overhead(flops, seconds)
+    assert fit.overhead_ms == pytest.approx(5.0, rel=1e-9) and fit.tflops == pytest.approx(2.0, rel=1e-9)
+    assert fit.seconds(100, 3e11) == pytest.approx(100 * 0.005 + 3e11 / 2e12)
+
+
+def test_a_launch_bound_step_is_all_overhead_and_a_single_level_is_all_rate():
+    # The same time whatever it computes (noise sloping down): all overhead, no rate
+    flat = fit_overhead([1e9, 4e9, 1e10], [0.0121, 0.012, 0.0119])
+    assert flat.tflops is None and flat.overhead_ms == pytest.approx(12.0, rel=1e-2) and "launch-bound" in flat.how
+    # Nearly flat (noise sloping up): the overhead carries almost all of the time
+    nearly = fit_overhead([1e9, 4e9, 1e10], [0.0119, 0.012, 0.0121])
+    assert nearly.overhead_ms == pytest.approx(11.9, rel=1e-2) and nearly.seconds(1, 1e10) == pytest.approx(0.0121, rel=1e-2)
+    one = fit_overhead([1e9], [0.01])
+    assert one.overhead_ms == 0 and one.tflops == pytest.approx(0.1) and "cannot be told apart" in one.how
+    # Runs as points: seconds = overhead x steps + FLOPs / rate, runs of 10 and 40 steps
+    runs = fit_overhead([1e11, 8e11], [10 * 0.002 + 1e11 / 1e12, 40 * 0.002 + 8e11 / 1e12], steps=[10, 40])
+    assert runs.overhead_ms == pytest.approx(2.0) and runs.tflops == pytest.approx(1.0)
+
+
+def test_the_prediction_pays_the_overhead_per_optimizer_step():
+    work = Work(train_rows=512, epochs=1, micro_batches=64, optimizer_steps=32, tokens=TokenCounts(), model_flops=3e14,
+                samples=512)
+    cal = Calibration(100.0, 500.0, "probe", "runs", [], overhead_ms_per_step=20.0)
+    p = price("cfg", "h", work, cal, H100, "bf16", 1)
+    # 32 steps x 20 ms + 3e14 FLOPs / 100 TFLOP/s
+    assert p.train_time_s == pytest.approx(32 * 0.020 + 3.0)
+    assert p.step_time_ms == pytest.approx(p.train_time_s / 32 * 1e3)
+    assert p.achieved_tflops_per_gpu == pytest.approx(3e14 / p.train_time_s / 1e12)
+    assert p.mfu == pytest.approx(p.achieved_tflops_per_gpu / 989.4)
+    # Two GPUs split the FLOPs, not the steps
+    p2 = price("cfg", "h", work, cal, H100, "bf16", 2)
+    assert p2.train_time_s == pytest.approx(32 * 0.020 + 1.5)
+    # launch-bound: no rate, all overhead
+    p3 = price("cfg", "h", work, Calibration(None, None, "probe", "none", [], 20.0), H100, "bf16", 1)
+    assert p3.train_time_s == pytest.approx(0.64)
+
+
+def test_a_probe_of_the_tiny_model_is_cached_by_configuration_and_by_machine(compose_cfg, tmp_path, monkeypatch):
+    from bertaccel.plan import probe as probe_mod
+    from bertaccel.plan.predict import Planner
+    from bertaccel.plan.probe import Prober
+    from bertaccel.plan.wall import Machine
+    from bertaccel.plan.work import data_shape, hf_config, work_of
+
+    cfg = compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"])
+    data = data_shape(cfg)
+    config = hf_config(cfg.model, data.num_labels, data.vocab_size)
+    work = work_of(cfg, data, config)
+    profile = {"name": "cpu", "what_if": False}
+    machine = Machine()
+    first, why = Prober(enabled=True).get(cfg, data, config, work, profile, runs_machine=machine)
+    assert first is not None, why
+    assert not first.cached and first.probe_s > 0 and machine.first_process_s > 0 and machine.later_process_s
+    assert len(first.points) >= 2 and all(p["step_ms"] > 0 and p["window_flops"] > 0 for p in first.points)
+    assert first.overhead_ms >= 0 and (first.tflops is None or first.tflops > 0)
+    assert first.cache_state == "none" and first.warmup_cold_s is None and first.eval_s_per_batch > 0
+    files = list((tmp_path / "cache" / "probe").rglob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["key"]["train"]["batch_size"] == 16
+    # A new plan finds it: nothing is probed again (no process is needed)
+    again, _ = Prober(enabled=True).get(cfg, data, config, work, profile, runs_machine=Machine())
+    assert again.cached and again.fit == first.fit and again.measured_at == first.measured_at
+    # Another batch is another key; another torch (the machine key) is another folder: both probe again
+    cfg32 = compose_cfg([*TINY[:-1], "train.batch_size=32", f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"])
+    other, _ = Prober(enabled=True).get(cfg32, data, config, work_of(cfg32, data, config), profile, runs_machine=machine)
+    real_key = probe_mod.machine_key
+    monkeypatch.setattr(probe_mod, "machine_key", lambda device: {**real_key(device), "torch": "0.0-other"})
+    moved, _ = Prober(enabled=True).get(cfg, data, config, work, profile, runs_machine=machine)
+    assert not other.cached and not moved.cached
+    assert len({p.parent for p in (tmp_path / "cache" / "probe").rglob("*.json")}) == 2
+    assert len(list((tmp_path / "cache" / "probe").rglob("*.json"))) == 3
+    # The planner predicts from the probe: its basis says so, and the time is overhead x steps + FLOPs / rate
+    planner = Planner()
+    planner.prober = Prober(enabled=True)
+    planner.walls.machine = machine
+    monkeypatch.setattr(probe_mod, "machine_key", real_key)
+
+    class Planned:
+        pass
+    planned = Planned()
+    planned.cfg, planned.name, planned.config_hash, planned.invalid = cfg, "tiny", "h", None
+    planned.choices = {g: str(cfg[g].name) if "name" in cfg[g] else "" for g in ("precision", "attention")}
+    (pred,) = planner.predict(planned)
+    assert pred.basis.startswith("cached probe of this configuration here")
+    assert pred.train_time_s == pytest.approx(first.overhead_ms / 1e3 * work.optimizer_steps
+                                              + (work.model_flops / (first.tflops * 1e12) if first.tflops else 0))
+    # What the user waits for: nothing compiled, the evaluation from the probe, a wall of the parts
+    assert pred.warmup_s == 0 and pred.eval_time_s == pytest.approx(first.eval_s_per_batch * len(work.eval_batches))
+    assert pred.run_wall_s == pytest.approx(pred.startup_overhead_s + pred.train_time_s + pred.eval_time_s
+                                            + planner.walls.scratch.record_s)
+
+
+def test_without_a_gpu_the_probe_says_what_it_cannot_probe(compose_cfg, tmp_path):
+    from bertaccel.plan.probe import Prober
+    from bertaccel.plan.work import data_shape, hf_config, work_of
+
+    cfg = compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}"])
+    data = data_shape(cfg)
+    config = hf_config(cfg.model, data.num_labels, data.vocab_size)
+    probe, why = Prober(enabled=True).get(cfg, data, config, work_of(cfg, data, config), {**H100, "what_if": False})
+    assert probe is None and why.startswith("not probed: the prediction is for 'h100', this machine has")
+    cfg_x = compose_cfg([*TINY, "attention=xformers", "train.device=auto", f"cache_dir={tmp_path / 'cache'}"])
+    import torch
+
+    if not torch.cuda.is_available():
+        probe, why = Prober(enabled=True).get(cfg_x, data, config, work_of(cfg_x, data, config),
+                                              {"name": "cpu", "what_if": False, "match": []})
+        assert probe is None and why.startswith("not probed: this machine cannot run it")
