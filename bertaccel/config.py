@@ -194,8 +194,9 @@ class OptimizerConfig:
 
 @dataclass
 class HardwareConfig:
-    """conf/hardware/<name>.yaml: a GPU's (or CPU's) price, power and peak FLOP/s, for a run's cost,
-    energy and MFU; auto picks the profile that matches the device (bertaccel/options/hardware.py)."""
+    """conf/hardware/<name>.yaml: a GPU's (or CPU's) price, power, peak FLOP/s and memory bandwidth,
+    for a run's cost, energy and MFU and the plan's roofline; auto picks the profile that matches the
+    device (bertaccel/options/hardware.py)."""
     name: str = "auto"
     # Substrings of torch.cuda.get_device_name() that select this profile under hardware=auto.
     match: List[str] = field(default_factory=list)
@@ -205,6 +206,12 @@ class HardwareConfig:
     peak_tflops_bf16: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
     peak_tflops_fp16: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
     peak_tflops_fp32: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
+    # Peak memory bandwidth (datasheet, TB/s): the memory-bound kernels' ceiling in the plan's
+    # roofline (bertaccel/plan/roofline.py), which moves a time measured on one GPU to another.
+    memory_bandwidth_tbps: Optional[float] = bounded(None, gt=0, note="TB/s; null: unknown, no roofline")
+    # The host's floor per kernel launch, microseconds: a property of the host and driver more than
+    # of the GPU, so no profile sets it; give a measured one here (hardware.kernel_launch_us=3.5).
+    kernel_launch_us: Optional[float] = bounded(None, gt=0, note="null: plan/roofline.py's default, 5 us")
     # true: use this profile on a device it does not match (hardware.py profile_mismatch), on
     # purpose: "what would this run cost there". The record says so (tag hardware_what_if, and
     # hardware_profile "<name> (what-if)", which the report shows). Not for hardware=auto.

@@ -74,7 +74,7 @@ def load_profiles() -> List[Dict[str, Any]]:
     refuse, or read a field the schema does not know."""
     from omegaconf import OmegaConf
 
-    from bertaccel.config import HardwareConfig
+    from bertaccel.config import HardwareConfig, schema_fields
 
     profiles = []
     for path in sorted(PROFILES_DIR.glob("*.yaml")):
@@ -83,6 +83,13 @@ def load_profiles() -> List[Dict[str, Any]]:
         except Exception as e:  # noqa: BLE001 - OmegaConf's ValidationError and YAML errors alike
             key = getattr(e, "full_key", None)
             raise ConfigError(f"conf/hardware/{path.name}: {f'{key}: ' if key else ''}{str(e).splitlines()[0]}") from None
+        # The ranges declared on the schema's fields, as validate() applies them to hardware=<name>:
+        # --hardware in the plan reads every profile here, never through validate().
+        for key, f in schema_fields(HardwareConfig):
+            declared = f.metadata.get("range")
+            why = declared.refusal(key, node[key]) if declared is not None else None
+            if why:
+                raise ConfigError(f"conf/hardware/{path.name}: {why}")
         if node.name != "auto":
             profiles.append(OmegaConf.to_container(node))
     return profiles

@@ -19,9 +19,11 @@ from ..report.folder import OutputFolderError, check_folder, write_folder
 from .calibrate import DEFAULT_MFU, POWER_UTILISATION
 
 SCALING = (f"--hardware: each configuration re-priced on the profile: achieved FLOP/s from runs on that hardware "
-           f"when the store has similar ones, else the similar runs' FLOP/s x the ratio of the two profiles' "
-           f"peak TFLOP/s for the run's precision (the same MFU assumed there), else the default MFU "
-           f"{DEFAULT_MFU:g}; power from runs on that hardware, else {POWER_UTILISATION:g} x its tdp_w; its price")
+           f"when the store has similar ones, else the similar runs' times moved there through the roofline of "
+           f"plan/roofline.py (GEMM share x the peak TFLOP/s ratio, memory-bound share x the memory bandwidth "
+           f"ratio, launch share unchanged; estimated bytes and launches), or by the peak TFLOP/s ratio alone "
+           f"where a profile lacks a bandwidth (the same MFU assumed), else the default MFU {DEFAULT_MFU:g}; "
+           f"power from runs on that hardware, else {POWER_UTILISATION:g} x its tdp_w; its price")
 
 
 def _args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -109,7 +111,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     preds = [p for planned in grid.configs for p in planner.predict(planned)]
     several = bool(targets)
     scored = output.score(preds, several)
-    tables = [output.prediction_table(preds, several), output.score_table(preds, scored, several)]
+    tables = output.main_tables(preds, scored, several)
     if a.probe or any(p.run_wall_s is not None for p in preds):
         tables.insert(1, output.wait_table(preds, planner.walls.sweep_wall_s()))
     if a.prune:

@@ -5,8 +5,13 @@ The rules, all here:
   hardware its profile names (what-if runs, priced as other hardware, are left out).
 - Similar = equal in every key of MUST_MATCH and RELAX_ORDER. When no run is, the keys of
   RELAX_ORDER are let go one at a time, first to last, until some run matches; the last one let
-  go is the hardware (then the runs' FLOP/s are scaled by the ratio of the peak TFLOP/s of the
-  two profiles for the configuration's precision). MUST_MATCH is never let go: another model
+  go is the hardware: then each run's time is moved to this hardware through the roofline of the
+  configuration's parts (plan/roofline.py: its GEMM share by the peak ratio, its memory-bound share
+  by the bandwidth ratio, its launch share unchanged), or, where a profile lacks a ceiling the
+  roofline needs or the parts cannot be counted, by the ratio of the two profiles' peak TFLOP/s
+  for the configuration's precision (the same MFU assumed), said so in the basis. Where two or more
+  runs on one source hardware differ in FLOPs per step, fit.py's per-step overhead over them is
+  their launch part instead of the roofline's estimate. MUST_MATCH is never let go: another model
   shape, precision, attention kernel or compile mode is another speed.
 - The matching runs are pooled: achieved FLOP/s per GPU = sum(model_flops) / sum(train_time_s x
   num_gpus) (a time-weighted mean), power per GPU = sum(energy) / sum(train_time_s x num_gpus)
@@ -18,9 +23,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from bertaccel.measure.flops import peak_tflops
+
+from .fit import fit_overhead
+from .roofline import Parts, Uncounted, transfer
 
 # Keys (run params, as record.open_tracker logs them) that must be equal.
 MUST_MATCH = ("model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.intermediate_size",
@@ -138,9 +146,12 @@ def _profile_power(profile: Mapping[str, Any]) -> Tuple[Optional[float], str]:
 
 
 def calibrate(refs: Sequence[Reference], key: Mapping[str, str], profile: Mapping[str, Any],
-              profiles: Mapping[str, Mapping[str, Any]], precision: str) -> Calibration:
+              profiles: Mapping[str, Mapping[str, Any]], precision: str,
+              parts: Optional[Callable[[], Parts]] = None) -> Calibration:
     """key: the configuration's similarity_key (its hardware = profile['name']); profiles: every
-    hardware profile by name (the peaks of runs on other hardware); precision: its mfu_peak."""
+    hardware profile by name (the ceilings of runs on other hardware); precision: its mfu_peak;
+    parts: the configuration's roofline parts (roofline.parts_of), asked only when runs on other
+    hardware are all there is; it may raise roofline.Uncounted. None: the peak ratio only."""
     hits, relaxed = most_similar(refs, key)
     peak, peak_source = peak_tflops(profile, precision)
     same_hw = [r for r in hits if r.key["hardware"] == key["hardware"]]
@@ -149,22 +160,13 @@ def calibrate(refs: Sequence[Reference], key: Mapping[str, str], profile: Mappin
         let_go = f"; let go: {', '.join(relaxed)}" if relaxed else ""
         basis = f"runs: {_names(hits)}{let_go}"
     elif hits:
-        # Hardware let go: every run's FLOP/s x (peak here / peak there) for this precision.
-        scaled, seconds, ratios = 0.0, 0.0, []
-        for r in hits:
-            theirs, _ = peak_tflops(profiles.get(r.key["hardware"], {"name": r.key["hardware"]}), precision)
-            if peak is None or theirs is None:
-                continue
-            scaled += r.model_flops * peak / theirs
-            seconds += r.train_time_s * r.num_gpus
-            ratios.append(f"{peak:g}/{theirs:g} ({profile['name']}/{r.key['hardware']})")
-        if not seconds:
+        moved = _other_hardware(hits, profile, profiles, precision, peak, parts)
+        if moved is None:
             return _from_profile(profile, precision, peak, peak_source,
                                  f"similar runs only on other hardware ({_names(hits, 2)}) whose peak_tflops_"
                                  f"{precision} ratio to '{profile['name']}' is unknown")
-        rate = scaled / seconds / 1e12
-        basis = (f"runs: {_names(hits)} on other hardware, FLOP/s x peak_tflops_{precision} ratio "
-                 f"{', '.join(sorted(set(ratios)))} (assumes the same MFU there){'; let go: ' + ', '.join(relaxed)}")
+        rate, how = moved
+        basis = f"runs: {_names(hits)} on other hardware, {how}{'; let go: ' + ', '.join(relaxed)}"
     else:
         return _from_profile(profile, precision, peak, peak_source, "no similar finished run")
     # Power only from runs on this hardware that measured energy; else the profile's TDP.
@@ -175,6 +177,59 @@ def calibrate(refs: Sequence[Reference], key: Mapping[str, str], profile: Mappin
     else:
         power, power_basis = _profile_power(profile)
     return Calibration(rate, power, basis, power_basis, [r.run_id for r in hits])
+
+
+def _other_hardware(hits: Sequence[Reference], profile: Mapping[str, Any], profiles: Mapping[str, Mapping[str, Any]],
+                    precision: str, peak: Optional[float], parts: Optional[Callable[[], Parts]]
+                    ) -> Optional[Tuple[float, str]]:
+    """(achieved TFLOP/s per GPU here, how the runs' times were moved) or None when no run's can be:
+    each run's time through the roofline, else x (its peak / this peak), the same MFU assumed."""
+    counted, why_not = None, "the configuration's parts were not given"
+    if parts is not None:
+        try:
+            counted = parts()
+        except Uncounted as e:
+            why_not = str(e)
+    overhead_ms = _overhead_per_step(hits)
+    flops, seconds, hows = 0.0, 0.0, []
+    for r in hits:
+        there = profiles.get(r.key["hardware"], {"name": r.key["hardware"]})
+        moved = None
+        overhead_s = (overhead_ms[r.key["hardware"]] / 1e3 * r.optimizer_steps
+                      if r.key["hardware"] in overhead_ms and r.optimizer_steps else None)
+        if counted is not None:
+            try:
+                moved, how = transfer(r.train_time_s, counted, there, profile, precision, overhead_s)
+            except Uncounted as e:
+                why_not = str(e)
+        if moved is None:
+            theirs, _ = peak_tflops(there, precision)
+            if peak is None or theirs is None:
+                continue
+            moved = r.train_time_s * theirs / peak
+            how = (f"FLOP/s x peak_tflops_{precision} ratio {peak:g}/{theirs:g} ({profile['name']}/{there['name']}) "
+                   f"(assumes the same MFU there; no roofline: {why_not})")
+        flops += r.model_flops
+        seconds += moved * r.num_gpus
+        hows.append(how)
+    if not seconds:
+        return None
+    shown = sorted(set(hows))  # (a measured overhead gives each run its own shares)
+    return flops / seconds / 1e12, " | ".join(shown[:2]) + (f" | and {len(shown) - 2} more" if len(shown) > 2 else "")
+
+
+def _overhead_per_step(hits: Sequence[Reference]) -> Dict[str, float]:
+    """Source hardware -> the per-step overhead (ms) fit.py tells apart over its runs (two or more that
+    differ in FLOPs per step); the roofline keeps it as their launch part, the host's, not the GPU's."""
+    out = {}
+    for hardware in {r.key["hardware"] for r in hits}:
+        points = [r for r in hits if r.key["hardware"] == hardware and r.optimizer_steps]
+        if len(points) >= 2:
+            fit = fit_overhead([r.model_flops / r.num_gpus for r in points], [r.train_time_s for r in points],
+                               [r.optimizer_steps for r in points])
+            if fit.overhead_ms > 0:
+                out[hardware] = fit.overhead_ms
+    return out
 
 
 def _from_profile(profile: Mapping[str, Any], precision: str, peak: Optional[float], peak_source: str,

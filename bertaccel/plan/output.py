@@ -172,3 +172,40 @@ def to_csv(preds: Sequence[Prediction], several_hardware: bool) -> str:
                     num(p.mfu), num(p.power_w_per_gpu), p.basis, p.power_basis, num(p.overhead_ms_per_step),
                     num(p.warmup_s), num(p.startup_overhead_s), num(p.eval_time_s), num(p.run_wall_s)])
     return buf.getvalue()
+
+
+# --- Which hardware to rent (--hardware): the thesis' Table 4.16 question, before renting -------
+
+def _ranked(preds: Sequence[Prediction], column: str, unit: str, spec: str) -> Tuple[str, str]:
+    """(the profiles from best to worst by the column, the best one), null ones last."""
+    known = sorted((p for p in preds if p.get(column) is not None), key=lambda p: p.get(column))
+    ranked = " < ".join(f"{p.hardware} {format(p.get(column), spec)}{unit}" for p in known)
+    unknown = [p.hardware for p in preds if p.get(column) is None]
+    if unknown:
+        ranked += f"{'; ' if ranked else ''}null: {', '.join(unknown)}"
+    return ranked, known[0].hardware if known else "none predicted"
+
+
+def main_tables(preds: Sequence[Prediction], scored: Scored, several_hardware: bool) -> List[Table]:
+    """The predictions, with --hardware which hardware to rent, and the scores."""
+    return ([prediction_table(preds, several_hardware)] + ([hardware_table(preds)] if several_hardware else [])
+            + [score_table(preds, scored, several_hardware)])
+
+
+def hardware_table(preds: Sequence[Prediction]) -> Table:
+    """One row per configuration: its hardware profiles ranked by predicted train_time_s and by
+    cost_usd (the cheapest need not be the fastest: a faster GPU can cost more per hour than the
+    time it saves)."""
+    configs: Dict[Tuple[str, str], List[Prediction]] = {}
+    for p in preds:
+        configs.setdefault((p.name, p.config_hash), []).append(p)
+    rows = []
+    for n, ((name, _), ps) in enumerate(configs.items()):
+        by_time, fastest = _ranked(ps, "train_time_s", " s", ".4g")
+        by_cost, cheapest = _ranked(ps, "cost_usd", " USD", ".4g")
+        rows.append([str(n), name, fastest, cheapest, by_time, by_cost])
+    return ("Which hardware to rent (predicted, per configuration)",
+            "each configuration's profiles ranked by predicted train_time_s and by cost_usd; a time moved from "
+            "runs on other hardware is an estimate (its basis in the prediction table says how: the roofline of "
+            "plan/roofline.py, or the peak ratio)",
+            ["#", "run", "fastest", "cheapest", "by train_time_s", "by cost_usd"], rows)

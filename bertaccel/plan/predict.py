@@ -16,6 +16,7 @@ from .calibrate import Calibration, Reference, calibrate, references, similarity
 from .fit import fit_overhead
 from .pricing import Prediction, price, unpredicted
 from .probe import Prober, ProbeResult
+from .roofline import parts_of
 from .wall import SweepWalls, compiles, graph_key
 from .work import DataShape, Work, data_shape, hf_config, meta_model, work_of
 
@@ -137,7 +138,8 @@ def predict_one(name: str, config_hash: str, work: Work, params: Mapping[str, st
                 profiles: Mapping[str, Mapping[str, Any]], refs: Sequence[Reference], precision: str,
                 gpus: int, probe: Optional[ProbeResult] = None, probe_note: str = "") -> Prediction:
     key = similarity_key(params, profile["name"])
-    cal = with_overhead(calibrate(refs, key, profile, profiles, precision), refs, key, probe, probe_note)
+    cal = with_overhead(calibrate(refs, key, profile, profiles, precision, parts=lambda: parts_of(work, params)),
+                        refs, key, probe, probe_note)
     return price(name, config_hash, work, cal, profile, precision, gpus)
 
 

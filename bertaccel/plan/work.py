@@ -22,6 +22,8 @@ from omegaconf import OmegaConf
 
 from bertaccel.measure.flops import TokenCounts, bert_train_flops
 
+from .roofline import Trained, trained
+
 WORK_SOURCE = ("data/batches.py's batch sampler replayed on the tokenized train split (same seed, epochs, ranks), "
                "batches padded as data.PadCollator pads; FLOPs by flops.py on the meta-device model, "
                "freezing schedule applied per epoch")
@@ -41,6 +43,9 @@ class Work:
     rows_per_batch: int = 0           # rows of a train micro-batch (filler rows included)
     micro_lengths: List[int] = field(default_factory=list)  # rank 0's padded length per micro-batch, all epochs
     eval_batches: List[Tuple[int, int]] = field(default_factory=list)  # rank 0's (rows, padded length), one evaluation
+    # What trains in each epoch (freezing applied): the optimizer's and the backward's share of
+    # the memory-bound work that plan/roofline.py counts. Empty: not counted (no roofline).
+    trained: List[Trained] = field(default_factory=list)
 
 
 @dataclass
@@ -191,15 +196,16 @@ def work_of(cfg: Any, data: DataShape, config: Any) -> Work:
                          "on the gradient variance measured while training")
     tokens, micro, steps, samples, micro_lengths = epoch_batches(data.lengths, cfg)
     model = meta_model(config)
-    flops, total = 0.0, TokenCounts()
+    flops, total, trains = 0.0, TokenCounts(), []
     for epoch, counts in enumerate(tokens):
         apply_freezing(model, cfg.freezing.name, epoch)
         flops += bert_train_flops(model, counts)
         total += counts
+        trains.append(trained(model))
     adaptive = cfg.accumulation == "adaptive"
     return Work(train_rows=len(data.lengths), epochs=int(cfg.train.epochs), micro_batches=sum(micro),
                 optimizer_steps=None if adaptive else sum(steps), tokens=total, model_flops=flops,
-                samples=samples,
+                samples=samples, trained=trains,
                 why_no_steps="accumulation=adaptive: k is chosen from the gradient variance while training"
                 if adaptive else "",
                 rows_per_batch=int(cfg.train.batch_size), micro_lengths=micro_lengths,
