@@ -130,3 +130,34 @@ def test_without_a_gpu_the_probe_says_what_it_cannot_probe(compose_cfg, tmp_path
         probe, why = Prober(enabled=True).get(cfg_x, data, config, work_of(cfg_x, data, config),
                                               {"name": "cpu", "what_if": False, "match": []})
         assert probe is None and why.startswith("not probed: this machine cannot run it")
+
+
+def test_a_probe_on_one_gpu_predicts_another_through_the_roofline(compose_cfg, tmp_path):
+    """An H200 probe's prediction moved to an H100: the probe's overhead kept (host-bound), the rest
+    split over GEMM and memory by their roofline shares and scaled by the peak and bandwidth ratios."""
+    from bertaccel.options.hardware import load_profiles
+    from bertaccel.plan.grid import expand
+    from bertaccel.plan.predict import _moved_probe, run_params
+    from bertaccel.plan.pricing import Prediction
+    from bertaccel.plan.roofline import parts_of, roofline_time
+    from bertaccel.plan.work import data_shape, hf_config, work_of
+
+    profiles = {p["name"]: p for p in load_profiles()}
+    planned = expand("config", [*TINY, "precision=bf16", f"cache_dir={tmp_path / 'cache'}"]).configs[0]
+    data = data_shape(planned.cfg)
+    config = hf_config(planned.cfg.model, data.num_labels, data.vocab_size)
+    work = work_of(planned.cfg, data, config)
+    params = run_params(planned.cfg, planned.choices, config)
+    # What a probe on the H200 predicted: 2 ms per step of overhead + 0.5 s of compute
+    here = price("cfg", "h", work, Calibration(work.model_flops / 0.5 / 1e12, 500.0, "probe of this configuration here",
+                                              "runs", [], 2.0), profiles["h200"], "bf16", 1)
+    base = Prediction("cfg", "h100", "bf16", 1, "h", work, basis="profile 'h100': default MFU")
+    moved = _moved_probe(base, (here, profiles["h200"]), work, params, profiles["h100"], "bf16", 1)
+    overhead = 0.002 * work.optimizer_steps
+    parts = roofline_time(parts_of(work, params), profiles["h200"], "bf16")
+    busy = here.train_time_s - overhead
+    gemm = busy * parts.gemm_s / (parts.gemm_s + parts.memory_s)
+    expected = overhead + gemm * 1.0 + (busy - gemm) * 4.8 / 3.35  # same peak, slower memory on the H100
+    assert moved.train_time_s == pytest.approx(expected, rel=1e-9)
+    assert moved.basis.startswith("probe of this configuration here on 'h200', moved by the roofline from h200")
+    assert moved.cost_usd == pytest.approx(moved.train_time_s / 3600 * 2.99)

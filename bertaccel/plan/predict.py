@@ -108,6 +108,7 @@ class Planner:
         if store_note and store_note not in self.notes:
             self.notes.append(store_note)
         out = []
+        own: Optional[Tuple[Prediction, Mapping[str, Any]]] = None  # this machine's probed row
         for label, profile in hw_rows:
             if profile is None:
                 profile, how = own_profile(cfg)
@@ -117,6 +118,10 @@ class Planner:
             probe, probe_note = self.prober.get(cfg, data, config, work, profile, runs_machine=self.walls.machine)
             pred = predict_one(planned.name, planned.config_hash, work, params, profile, profiles, refs,
                                precision, gpus, probe, probe_note)
+            if probe is not None:
+                own = (pred, profile)
+            elif own is not None and not _exact_anywhere(refs, similarity_key(params, profile["name"])):
+                pred = _moved_probe(pred, own, work, params, profile, precision, gpus)
             if label == "own":
                 self._waits(cfg, pred, work, probe, refs, similarity_key(params, profile["name"]), data)
             else:
@@ -132,6 +137,33 @@ class Planner:
         self.walls.fill(pred, work, probe, refs, key, graph_key(cfg), compiles(cfg),
                         cfg.compile.cache == "persistent", first=self.own_rows == 0)
         self.own_rows += 1
+
+
+def _exact_anywhere(refs: Sequence[Reference], key: Mapping[str, str]) -> bool:
+    """Whether the store has finished runs of this very configuration, on any hardware."""
+    return any(all(r.key[k] == key[k] for k in key if k != "hardware") for r in refs)
+
+
+def _moved_probe(pred: Prediction, own: Tuple[Prediction, Mapping[str, Any]], work: Work, params: Mapping[str, str],
+                 profile: Mapping[str, Any], precision: str, gpus: int) -> Prediction:
+    """The configuration on another profile from its probe here, moved through the roofline
+    (roofline.transfer: the probe's overhead kept as the host's launch part, the rest split into
+    GEMM and memory shares and scaled by the peak and bandwidth ratios)."""
+    from .roofline import Uncounted, transfer
+
+    here, source = own
+    if here.train_time_s is None or work.model_flops <= 0:
+        return pred
+    steps = work.optimizer_steps or work.micro_batches / gpus / 2
+    try:
+        moved, how = transfer(here.train_time_s, parts_of(work, params), source, profile, precision,
+                              here.overhead_ms_per_step / 1e3 * steps)
+    except Uncounted as e:
+        pred.basis += f" (the probe on '{source['name']}' not moved here: {e})"
+        return pred
+    cal = Calibration(work.model_flops / (moved * gpus) / 1e12, pred.power_w_per_gpu,
+                      f"{here.basis} on '{source['name']}', moved by the {how}", pred.power_basis, [])
+    return price(pred.name, pred.config_hash, work, cal, profile, precision, gpus)
 
 
 def predict_one(name: str, config_hash: str, work: Work, params: Mapping[str, str], profile: Mapping[str, Any],
