@@ -47,8 +47,54 @@ def _f(v: Optional[float], spec: str = ".3g") -> str:
     return "null" if v is None else format(v, spec)
 
 
+def _table(runs: List, overrides: List[str]):
+    """The side-by-side lines, the errors per column, the predicted sweep wall and the runs' spans."""
+    from bertaccel.runs.readings import run_waits
+
+    lines = [f"# plan --probe, then the sweep ({time.strftime('%Y-%m-%d %H:%M')})", "",
+             f"overrides: {' '.join(overrides)}", ""]
+    header = ["run"] + [f"{n} {w}" for n, _ in WAITS for w in ("pred", "meas", "err %")]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    errs: Dict[str, List[float]] = {n: [] for n, _ in WAITS}
+    walls_pred, starts, ends = 0.0, [], []
+    for r in runs:
+        m, got = r.data.metrics, {**run_waits(r), "train_time_s": r.data.metrics.get("train_time_s")}
+        cells = [r.info.run_name]
+        for name, key in WAITS:
+            p, x = m.get(f"predicted_{name}"), got.get(key)
+            e = _err(p, x)
+            if e is not None:
+                errs[name].append(e)
+            cells += [_f(p), _f(x), _f(e, "+.1f")]
+        lines.append("| " + " | ".join(cells) + " |")
+        walls_pred += m.get("predicted_run_wall_s") or float("nan")
+        if "run_wall_s" in got:
+            starts.append(r.info.end_time / 1e3 - got["run_wall_s"])
+            ends.append(r.info.end_time / 1e3)
+    return lines, errs, walls_pred, starts, ends
+
+
+def _cross(path: str, runs: List) -> List[str]:
+    """Another machine's plan.csv rows for this machine's profile against this sweep's runs."""
+    with open(path) as f:
+        rows = {(row["name"].split(" @ ")[0], row["hardware"]): row for row in csv.DictReader(f) if " @ " in row["name"]}
+    cross = []
+    lines_c = ["", "| run | train_time_s predicted on the other machine | measured here | error % | basis |",
+               "|---|---|---|---|---|"]
+    for r in runs:
+        row = rows.get((r.info.run_name, r.data.tags.get("hardware_profile")))
+        if row and row["time_s"]:
+            p, x = float(row["time_s"]), r.data.metrics.get("train_time_s")
+            e = _err(p, x)
+            cross.append(abs(e))
+            lines_c.append(f"| {r.info.run_name} | {p:.3g} | {x:.3g} | {e:+.1f} | {row['basis'][:160]} |")
+    out = [f"- cross-GPU ({path}): train_time_s |error| median "
+           f"{_f(statistics.median(cross) if cross else None, '.1f')} % over {len(cross)} runs (goal <= 15 %)"]
+    return out + lines_c
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    from bertaccel.plan.calibrate import run_waits
+    from bertaccel.runs.readings import run_waits
     from bertaccel.runs.tracking import search_runs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -72,26 +118,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     runs = [r for r in search_runs(a.uri, a.experiment, f"tags.sweep_id = '{sweep_id}'")
             if r.data.tags.get("bertaccel.role") != "sweep" and r.data.tags.get("status") == "finished"]
     runs.sort(key=lambda r: r.info.start_time)
-    lines = [f"# plan --probe, then the sweep ({time.strftime('%Y-%m-%d %H:%M')})", "",
-             f"overrides: {' '.join(a.overrides)}", ""]
-    header = ["run"] + [f"{n} {w}" for n, _ in WAITS for w in ("pred", "meas", "err %")]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    errs: Dict[str, List[float]] = {n: [] for n, _ in WAITS}
-    walls_pred, starts, ends = 0.0, [], []
-    for r in runs:
-        m, got = r.data.metrics, {**run_waits(r), "train_time_s": r.data.metrics.get("train_time_s")}
-        cells = [r.info.run_name]
-        for name, key in WAITS:
-            p, x = m.get(f"predicted_{name}"), got.get(key)
-            e = _err(p, x)
-            if e is not None:
-                errs[name].append(e)
-            cells += [_f(p), _f(x), _f(e, "+.1f")]
-        lines.append("| " + " | ".join(cells) + " |")
-        walls_pred += m.get("predicted_run_wall_s") or float("nan")
-        if "run_wall_s" in got:
-            starts.append(r.info.end_time / 1e3 - got["run_wall_s"])
-            ends.append(r.info.end_time / 1e3)
+    lines, errs, walls_pred, starts, ends = _table(runs, a.overrides)
     train = [abs(e) for e in errs["train_time_s"]]
     measured_wall = max(ends) - min(starts) if starts else None
     first = runs[0] if runs else None
@@ -118,21 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     f"later median {_f(statistics.median([x for x in later if x is not None]) if later else None, '.2f')} s",
                     "- the first run's start-up phases: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())]
     if a.cross:
-        with open(a.cross) as f:
-            rows = {row["name"].split(" @ ")[0]: row for row in csv.DictReader(f) if " @ " in row["name"]}
-        cross = []
-        lines_c = ["", "| run | train_time_s predicted on the other machine | measured here | error % | basis |",
-                   "|---|---|---|---|---|"]
-        for r in runs:
-            row = rows.get(r.info.run_name)
-            if row and row["time_s"]:
-                p, x = float(row["time_s"]), r.data.metrics.get("train_time_s")
-                e = _err(p, x)
-                cross.append(abs(e))
-                lines_c.append(f"| {r.info.run_name} | {p:.3g} | {x:.3g} | {e:+.1f} | {row['basis'][:160]} |")
-        summary.append(f"- cross-GPU ({a.cross}): train_time_s |error| median "
-                       f"{_f(statistics.median(cross) if cross else None, '.1f')} % over {len(cross)} runs (goal <= 15 %)")
-        summary += lines_c
+        summary += _cross(a.cross, runs)
     text = "\n".join(lines + summary) + "\n"
     (out / "plan_check.md").write_text(text)
     print(text)

@@ -76,6 +76,32 @@ def _plots(preds, several: bool) -> List[dict]:
     return out
 
 
+def _notes(grid, planner, preds, scored, probed: bool, targets: List[str]) -> List[str]:
+    """The plan's notes: what was planned, where its numbers came from, what is left out."""
+    from . import output
+
+    notes = [f"{len(grid.configs)} configurations of --config-name {grid.config_name} (sweep id {grid.sweep_id}), "
+             f"as bertaccel.run -m expands them; each trains the configured epochs on its train split after "
+             f"dataset.train_subset (set dataset.train_subset=null for the full split)"]
+    if probed:
+        notes.append(f"--probe: {planner.prober.probe_s:.1f} s of probing on this machine this time (cached probes "
+                     f"cost nothing); a configuration with finished runs of its own in the store is predicted from "
+                     f"them, not from its probe")
+    notes += planner.notes + planner.prober.notes + planner.walls.notes() + [output.OCCUPANCY_NOTE] + ([SCALING] if targets else [])
+    short = {i: [m for m in ms if m != "occupancy_pct"] for i, ms in scored.affected.items()}
+    short = {i: ms for i, ms in short.items() if ms}
+    if short:
+        left = sorted({m for ms in short.values() for m in ms})
+        notes.append(f"{len(short)} of {len(preds)} rows have no predicted {' or '.join(left)} (see their basis): "
+                     f"they are scored without it, so their scores under strategies that weigh it are not comparable "
+                     f"with the other rows'")
+    invalid = [c for c in grid.configs if c.invalid]
+    if invalid:
+        notes.append(f"{len(invalid)} configuration(s) the project's validation refuses: "
+                     + "; ".join(f"{c.name}: {c.invalid}" for c in invalid[:3]))
+    return notes
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
@@ -116,25 +142,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         tables.insert(1, output.wait_table(preds, planner.walls.sweep_wall_s()))
     if a.prune:
         tables.append(output.prune_table(preds, several))
-    notes = [f"{len(grid.configs)} configurations of --config-name {grid.config_name} (sweep id {grid.sweep_id}), "
-             f"as bertaccel.run -m expands them; each trains the configured epochs on its train split after "
-             f"dataset.train_subset (set dataset.train_subset=null for the full split)"]
-    if a.probe:
-        notes.append(f"--probe: {planner.prober.probe_s:.1f} s of probing on this machine this time (cached probes "
-                     f"cost nothing); a configuration with finished runs of its own in the store is predicted from "
-                     f"them, not from its probe")
-    notes += planner.notes + planner.prober.notes + planner.walls.notes() + [output.OCCUPANCY_NOTE] + ([SCALING] if targets else [])
-    short = {i: [m for m in ms if m != "occupancy_pct"] for i, ms in scored.affected.items()}
-    short = {i: ms for i, ms in short.items() if ms}
-    if short:
-        left = sorted({m for ms in short.values() for m in ms})
-        notes.append(f"{len(short)} of {len(preds)} rows have no predicted {' or '.join(left)} (see their basis): "
-                     f"they are scored without it, so their scores under strategies that weigh it are not comparable "
-                     f"with the other rows'")
-    invalid = [c for c in grid.configs if c.invalid]
-    if invalid:
-        notes.append(f"{len(invalid)} configuration(s) the project's validation refuses: "
-                     + "; ".join(f"{c.name}: {c.invalid}" for c in invalid[:3]))
+    notes = _notes(grid, planner, preds, scored, a.probe, targets)
     for t in tables:
         print(output.text(t), end="\n\n")
     for n in notes:

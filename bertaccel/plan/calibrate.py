@@ -21,11 +21,11 @@ The rules, all here:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from bertaccel.measure.flops import peak_tflops
+from bertaccel.runs.readings import run_waits
 
 from .fit import fit_overhead
 from .roofline import Parts, Uncounted, transfer
@@ -90,24 +90,6 @@ def references(runs: Sequence[Any]) -> List[Reference]:
         out.append(Reference(r.info.run_id, r.info.run_name or r.info.run_id, similarity_key(p, hardware),
                              float(flops), float(seconds), gpus, m.get("energy_kwh"), m.get("optimizer_steps"),
                              run_waits(r)))
-    return out
-
-
-def run_waits(run: Any) -> Dict[str, Any]:
-    """A finished run's waits (wall.py reads them): start-up, warm-up and its cache state, evaluation,
-    and the run's wall from its start to its record's end (MLflow end_time)."""
-    m, tags = run.data.metrics, run.data.tags
-    out: Dict[str, Any] = {k: m[k] for k in ("startup_overhead_s", "compile_time_s", "eval_time_s", "time_to_train_s")
-                           if m.get(k) is not None}
-    out["compile_cache"] = tags.get("compile_cache", "")
-    out["started_source"] = tags.get("startup_overhead_s_source", "")
-    try:
-        windows = json.loads(tags.get("train_windows_unix", "[]"))
-        if windows and run.info.end_time and "time_to_train_s" in out:
-            # time_to_train_s ends at the last window; after it: the last evaluation and the record.
-            out["run_wall_s"] = out["time_to_train_s"] + run.info.end_time / 1e3 - windows[-1][1]
-    except (ValueError, TypeError, IndexError):
-        pass
     return out
 
 

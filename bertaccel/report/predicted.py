@@ -143,7 +143,7 @@ def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> N
 def wait_comparison(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Tuple[str, str, List[str], List[List[str]]]]:
     """What each run waited for, predicted (by a saved plan: plan/saved.py) vs measured, and each
     sweep's wall: from its first run's process start to its last run's record."""
-    from bertaccel.plan.calibrate import run_waits
+    from bertaccel.runs.readings import run_waits
 
     cells, sweeps = [], {}
     for r in rows:

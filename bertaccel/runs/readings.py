@@ -161,3 +161,21 @@ def log_backprop(tracker: Any, timing: Any, metrics: Dict[str, Any], device: tor
     with tempfile.TemporaryDirectory(prefix="bertaccel-layers-") as d:
         (Path(d) / "layer_timing.json").write_text(json.dumps(timing.to_json(), indent=1))
         tracker.log_artifacts(d, "layer_timing")
+
+
+def run_waits(run: Any) -> Dict[str, Any]:
+    """A finished run's waits (wall.py reads them): start-up, warm-up and its cache state, evaluation,
+    and the run's wall from its start to its record's end (MLflow end_time)."""
+    m, tags = run.data.metrics, run.data.tags
+    out: Dict[str, Any] = {k: m[k] for k in ("startup_overhead_s", "compile_time_s", "eval_time_s", "time_to_train_s")
+                           if m.get(k) is not None}
+    out["compile_cache"] = tags.get("compile_cache", "")
+    out["started_source"] = tags.get("startup_overhead_s_source", "")
+    try:
+        windows = json.loads(tags.get("train_windows_unix", "[]"))
+        if windows and run.info.end_time and "time_to_train_s" in out:
+            # time_to_train_s ends at the last window; after it: the last evaluation and the record.
+            out["run_wall_s"] = out["time_to_train_s"] + run.info.end_time / 1e3 - windows[-1][1]
+    except (ValueError, TypeError, IndexError):
+        pass
+    return out
