@@ -103,6 +103,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--hardware", help="profiles to re-price the grid on (plan --hardware)")
     ap.add_argument("--cross", help="another machine's plan.csv with rows for this machine's profile")
     ap.add_argument("--out", default="plan_check")
+    ap.add_argument("--stage", choices=("both", "plan", "sweep"), default="both",
+                    help="plan: the plan only (its time saved in --out); sweep: the sweep and the table, after a "
+                         "plan stage into the same --out (two calls of a time-limited machine)")
     ap.add_argument("overrides", nargs="+")
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -111,7 +114,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     plan_cmd = [sys.executable, "-m", "bertaccel.plan", "-m", *common, "--probe", "--out", str(out / "plan")]
     if a.hardware:
         plan_cmd += ["--hardware", a.hardware]
-    plan_s = _run(plan_cmd, out / "plan.log")
+    if a.stage in ("both", "plan"):
+        plan_s = _run(plan_cmd, out / "plan.log")
+        (out / "plan_s.txt").write_text(f"{plan_s}\n")
+        print((out / "plan.log").read_text()[-6000:])
+        if a.stage == "plan":
+            return 0
+    plan_s = float((out / "plan_s.txt").read_text())
     sweep_s = _run([sys.executable, "-m", "bertaccel.run", "-m", *common], out / "sweep.log")
     sweep_id = next(line.split("sweep id ")[1].split()[0] for line in (out / "sweep.log").read_text().splitlines()
                     if line.startswith("sweep id "))
