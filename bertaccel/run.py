@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import hydra
-import psutil
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
@@ -52,6 +51,7 @@ from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.interrupt import install as install_signal_handlers
 from bertaccel.runs.launch import launch
 from bertaccel.runs.record import group_choices, record_bad_input, run_label
+from bertaccel.runs.startup import MAIN_COMPOSE, Mark, job_marks, mark_main, process_started_at
 from bertaccel.runs.sweep import context_from_env, interrupt_parent, set_env
 
 register_configs()
@@ -67,6 +67,7 @@ class JobInfo:
     choices: Dict[str, str]
     started_at: float
     started_source: str
+    startup: List[Mark]  # where the start-up goes, up to now (runs/startup.py)
 
 
 def job_info(hc: DictConfig) -> JobInfo:
@@ -78,18 +79,20 @@ def job_info(hc: DictConfig) -> JobInfo:
     # The first job pays the interpreter and import start-up, later jobs of a sweep do not.
     # (Hydra numbers a multirun's jobs from 0 in launch order; no counter of our own.) A submitit
     # job (hydra/launcher=slurm, local_jobs) is a process of its own, whatever its number.
-    if not multirun or hc.job.num == 0 or os.environ.get("SUBMITIT_EXECUTOR"):
-        started_at, started_source = psutil.Process().create_time(), "process start"
+    first = not multirun or hc.job.num == 0 or bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    if first:
+        started_at, started_source = process_started_at(), "process start"
     else:
         started_at, started_source = time.time(), "job start (later job of a multirun)"
-    return JobInfo(multirun, name, choices, started_at, started_source)
+    return JobInfo(multirun, name, choices, started_at, started_source, job_marks(started_at, first))
 
 
 def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = None):
     """One configuration, recorded; returns its Outcome. devices: the GPUs (as CUDA_VISIBLE_DEVICES
     names) the run's processes may see, when the sweep launcher hands each run its own."""
     try:
-        outcome = launch(cfg, info.choices, info.name, info.started_at, info.started_source, devices=devices)
+        outcome = launch(cfg, info.choices, info.name, info.started_at, info.started_source, devices=devices,
+                         startup=info.startup)
     except (ConfigError, DataError) as e:
         if not info.multirun:
             print(f"error: {e}", file=sys.stderr)
@@ -183,6 +186,7 @@ def interrupted(e: Interrupted) -> int:
 
 
 def cli() -> None:
+    mark_main(MAIN_COMPOSE)  # (this module's imports are done: Hydra's part begins)
     install_signal_handlers()
     # Hydra prints a traceback for a command line it cannot compose unless HYDRA_FULL_ERROR=1,
     # which lets the exception reach this function: one line then, unless the user asked for it.

@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import psutil
@@ -47,6 +47,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.distributed import Rank
 from bertaccel.runs import interrupt
+from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
+                                    PROCESS_SPAWN, Mark, process_started_at, stamp)
 from bertaccel.runs.sweep import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")
@@ -90,13 +92,17 @@ class Job:
     # its run interrupted and ends, rather than finishing a run that nobody waits for.
     launcher_pid: int = 0
     launcher_started_at: float = 0.0
+    # Where the start-up went so far (runs/startup.py); the worker adds its own marks.
+    startup: List[Mark] = field(default_factory=list)
 
 
 def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
-           started_source: str, devices: Optional[Sequence[str]] = None) -> Any:
+           started_source: str, devices: Optional[Sequence[str]] = None, startup: Sequence[Mark] = ()) -> Any:
     """Run one configuration where cfg.launcher says; returns its record.Outcome. Bad input
     (ConfigError, DataError) is raised here, in the caller's process, before anything starts.
-    devices: the GPUs the job's processes may see (the sweep launcher's share for this run)."""
+    devices: the GPUs the job's processes may see (the sweep launcher's share for this run).
+    startup: the job's start-up marks so far (runs/startup.py)."""
+    startup = stamp(startup, LAUNCH_CHECKS)
     from bertaccel.options.checks import validate
     from bertaccel.options.hardware import check_gpu_count, resolve_device
     from bertaccel.runs.hub import hub_skip_reason
@@ -113,6 +119,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     if hub_reason is not None:
         log.warning(f"run {run_name} skipped: {hub_reason}")
         return record_skipped(cfg, choices, run_name, hub_reason)
+    startup = stamp(startup, LAUNCH_RESUME)  # (a wait on another sweep's run of it counts here too)
     while True:
         # A resumed sweep starts no process for a finished run, and none for a configuration that
         # another sweep on this store runs now: it waits for that run's end, then takes its outcome
@@ -121,12 +128,12 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
         if earlier is not None:
             return earlier
         if cfg.launcher.name == "inline":
-            outcome = execute(cfg, choices, run_name, started_at, started_source)
+            outcome = execute(cfg, choices, run_name, started_at, started_source, startup=startup)
         else:
             me = psutil.Process()
             job = Job(OmegaConf.to_container(cfg, resolve=True), dict(choices), run_name, started_at,
                       started_source, uuid.uuid4().hex, list(devices) if devices is not None else None,
-                      dict(os.environ), me.pid, me.create_time())
+                      dict(os.environ), me.pid, me.create_time(), list(startup))
             outcome = _in_processes(job, cfg)
         if outcome.status != RUNNING_ELSEWHERE:  # (else another sweep opened it between look-up and start)
             return outcome
@@ -148,6 +155,9 @@ def _wait_for_others(cfg: DictConfig, run_name: str, resumed: Callable[..., Any]
 
 def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: int, timeout_s: float) -> None:
     """One process of a job (torch.multiprocessing entry point: module level, picklable)."""
+    # This process's start (the fork, or the spawn) and its first line of ours: the start-up's
+    # marks in between are multiprocessing's (the main module run again, the job unpickled).
+    startup = job.startup + [(PROCESS_SETUP, process_started_at()), (PROCESS_IMPORTS, time.time())]
     interrupt.in_worker()  # Ctrl-C reaches the whole process group: the launcher stops this process
     _die_with_launcher(job)
     # Hydra configured logging in the launching process only; rank 0 speaks for the job, on
@@ -180,7 +190,7 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     rank = Rank(local_rank, world, init_method, timeout_s) if world > 1 else None
     try:
         outcome = execute(OmegaConf.create(job.cfg), job.choices, job.run_name, job.started_at, job.started_source,
-                          rank=rank, launch_tags={LAUNCH_TAG: job.launch_id, **_device_tag(job)})
+                          rank=rank, launch_tags={LAUNCH_TAG: job.launch_id, **_device_tag(job)}, startup=startup)
     except (ConfigError, DataError) as e:
         # Bad input, found before anything was written (a malformed CSV): back to the caller,
         # who decides between "one line, exit 2" and "record it and go on", as inline.
@@ -238,6 +248,8 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     # port probed free here could be taken by another program before rank 0 binds it. (All ranks
     # are on this host.) The directory goes with the job.
     rendezvous = tempfile.mkdtemp(prefix="bertaccel-rendezvous-")
+    # (the start of the worker's start-up phases: the fork waits for the server's preload, if not done)
+    job.startup = stamp(job.startup, PROCESS_FORK if method == "forkserver" else PROCESS_SPAWN)
     procs = mp.start_processes(_worker, args=(job, results, f"file://{rendezvous}/store", world,
                                               cfg.launcher.collective_timeout_s),
                                nprocs=world, join=False, start_method=method)
