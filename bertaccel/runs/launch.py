@@ -28,11 +28,10 @@ live process is running is waited for, then taken as already finished or run aga
 """
 from __future__ import annotations
 
+import gc
 import logging
-import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.distributed import Rank
 from bertaccel.runs import interrupt
+from bertaccel.runs.forkserver import start_forkserver
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
                                     PROCESS_SPAWN, Mark, process_started_at, stamp)
 from bertaccel.runs.sweep import RUNNING_ELSEWHERE
@@ -56,12 +56,6 @@ log = logging.getLogger("bertaccel")
 POLL_S = 0.2          # how often the launcher looks at its workers
 STRAGGLER_GRACE_S = 60.0  # how long the other ranks may take to exit once rank 0 has its outcome
 LAUNCH_TAG = "launch_id"
-# Imported once by the forkserver (launcher.start_method=forkserver): the heavy imports of a run.
-# None of them touches CUDA at import, so forked runs still start without a CUDA context.
-# MLflow imports its SQL store (SQLAlchemy, alembic) only when a run first opens a sqlite:// store:
-# 0.6 s per run on a CI core, 1.3-1.7 s on an H200 host, unless the forkserver has it already.
-FORKSERVER_PRELOAD = ["torch", "transformers", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
-                      "bertaccel.runs.job", "bertaccel.train.loop"]
 TERMINATE_GRACE_S = 10.0  # an interrupted run's workers get this long to exit before SIGKILL
 CLAIM_POLL_S = 2.0  # how often a sweep waiting on another sweep's run of a configuration looks again
 WATCH_S = 0.5  # how often a worker looks whether its launching process is still there
@@ -106,7 +100,6 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     from bertaccel.options.checks import validate
     from bertaccel.options.hardware import check_gpu_count, resolve_device
     from bertaccel.runs.hub import hub_skip_reason
-    from bertaccel.runs.job import execute
     from bertaccel.runs.record import record_skipped, resumed
     from bertaccel.store import repair_store
 
@@ -128,6 +121,10 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
         if earlier is not None:
             return earlier
         if cfg.launcher.name == "inline":
+            # (imported here, not above: the run's own code imports transformers' model classes,
+            # seconds the launching process of a launcher=process sweep has no use for)
+            from bertaccel.runs.job import execute
+
             outcome = execute(cfg, choices, run_name, started_at, started_source, startup=startup)
         else:
             me = psutil.Process()
@@ -187,6 +184,9 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     from bertaccel.config import ConfigError
     from bertaccel.data import DataError
 
+    # What this process has imported stays for its life: no collection walks it again (forked
+    # from the server, that heap is frozen there already: runs/preload.py).
+    gc.freeze()
     rank = Rank(local_rank, world, init_method, timeout_s) if world > 1 else None
     try:
         outcome = execute(OmegaConf.create(job.cfg), job.choices, job.run_name, job.started_at, job.started_source,
@@ -341,29 +341,6 @@ def _stop(procs: Any, interrupted: bool) -> None:
             p.kill()
     for p in procs.processes:
         p.join()
-
-
-def start_forkserver() -> None:
-    """Start the forkserver (if not yet), with SIGINT ignored: Ctrl-C reaches the whole process
-    group, and a server still importing its preload printed a ~40-line KeyboardInterrupt
-    traceback under the sweep's one line. An ignored signal stays ignored through fork and exec,
-    and Python then leaves it so (a blocked mask does not: the exec resets it); Python's
-    forkserver ignores SIGINT itself only once its preload is imported. The launcher stops the
-    workers. Only the main thread may set a handler: the sweep launcher calls this from there
-    before its first run (runs_at_once > 1 launches from other threads)."""
-    from multiprocessing import forkserver
-
-    # What the server imports once, for every later run to fork from (it has no effect once the
-    # server runs: the first run of a sweep starts it, and pays these imports).
-    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _death(e: Any, world: int) -> str:
