@@ -2,6 +2,11 @@
 
 Three sources: a pretrained model shipped inside a pip package (the offline default), a hub id
 (needs network), or a random-init BERT of a given shape (tests).
+
+transformers is imported where a model or tokenizer is built, not at the top: check_model runs in
+the sweep's main process (options.checks.validate), which builds nothing, and transformers' model
+classes take seconds to import (3.4 s after torch on a 2-core CPU box, 6 s on an H100 host); the run processes
+have them from the forkserver's preload (runs/preload.py).
 """
 from __future__ import annotations
 
@@ -9,9 +14,6 @@ import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
-
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
-from transformers.utils import logging as hf_logging
 
 
 class ModelUnavailable(RuntimeError):
@@ -63,6 +65,8 @@ def check_model(model_cfg: Any) -> Optional[str]:
 
 
 def load_tokenizer(model_cfg: Any) -> Any:
+    from transformers import AutoTokenizer
+
     if model_cfg.source == "hub":
         source = model_cfg.pretrained
     else:
@@ -114,6 +118,9 @@ def build_model(model_cfg: Any, num_labels: int, attention: Any, vocab_size: int
 
 
 def _build_hf(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) -> Tuple[Any, str]:
+    from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
     if model_cfg.source == "random_init":
         config = BertConfig(vocab_size=vocab_size, hidden_size=model_cfg.hidden_size,
                             num_hidden_layers=model_cfg.num_hidden_layers,

@@ -11,11 +11,16 @@ is closed, one line is printed, exit 130 / 143.
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
 
 if __name__ == "__main__":
+    from bertaccel.runs.forkserver import start_early, stop
+
+    _server: list = []  # the forkserver started below, if it was
+
     # Ctrl-C or SIGTERM while the libraries import (seconds, before cli() installs the handlers
     # of interrupt.py) is one line and the signal's exit status, not a KeyboardInterrupt
     # traceback: nothing has been written yet.
@@ -23,6 +28,8 @@ if __name__ == "__main__":
         name = signal.Signals(signum).name
         print(f"\ninterrupted by {name} while starting: no run was started, nothing was written",
               file=sys.stderr, flush=True)
+        for pid in _server:  # (os._exit skips the exit handler that would stop it)
+            stop(pid)
         # os._exit, not SystemExit: the exception would rise inside whatever library is importing,
         # and one that catches BaseException goes on half-initialized (seen: numpy under mlflow's
         # import recursed to a RecursionError, exit 1). Nothing is written yet, so nothing to unwind.
@@ -30,6 +37,13 @@ if __name__ == "__main__":
 
     for _s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_s, _before_start)
+    # The run processes' server first, before this process's own imports: its preload (torch,
+    # transformers, MLflow: the longest wait of a sweep's first run) then runs beside them, Hydra's
+    # composition and the sweep's parent run, not after them (runs/forkserver.py).
+    _server += filter(None, [start_early(sys.argv[1:])])
+    # The collector waits until the imports are done (cli() freezes what they made): its passes
+    # over a heap that only grows cost 15% of them (runs/preload.py, which does the same).
+    gc.disable()
 
 import shutil  # noqa: E402 (after the start-up signal handlers)
 import time  # noqa: E402
@@ -38,7 +52,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import hydra
-import psutil
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
@@ -52,6 +65,7 @@ from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.interrupt import install as install_signal_handlers
 from bertaccel.runs.launch import launch
 from bertaccel.runs.record import group_choices, record_bad_input, run_label
+from bertaccel.runs.startup import MAIN_COMPOSE, Mark, job_marks, mark_main, process_started_at
 from bertaccel.runs.sweep import context_from_env, interrupt_parent, set_env
 
 register_configs()
@@ -67,6 +81,7 @@ class JobInfo:
     choices: Dict[str, str]
     started_at: float
     started_source: str
+    startup: List[Mark]  # where the start-up goes, up to now (runs/startup.py)
 
 
 def job_info(hc: DictConfig) -> JobInfo:
@@ -78,18 +93,20 @@ def job_info(hc: DictConfig) -> JobInfo:
     # The first job pays the interpreter and import start-up, later jobs of a sweep do not.
     # (Hydra numbers a multirun's jobs from 0 in launch order; no counter of our own.) A submitit
     # job (hydra/launcher=slurm, local_jobs) is a process of its own, whatever its number.
-    if not multirun or hc.job.num == 0 or os.environ.get("SUBMITIT_EXECUTOR"):
-        started_at, started_source = psutil.Process().create_time(), "process start"
+    first = not multirun or hc.job.num == 0 or bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    if first:
+        started_at, started_source = process_started_at(), "process start"
     else:
         started_at, started_source = time.time(), "job start (later job of a multirun)"
-    return JobInfo(multirun, name, choices, started_at, started_source)
+    return JobInfo(multirun, name, choices, started_at, started_source, job_marks(started_at, first))
 
 
 def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = None):
     """One configuration, recorded; returns its Outcome. devices: the GPUs (as CUDA_VISIBLE_DEVICES
     names) the run's processes may see, when the sweep launcher hands each run its own."""
     try:
-        outcome = launch(cfg, info.choices, info.name, info.started_at, info.started_source, devices=devices)
+        outcome = launch(cfg, info.choices, info.name, info.started_at, info.started_source, devices=devices,
+                         startup=info.startup)
     except (ConfigError, DataError) as e:
         if not info.multirun:
             print(f"error: {e}", file=sys.stderr)
@@ -183,6 +200,11 @@ def interrupted(e: Interrupted) -> int:
 
 
 def cli() -> None:
+    # This module's imports are done: what they made lives as long as the process, and no
+    # collection walks it again (gc.freeze); Hydra's part of the start-up begins.
+    gc.freeze()
+    gc.enable()
+    mark_main(MAIN_COMPOSE)
     install_signal_handlers()
     # Hydra prints a traceback for a command line it cannot compose unless HYDRA_FULL_ERROR=1,
     # which lets the exception reach this function: one line then, unless the user asked for it.

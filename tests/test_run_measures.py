@@ -9,12 +9,25 @@ from mlflow import MlflowClient
 
 from bertaccel.measure.profiling import CATEGORIES
 from bertaccel.options.optimizer import lr_factor
+from bertaccel.runs import startup
 from bertaccel.runs.tracking import runs_by_status
 
 MEASURES = ("energy_kwh", "avg_power_w", "energy_per_sample_j", "samples_per_kwh", "occupancy_pct",
             "sm_active_pct", "tensor_active_pct", "dram_bw_util_pct", "gpu_util_pct", "mfu",
             "model_flops", "achieved_tflops", "padded_tokens", "real_tokens", "co2e_kg") + tuple(
     f"profile_{c}_share" for c in CATEGORIES)
+# The start-up phases of a sweep's first run in its main process, before its job starts, and
+# those of every job in the main process (runs/startup.py).
+MAIN_PARTS = [startup.MAIN_IMPORTS, startup.MAIN_COMPOSE, startup.MAIN_PARENT_RUN, startup.MAIN_SWEEP_START]
+JOB_PARTS = [startup.JOB_START, startup.LAUNCH_CHECKS, startup.LAUNCH_RESUME]
+
+
+def startup_phases_of(run):
+    """A run's startup_phases_s, checked: none negative, summing to its startup_overhead_s."""
+    phases = json.loads(run.data.tags["startup_phases_s"])
+    assert all(v >= 0 for v in phases.values()), phases
+    assert abs(sum(phases.values()) - run.data.metrics["startup_overhead_s"]) < 0.01, phases
+    return phases
 
 
 def test_profiled_cpu_run_records_measures_sources_and_profile_artifacts(cli):
@@ -67,20 +80,35 @@ def test_only_the_first_job_of_a_sweep_is_charged_the_interpreter_start(cli):
     proc = cli(["-m", "model=tiny", "train.device=cpu", "dataset.train_subset=32", "dataset.test_subset=16",
                 "train.batch_size=16", "train.seed=1,2", "launcher.name=inline"])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(cli.store)
-    exp = client.get_experiment_by_name("bertaccel")
-    runs = sorted((r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("bertaccel.role") != "sweep"),
-                  key=lambda r: r.info.start_time)
+    runs = _runs_in_order(cli.store)
     sources = [r.data.tags["startup_overhead_s_source"] for r in runs]
     assert len(sources) == 2
     assert sources[0].endswith("minus process start"), sources
     assert sources[1].endswith("minus job start (later job of a multirun)"), sources
-    # Where the start-up went: named phases, none negative, summing to startup_overhead_s.
-    import json
+    # Where the start-up went: named phases, none negative, summing to startup_overhead_s; the
+    # first run's from the sweep process's start, the later run's from its job's start.
+    first, later = (startup_phases_of(r) for r in runs)
+    assert list(first)[:7] == [*MAIN_PARTS, *JOB_PARTS] and "model build" in first, first
+    assert list(later)[:3] == JOB_PARTS and not set(MAIN_PARTS) & set(later), later
+    assert not [p for p in [*first, *later] if p.startswith("run process")]  # inline: no process of its own
 
-    for r in runs:
-        phases = json.loads(r.data.tags["startup_phases_s"])
-        assert "model build" in phases and all(v >= 0 for v in phases.values()), phases
-        assert abs(sum(phases.values()) - r.data.metrics["startup_overhead_s"]) < 0.01
+
+def test_a_spawned_single_run_accounts_for_its_process_start(cli):
+    # No sweep: no parent run; the run's process is a fresh interpreter (spawn), which imports
+    # everything itself in multiprocessing's set-up (the main module run again) and after.
+    proc = cli([*TINY, "train.max_steps_per_epoch=2", "launcher.start_method=spawn"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = _runs_in_order(cli.store)
+    phases = startup_phases_of(run)
+    assert list(phases)[:8] == [startup.MAIN_IMPORTS, startup.MAIN_COMPOSE, *JOB_PARTS, startup.PROCESS_SPAWN,
+                                startup.PROCESS_SETUP, startup.PROCESS_IMPORTS], phases
+    # A fresh interpreter's imports (torch, MLflow, Hydra) take a measurable while, and in the
+    # main process as in the spawned one (seconds on a CPU core).
+    assert phases[startup.MAIN_IMPORTS] > 0.1 and phases[startup.PROCESS_SETUP] > 0.1, phases
+
+
+def _runs_in_order(store):
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("bertaccel")
+    return sorted((r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("bertaccel.role") != "sweep"),
+                  key=lambda r: r.info.start_time)

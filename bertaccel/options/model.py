@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from bertaccel.config import MODEL_SHAPE_FIELDS, MODEL_SOURCES, not_one_of
+from bertaccel.model import check_model
 
 
 def check(cfg: Any) -> Optional[str]:
@@ -19,9 +20,6 @@ def check(cfg: Any) -> Optional[str]:
         return f"model={model.name} (source={model.source}) needs model.pretrained"
     if model.source == "random_init" and not model.tokenizer_package:
         return f"model={model.name} (random_init) needs model.tokenizer_package"
-    # Imported here: bertaccel.model imports transformers, which the checks before need not wait for.
-    from bertaccel.model import check_model
-
     return check_model(model) or _shape(model)
 
 

@@ -15,7 +15,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from omegaconf import DictConfig
@@ -35,6 +35,7 @@ from bertaccel.runs.datasets import dataset_inputs
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
 from bertaccel.runs.record import Outcome, RankTracker, open_tracker, resumed
+from bertaccel.runs.startup import Mark, startup_phases
 from bertaccel.runs.tracking import RunTracker
 from bertaccel.store import store_lock
 from bertaccel.train.batch_fit import cpu_refusal, fitted_batch
@@ -61,11 +62,12 @@ def job_devices(device: torch.device, world_size: int) -> List[torch.device]:
 
 def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
             started_at: float, started_source: str, rank: Optional[distributed.Rank] = None,
-            launch_tags: Optional[Mapping[str, str]] = None) -> Outcome:
+            launch_tags: Optional[Mapping[str, str]] = None, startup: Sequence[Mark] = ()) -> Outcome:
     """started_at: wall time the run's overhead counts from (see run.py). rank: this process's
     place in a data-parallel job (launch.py), None for a single process. launch_tags: tags the
-    launcher finds the run by if its process dies."""
-    marks = {"entered": time.time()}  # where the start-up goes: startup_phases()
+    launcher finds the run by if its process dies. startup: the marks from started_at to this
+    call (runs/startup.py: the main process, the launch, the run's process)."""
+    marks = {"entered": time.time()}  # where the start-up goes: startup.startup_phases()
     # Bad input first, before anything is written (raises ConfigError / DataError).
     validate(cfg)
     device = resolve_device(cfg.train.device)
@@ -109,41 +111,11 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     marks["run opened"] = time.time()
     outcome = Outcome("running", run_name, run_id=tracker.run_id)
     with distributed.process_group(rank, device.type):
-        return _run(cfg, run_name, started_at, started_source, device, profile, raw, unavailable, tracker,
-                    outcome, world, marks)
+        return _run(cfg, run_name, (started_at, started_source, list(startup)), device, profile, raw, unavailable,
+                    tracker, outcome, world, marks)
 
 
-def startup_phases(marks: Mapping[str, float], started_at: float, result: Any) -> Dict[str, float]:
-    """Where startup_overhead_s went, in order (seconds, summing to it): what a user waits for
-    before the first step, and which part each lever (forkserver, caches, warm-up) can touch."""
-    # train(): the model to the device and CUDA's start-up, then the warm-up (compile_time_s),
-    # the optimizer and the epoch's set-up (telemetry threads, clocks), then the first batch.
-    set_up = result.first_window_opened_at - result.device_ready_at - result.compile_time_s
-    phases = {
-        "process start-up and imports (job start to the run's code)": marks["entered"] - started_at,
-        "checks, device, hardware profile": marks["checked"] - marks["entered"],
-        "dataset read (CSV parse or its cache)": marks["data read"] - marks["checked"],
-        "MLflow: earlier run of this config (resume)": marks["looked up"] - marks["data read"],
-        "MLflow run opened": marks["run opened"] - marks["looked up"],
-        "tokenizer, tokenize (or token cache read)": marks["tokenized"] - marks["run opened"],
-        "model build": marks["model built"] - marks["tokenized"],
-        # (only a train.batch_size=auto run has the search)
-        "train.batch_size=auto search (batch_search_time_s)": marks.get("batch fitted", marks["model built"])
-                                                              - marks["model built"],
-        "prediction of this run from the store (bertaccel.plan)": marks["predicted"]
-                                                                  - marks.get("batch fitted", marks["model built"]),
-        "data loaders, telemetry collectors": marks["train called"] - marks["predicted"],
-        "model to device, CUDA and cuBLAS start-up": result.device_ready_at - marks["train called"],
-        "warm-up: compile / CUDA graphs / DDP first steps (compile_time_s)": result.compile_time_s,
-        "optimizer, telemetry start, epoch set-up": set_up,
-        "first batch (data loader start)": result.first_step_started_at - result.first_window_opened_at,
-    }
-    if "batch fitted" not in marks:
-        del phases["train.batch_size=auto search (batch_search_time_s)"]
-    return {k: round(v, 3) for k, v in phases.items()}
-
-
-def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str, device: torch.device,
+def _run(cfg: DictConfig, run_name: str, started: Tuple[float, str, List[Mark]], device: torch.device,
          profile: Mapping[str, Any], raw: Any, unavailable: Optional[str], tracker: Any, outcome: Outcome,
          world: int, marks: Dict[str, float]) -> Outcome:
     try:
@@ -169,7 +141,7 @@ def _run(cfg: DictConfig, run_name: str, started_at: float, started_source: str,
                 tracker.log_artifacts(prof_dir, "profile")
         # (after the with: the isolation, the profile directory and the compile caches are closed)
         outcome.metrics = _fill_record(cfg, tracker, trained, data, raw, weights_note, ccache, device, profile,
-                                       marks, started_at, started_source)
+                                       marks, started)
         return _end(tracker, outcome, "finished")
     except ModelUnavailable as e:
         return _end(tracker, outcome, "skipped", str(e))
@@ -260,17 +232,19 @@ def _train_and_measure(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, 
 
 def _fill_record(cfg: DictConfig, tracker: Any, trained: _Trained, data: Any, raw: Any, weights_note: str,
                  ccache: Any, device: torch.device, profile: Mapping[str, Any], marks: Mapping[str, float],
-                 started_at: float, started_source: str) -> Dict[str, Any]:
+                 started: Tuple[float, str, List[Mark]]) -> Dict[str, Any]:
     """The finished run's metrics, series and tags (each metric with its _source); returns the
-    metrics the Outcome carries (those with a value)."""
+    metrics the Outcome carries (those with a value). started: (started_at, its source, the marks
+    up to job.execute)."""
     result, measured = trained.result, trained.measured
+    started_at, started_source, before = started
     for e in result.epochs:
         tracker.log_metrics({"train_loss": e.train_loss, "test_accuracy": e.test_accuracy,
                              "trainable_params": e.trainable_params}, step=e.epoch)
     price = profile.get("price_per_gpu_hour_usd")
     what_if_note = (f"; what-if: profile {profile['name']} on {device_name(device)}, not the device's own"
                     if profile["what_if"] else "")
-    phases = startup_phases(marks, started_at, result)
+    phases = startup_phases(before, marks, started_at, result)
     log.info("start-up before the first step: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
     metrics = run_metrics(cfg, result, data, raw, trained.peak_gib, price, started_at)
     tracker.log_metrics({k: v for k, v in metrics.items() if k not in ("test_accuracy", "train_loss")},
@@ -283,8 +257,9 @@ def _fill_record(cfg: DictConfig, tracker: Any, trained: _Trained, data: Any, ra
         "tokenize_cache": "hit" if data.cache_hit else "miss",
         "model_weights": weights_note,
         "startup_phases_s": json.dumps(phases),
-        "startup_phases_s_source": ("time.time() marks in the run (job.execute / train): the phases sum to "
-                                    "startup_overhead_s"),
+        "startup_phases_s_source": ("time.time() marks in the main process (bertaccel.run; the first job from "
+                                    "the process's start), the launch, the run's process and the run "
+                                    "(job.execute / train), runs/startup.py: the phases sum to startup_overhead_s"),
     })
     tracker.log_series("lr", result.lr_per_step)
     if result.accumulation_k:

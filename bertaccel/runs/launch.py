@@ -28,18 +28,17 @@ live process is running is waited for, then taken as already finished or run aga
 """
 from __future__ import annotations
 
+import gc
 import logging
-import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import psutil
@@ -47,6 +46,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.distributed import Rank
 from bertaccel.runs import interrupt
+from bertaccel.runs.forkserver import start_forkserver
+from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
+                                    PROCESS_SPAWN, Mark, process_started_at, stamp)
 from bertaccel.runs.sweep import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")
@@ -54,12 +56,6 @@ log = logging.getLogger("bertaccel")
 POLL_S = 0.2          # how often the launcher looks at its workers
 STRAGGLER_GRACE_S = 60.0  # how long the other ranks may take to exit once rank 0 has its outcome
 LAUNCH_TAG = "launch_id"
-# Imported once by the forkserver (launcher.start_method=forkserver): the heavy imports of a run.
-# None of them touches CUDA at import, so forked runs still start without a CUDA context.
-# MLflow imports its SQL store (SQLAlchemy, alembic) only when a run first opens a sqlite:// store:
-# 0.6 s per run on a CI core, 1.3-1.7 s on an H200 host, unless the forkserver has it already.
-FORKSERVER_PRELOAD = ["torch", "transformers", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
-                      "bertaccel.runs.job", "bertaccel.train.loop"]
 TERMINATE_GRACE_S = 10.0  # an interrupted run's workers get this long to exit before SIGKILL
 CLAIM_POLL_S = 2.0  # how often a sweep waiting on another sweep's run of a configuration looks again
 WATCH_S = 0.5  # how often a worker looks whether its launching process is still there
@@ -90,17 +86,20 @@ class Job:
     # its run interrupted and ends, rather than finishing a run that nobody waits for.
     launcher_pid: int = 0
     launcher_started_at: float = 0.0
+    # Where the start-up went so far (runs/startup.py); the worker adds its own marks.
+    startup: List[Mark] = field(default_factory=list)
 
 
 def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
-           started_source: str, devices: Optional[Sequence[str]] = None) -> Any:
+           started_source: str, devices: Optional[Sequence[str]] = None, startup: Sequence[Mark] = ()) -> Any:
     """Run one configuration where cfg.launcher says; returns its record.Outcome. Bad input
     (ConfigError, DataError) is raised here, in the caller's process, before anything starts.
-    devices: the GPUs the job's processes may see (the sweep launcher's share for this run)."""
+    devices: the GPUs the job's processes may see (the sweep launcher's share for this run).
+    startup: the job's start-up marks so far (runs/startup.py)."""
+    startup = stamp(startup, LAUNCH_CHECKS)
     from bertaccel.options.checks import validate
     from bertaccel.options.hardware import check_gpu_count, resolve_device
     from bertaccel.runs.hub import hub_skip_reason
-    from bertaccel.runs.job import execute
     from bertaccel.runs.record import record_skipped, resumed
     from bertaccel.store import repair_store
 
@@ -113,6 +112,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     if hub_reason is not None:
         log.warning(f"run {run_name} skipped: {hub_reason}")
         return record_skipped(cfg, choices, run_name, hub_reason)
+    startup = stamp(startup, LAUNCH_RESUME)  # (a wait on another sweep's run of it counts here too)
     while True:
         # A resumed sweep starts no process for a finished run, and none for a configuration that
         # another sweep on this store runs now: it waits for that run's end, then takes its outcome
@@ -121,12 +121,16 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
         if earlier is not None:
             return earlier
         if cfg.launcher.name == "inline":
-            outcome = execute(cfg, choices, run_name, started_at, started_source)
+            # (imported here, not above: the run's own code imports transformers' model classes,
+            # seconds the launching process of a launcher=process sweep has no use for)
+            from bertaccel.runs.job import execute
+
+            outcome = execute(cfg, choices, run_name, started_at, started_source, startup=startup)
         else:
             me = psutil.Process()
             job = Job(OmegaConf.to_container(cfg, resolve=True), dict(choices), run_name, started_at,
                       started_source, uuid.uuid4().hex, list(devices) if devices is not None else None,
-                      dict(os.environ), me.pid, me.create_time())
+                      dict(os.environ), me.pid, me.create_time(), list(startup))
             outcome = _in_processes(job, cfg)
         if outcome.status != RUNNING_ELSEWHERE:  # (else another sweep opened it between look-up and start)
             return outcome
@@ -148,6 +152,9 @@ def _wait_for_others(cfg: DictConfig, run_name: str, resumed: Callable[..., Any]
 
 def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: int, timeout_s: float) -> None:
     """One process of a job (torch.multiprocessing entry point: module level, picklable)."""
+    # This process's start (the fork, or the spawn) and its first line of ours: the start-up's
+    # marks in between are multiprocessing's (the main module run again, the job unpickled).
+    startup = job.startup + [(PROCESS_SETUP, process_started_at()), (PROCESS_IMPORTS, time.time())]
     interrupt.in_worker()  # Ctrl-C reaches the whole process group: the launcher stops this process
     _die_with_launcher(job)
     # Hydra configured logging in the launching process only; rank 0 speaks for the job, on
@@ -177,10 +184,13 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     from bertaccel.config import ConfigError
     from bertaccel.data import DataError
 
+    # What this process has imported stays for its life: no collection walks it again (forked
+    # from the server, that heap is frozen there already: runs/preload.py).
+    gc.freeze()
     rank = Rank(local_rank, world, init_method, timeout_s) if world > 1 else None
     try:
         outcome = execute(OmegaConf.create(job.cfg), job.choices, job.run_name, job.started_at, job.started_source,
-                          rank=rank, launch_tags={LAUNCH_TAG: job.launch_id, **_device_tag(job)})
+                          rank=rank, launch_tags={LAUNCH_TAG: job.launch_id, **_device_tag(job)}, startup=startup)
     except (ConfigError, DataError) as e:
         # Bad input, found before anything was written (a malformed CSV): back to the caller,
         # who decides between "one line, exit 2" and "record it and go on", as inline.
@@ -238,6 +248,8 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     # port probed free here could be taken by another program before rank 0 binds it. (All ranks
     # are on this host.) The directory goes with the job.
     rendezvous = tempfile.mkdtemp(prefix="bertaccel-rendezvous-")
+    # (the start of the worker's start-up phases: the fork waits for the server's preload, if not done)
+    job.startup = stamp(job.startup, PROCESS_FORK if method == "forkserver" else PROCESS_SPAWN)
     procs = mp.start_processes(_worker, args=(job, results, f"file://{rendezvous}/store", world,
                                               cfg.launcher.collective_timeout_s),
                                nprocs=world, join=False, start_method=method)
@@ -329,29 +341,6 @@ def _stop(procs: Any, interrupted: bool) -> None:
             p.kill()
     for p in procs.processes:
         p.join()
-
-
-def start_forkserver() -> None:
-    """Start the forkserver (if not yet), with SIGINT ignored: Ctrl-C reaches the whole process
-    group, and a server still importing its preload printed a ~40-line KeyboardInterrupt
-    traceback under the sweep's one line. An ignored signal stays ignored through fork and exec,
-    and Python then leaves it so (a blocked mask does not: the exec resets it); Python's
-    forkserver ignores SIGINT itself only once its preload is imported. The launcher stops the
-    workers. Only the main thread may set a handler: the sweep launcher calls this from there
-    before its first run (runs_at_once > 1 launches from other threads)."""
-    from multiprocessing import forkserver
-
-    # What the server imports once, for every later run to fork from (it has no effect once the
-    # server runs: the first run of a sweep starts it, and pays these imports).
-    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _death(e: Any, world: int) -> str:

@@ -22,6 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
 from bertaccel.options.search import parent_tags, uses_search
+from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
 from bertaccel.runs.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
 from bertaccel.runs.tracking import experiment_id_of, ui_address
 from bertaccel.store import exit_if_store_unusable, repair_store
@@ -118,6 +119,7 @@ class SweepProgress(Callback):
         self.state = SweepState()
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        mark_main(MAIN_PARENT_RUN)  # (Hydra has composed the sweep's config: the first run's start-up)
         plain = PLAIN_SUBMITIT.get(config.hydra.launcher.get("_target_", ""))
         if plain is not None:
             presets = " (the same options), or the presets slurm_gpu, slurm_ddp" if plain == "slurm" else ""
@@ -150,6 +152,7 @@ class SweepProgress(Callback):
         set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
         state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
+        mark_main(MAIN_SWEEP_START)
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:
         if os.getpid() != self.state.pid and self.state.context is not None and context_from_env() is None:

@@ -95,7 +95,7 @@ class BertaccelLauncher(Launcher):
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         at_once = int(self.config.launcher.runs_at_once)
         if self.config.launcher.name == "process" and self.config.launcher.start_method == "forkserver":
-            from bertaccel.runs.launch import start_forkserver
+            from bertaccel.runs.forkserver import start_forkserver
 
             start_forkserver()  # from this, the main thread: see its docstring
         jobs = [(initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
