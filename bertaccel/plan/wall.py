@@ -65,7 +65,7 @@ class Machine:
     def _measure(self) -> None:
         import multiprocessing
 
-        from bertaccel.runs.launch import FORKSERVER_PRELOAD
+        from bertaccel.runs.forkserver import FORKSERVER_PRELOAD
 
         try:
             ctx = multiprocessing.get_context("forkserver")
