@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -368,7 +369,8 @@ class Prober:
             return self.seen[memo], ""
         found = read_cached(path)
         if found is None and not read_only:
-            log.info(f"probing {_device_label(device)}: {_short(cfg)} ...")
+            # (on stderr as it happens: a plan's probes take minutes on a GPU with compiled configurations)
+            print(f"[probe] {_device_label(device)}: {_short(cfg)} ...", file=sys.stderr, flush=True)
             try:
                 found, forks = run_probe(cfg, data, config, device, runs_machine.context())
                 runs_machine.later_process_s += forks
@@ -378,8 +380,8 @@ class Prober:
             found.key, found.machine = key, machine
             self.probe_s += found.probe_s
             _write(path, found)
-            log.info(f"probed in {found.probe_s:.1f} s: step = {found.overhead_ms:.2f} ms + FLOPs / "
-                     f"{found.tflops if found.tflops is not None else float('inf'):.3g} TFLOP/s")
+            print(f"[probe] done in {found.probe_s:.1f} s: {found.fit['how']}; warm-up cold "
+                  f"{found.warmup_cold_s}, warm {found.warmup_warm_s}", file=sys.stderr, flush=True)
         self.seen[memo] = found
         return (found, "") if found is not None else (None, "no probe in the cache (plan --probe)")
 
