@@ -8,7 +8,9 @@ not change a step's time), with no store, no loaders and no telemetry:
   run's persistent compile cache: cold or warm as the run would find it, and the run then finds it
   warm); when it was cold, a second warm-up in a fresh compile state times the warm one;
 - PROBE_STEPS optimizer steps at each of three padded lengths (the 10th, 50th and 90th percentile
-  of the run's micro-batches), the first step of each length dropped (a new shape's allocations);
+  of the run's micro-batches), taking turns step by step, through a DataLoader as the run's (its
+  collation, pinning and workers are host time a small model's step is made of), the first round
+  dropped (each shape's first allocations);
 - one evaluation over up to PROBE_EVAL_BATCHES of the run's evaluation batches, evenly spaced.
 A step's time is then fit as overhead + FLOPs / rate (fit.py): the overhead is what a step costs
 however little it computes (kernel launches, host work, the optimizer's per-tensor loop), which
@@ -188,8 +190,8 @@ def _probe_cfg(cfg: Any) -> Any:
     return c
 
 
-def _train_once(cfg: Any, num_labels: int, vocab: int, device: torch.device, train_batches: List[Dict],
-                eval_batches: List[Dict], plan: Any) -> Tuple[Any, float, str]:
+def _train_once(cfg: Any, num_labels: int, vocab: int, device: torch.device, train_batches: Any,
+                eval_batches: Any, plan: Any) -> Tuple[Any, float, str]:
     """One call of the run's train(): (result, model build s, compile cache state)."""
     from bertaccel.model import build_model
     from bertaccel.train.compile_cache import compile_caches
@@ -207,8 +209,36 @@ def _train_once(cfg: Any, num_labels: int, vocab: int, device: torch.device, tra
     return result, build_s, state
 
 
+def _loader(batches: List[List[int]], cfg: Any, rows: Optional[int], vocab: int, pad_id: int, generator: torch.Generator,
+            device: torch.device) -> Any:
+    """A DataLoader as data.make_loader builds the run's (PadCollator, pinning, workers) over rows
+    of these lengths (synthetic ids), yielding these batches in this order."""
+    from torch.utils.data import DataLoader
+
+    from bertaccel.data.batches import PadCollator
+    from bertaccel.data.tokens import TokenizedSplit
+
+    lengths = torch.tensor([n for b in batches for n in b], dtype=torch.long)
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    ids = torch.randint(1, vocab, (int(offsets[-1]),), generator=generator, dtype=torch.int32)
+    split = TokenizedSplit(ids, offsets, torch.zeros(len(lengths), dtype=torch.long))
+    order, start = [], 0
+    for b in batches:
+        order.append(list(range(start, start + len(b))))
+        start += len(b)
+    workers = int(cfg.train.num_workers)
+    pin = device.type == "cuda" if cfg.train.pin_memory is None else bool(cfg.train.pin_memory)
+    extra = {"prefetch_factor": cfg.train.prefetch_factor} if workers > 0 and cfg.train.prefetch_factor else {}
+    return DataLoader(split, batch_sampler=order, collate_fn=PadCollator(pad_id, int(cfg.train.pad_to_multiple_of), rows),
+                      num_workers=workers, pin_memory=pin, persistent_workers=bool(cfg.train.persistent_workers) and workers > 0,
+                      **extra)
+
+
 def _probe_here(cfg: Any, data: Any, config: Any, device: torch.device, warm_only: bool) -> Dict[str, Any]:
-    """The body of a probe process: what a run does up to its windows, then the probe's steps.
+    """The body of a probe process: what a run does up to its windows, then the probe's steps
+    through the run's kind of loader, the lengths taking turns step by step (as a run's shuffled
+    length groups change shape from one step to the next).
     warm_only: the warm-up alone (one step), to time it against the cache an earlier probe filled."""
     from bertaccel.data import load_raw, tokenize_cached
     from bertaccel.model import load_tokenizer
@@ -220,39 +250,43 @@ def _probe_here(cfg: Any, data: Any, config: Any, device: torch.device, warm_onl
     t0 = time.perf_counter()
     # The run's own data read and token cache (a hit: the plan tokenized this data already).
     raw = load_raw(cfg.dataset, cfg.cache_dir)
-    tokenize_cached(raw, load_tokenizer(cfg.model), cfg.dataset.max_length, cfg.cache_dir)
+    tokenizer = load_tokenizer(cfg.model)
+    tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
     data_s = time.perf_counter() - t0
     c = _probe_cfg(cfg)
     multiple = max(1, int(c.train.pad_to_multiple_of))
     rows = int(c.train.batch_size) if uses_fixed_shapes(c) else None
     k = 2 if c.accumulation == "adaptive" else int(c.accumulation)
-    vocab = int(config.vocab_size)
+    vocab, pad_id = int(config.vocab_size), int(tokenizer.pad_token_id or 0)
     g = torch.Generator().manual_seed(int(c.train.seed))
-    train_batches, flops, lengths = [], [], []
-    for row_lengths in probe_lengths(c, data.lengths):
+    chosen = probe_lengths(c, data.lengths)
+    flops, lengths = [], []
+    for row_lengths in chosen:
         batch = _batch(row_lengths, rows, multiple, vocab, g)
         lengths.append(int(batch["input_ids"].shape[1]))
         flops.append(_window_flops(config, c, batch, k))
-        train_batches += [batch] * (k * (1 if warm_only else PROBE_STEPS))
+    rounds = 1 if warm_only else PROBE_STEPS
+    train_rows = [b for _ in range(rounds) for b in chosen for _ in range(k)]
+    if warm_only:
+        train_rows = train_rows[:k]
     # The evaluation's batches: evenly spaced over the run's own.
     picks = _spread(eval_row_lengths(data.test_lengths, c), 1 if warm_only else PROBE_EVAL_BATCHES)
-    eval_batches = [_batch(r, int(c.train.eval_batch_size) if rows else None, multiple, vocab, g) for r in picks]
     plan = WarmupPlan(int(c.train.batch_size), int(c.train.eval_batch_size),
                       data_lengths(data.lengths, multiple), data_lengths(data.test_lengths, multiple))
-    if warm_only:
-        train_batches = train_batches[:k]
+    train_loader = _loader(train_rows, c, rows, vocab, pad_id, g, device)
+    eval_loader = _loader(picks, c, int(c.train.eval_batch_size) if rows else None, vocab, pad_id, g, device)
     t_called = time.time()
-    result, build_s, state = _train_once(c, data.num_labels, vocab, device, train_batches, eval_batches, plan)
+    result, build_s, state = _train_once(c, data.num_labels, vocab, device, train_loader, eval_loader, plan)
     out = {"data_s": data_s, "build_s": build_s, "state": state, "compile_time_s": result.compile_time_s,
            "compiled_anything": result.compiled_anything,
            "device_ready_s": max(0.0, result.device_ready_at - t_called - build_s),
            "set_up_s": max(0.0, result.first_step_started_at - result.device_ready_at - result.compile_time_s)}
     if not warm_only:
-        epoch = result.epochs[0]
-        out["points"] = [{"length": length, "window_flops": f,
-                          "step_ms": statistics.median(epoch.step_ms[j * PROBE_STEPS:(j + 1) * PROBE_STEPS][1:])}
+        steps, n = result.epochs[0].step_ms, len(lengths)
+        # step i ran length i % n; the first round is dropped (each length's first appearance)
+        out["points"] = [{"length": length, "window_flops": f, "step_ms": statistics.median(steps[j::n][1:])}
                          for j, (length, f) in enumerate(zip(lengths, flops))]
-        out["eval_s_per_batch"] = epoch.eval_time_s / len(eval_batches) if eval_batches else None
+        out["eval_s_per_batch"] = result.epochs[0].eval_time_s / len(picks) if picks else None
     return out
 
 
