@@ -17,6 +17,7 @@ could land in a timed training window.
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib
 
@@ -34,4 +35,7 @@ try:
             pass
 finally:
     gc.freeze()
+    # When the server ends (its sweep's process closed): let the heap go as before, or Triton's
+    # bindings print ~30 lines of "leaked" objects. (Run processes end with os._exit: no collection.)
+    atexit.register(gc.unfreeze)
     gc.enable()  # (inherited by every run process forked from here)

@@ -16,6 +16,7 @@ garbage collector for it).
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
@@ -71,6 +72,9 @@ def resume_collector() -> None:
     the collector runs (it is off only when bertaccel.run paused it)."""
     if not gc.isenabled():
         gc.freeze()
+        # At exit the heap is let go as before: a frozen one is never collected, and Triton's
+        # bindings (nanobind) then print ~30 lines of "leaked" objects under the command's output.
+        atexit.register(gc.unfreeze)
         gc.enable()
 
 
