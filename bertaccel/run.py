@@ -11,12 +11,13 @@ is closed, one line is printed, exit 130 / 143.
 """
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import sys
 
 if __name__ == "__main__":
+    import gc
+
     from bertaccel.runs.forkserver import start_early, stop
 
     _server: list = []  # the forkserver started below, if it was
@@ -41,8 +42,11 @@ if __name__ == "__main__":
     # transformers, MLflow: the longest wait of a sweep's first run) then runs beside them, Hydra's
     # composition and the sweep's parent run, not after them (runs/forkserver.py).
     _server += filter(None, [start_early(sys.argv[1:])])
-    # The collector waits until the imports are done (cli() freezes what they made): its passes
-    # over a heap that only grows cost 15% of them (runs/preload.py, which does the same).
+    # The collector waits until the first run's checks are done (runs/startup.py resume_collector
+    # freezes what the start-up made, then resumes it): its passes over a heap that only grows cost a sixth of this
+    # module's imports (3.2-3.5 -> 2.7-2.9 s on a 2-core CPU box), a third of the forkserver's
+    # (runs/preload.py, which does the same), and 0.6 s of Hydra's start, MLflow's SQL store and
+    # torch._dynamo's import for the optimizer's check after them.
     gc.disable()
 
 import shutil  # noqa: E402 (after the start-up signal handlers)
@@ -200,11 +204,7 @@ def interrupted(e: Interrupted) -> int:
 
 
 def cli() -> None:
-    # This module's imports are done: what they made lives as long as the process, and no
-    # collection walks it again (gc.freeze); Hydra's part of the start-up begins.
-    gc.freeze()
-    gc.enable()
-    mark_main(MAIN_COMPOSE)
+    mark_main(MAIN_COMPOSE)  # (this module's imports are done: Hydra's part begins)
     install_signal_handlers()
     # Hydra prints a traceback for a command line it cannot compose unless HYDRA_FULL_ERROR=1,
     # which lets the exception reach this function: one line then, unless the user asked for it.

@@ -18,10 +18,28 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from bertaccel.config import CONF_DIR, register_configs  # noqa: E402 (CONF_DIR: bertaccel/conf, packaged with it)
+from bertaccel.runs import startup  # noqa: E402
 
 # Small but real: the tiny BERT on a slice of the bundled AG News sample, on the CPU (so the
 # expectations about what is skipped hold on a GPU machine too).
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=128", "dataset.test_subset=64", "train.batch_size=16"]
+
+
+# The start-up phases (runs/startup.py) of a sweep's first run in its main process before its job
+# starts, those of every job in the main process, and those of a forked run process.
+MAIN_PARTS = [startup.MAIN_IMPORTS, startup.MAIN_COMPOSE, startup.MAIN_PARENT_RUN, startup.MAIN_SWEEP_START]
+JOB_PARTS = [startup.JOB_START, startup.LAUNCH_CHECKS, startup.LAUNCH_RESUME]
+FORKED_PARTS = [startup.PROCESS_FORK, startup.PROCESS_SETUP, startup.PROCESS_IMPORTS]
+
+
+def startup_phases_of(run):
+    """A run's startup_phases_s, checked: none negative, summing to its startup_overhead_s."""
+    import json
+
+    phases = json.loads(run.data.tags["startup_phases_s"])
+    assert all(v >= 0 for v in phases.values()), phases
+    assert abs(sum(phases.values()) - run.data.metrics["startup_overhead_s"]) < 0.01, phases
+    return phases
 
 
 def tiny_training(cfg):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TINY
+from conftest import JOB_PARTS, MAIN_PARTS, TINY, startup_phases_of
 from mlflow import MlflowClient
 
 from bertaccel.measure.profiling import CATEGORIES
@@ -16,18 +16,6 @@ MEASURES = ("energy_kwh", "avg_power_w", "energy_per_sample_j", "samples_per_kwh
             "sm_active_pct", "tensor_active_pct", "dram_bw_util_pct", "gpu_util_pct", "mfu",
             "model_flops", "achieved_tflops", "padded_tokens", "real_tokens", "co2e_kg") + tuple(
     f"profile_{c}_share" for c in CATEGORIES)
-# The start-up phases of a sweep's first run in its main process, before its job starts, and
-# those of every job in the main process (runs/startup.py).
-MAIN_PARTS = [startup.MAIN_IMPORTS, startup.MAIN_COMPOSE, startup.MAIN_PARENT_RUN, startup.MAIN_SWEEP_START]
-JOB_PARTS = [startup.JOB_START, startup.LAUNCH_CHECKS, startup.LAUNCH_RESUME]
-
-
-def startup_phases_of(run):
-    """A run's startup_phases_s, checked: none negative, summing to its startup_overhead_s."""
-    phases = json.loads(run.data.tags["startup_phases_s"])
-    assert all(v >= 0 for v in phases.values()), phases
-    assert abs(sum(phases.values()) - run.data.metrics["startup_overhead_s"]) < 0.01, phases
-    return phases
 
 
 def test_profiled_cpu_run_records_measures_sources_and_profile_artifacts(cli):

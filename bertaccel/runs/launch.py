@@ -48,7 +48,7 @@ from bertaccel.distributed import Rank
 from bertaccel.runs import interrupt
 from bertaccel.runs.forkserver import start_forkserver
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
-                                    PROCESS_SPAWN, Mark, process_started_at, stamp)
+                                    PROCESS_SPAWN, Mark, process_started_at, resume_collector, stamp)
 from bertaccel.runs.sweep import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")
@@ -103,12 +103,15 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     from bertaccel.runs.record import record_skipped, resumed
     from bertaccel.store import repair_store
 
-    validate(cfg)
-    check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
-    repair_store(cfg.tracking.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
-    # Needs the hub and it is unreachable (probed once per sweep): skipped now, not after
-    # each run's process waited on connection retries.
-    hub_reason = hub_skip_reason(cfg)
+    try:
+        validate(cfg)
+        check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
+        repair_store(cfg.tracking.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
+        # Needs the hub and it is unreachable (probed once per sweep): skipped now, not after
+        # each run's process waited on connection retries.
+        hub_reason = hub_skip_reason(cfg)
+    finally:
+        resume_collector()  # (the main process's start-up is over: bertaccel.run paused the collector for it)
     if hub_reason is not None:
         log.warning(f"run {run_name} skipped: {hub_reason}")
         return record_skipped(cfg, choices, run_name, hub_reason)

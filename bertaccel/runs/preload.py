@@ -8,7 +8,8 @@ when a run first opens a sqlite:// store: 0.6 s per run on a CI core, 1.3-1.7 s 
 unless the server has it already.
 
 The garbage collector is paused while they import: its passes over a heap that only grows
-(640,000 objects once all is in) took 15% of the imports (7.5 -> 6.4 s on a 2-core CPU box).
+(a million objects once all is in) took a third of the imports (7.3-7.8 -> 4.8-5.0 s on a 2-core
+CPU box, the same modules).
 The heap is then frozen (gc.freeze, as Python's documentation advises before forking), so no
 collection in a run process walks it again: the first one in each run had cost 0.33 s there
 (a tokenizer fingerprint's json.dumps, 0.32 s the first time, 0.04 s after), and a later one
@@ -16,6 +17,7 @@ could land in a timed training window.
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib
 
@@ -33,4 +35,7 @@ try:
             pass
 finally:
     gc.freeze()
+    # When the server ends (its sweep's process closed): let the heap go as before, or Triton's
+    # bindings print ~30 lines of "leaked" objects. (Run processes end with os._exit: no collection.)
+    atexit.register(gc.unfreeze)
     gc.enable()  # (inherited by every run process forked from here)

@@ -10,9 +10,14 @@ multiprocessing's set-up, the imports), then the run's own phases (job.execute, 
 The main process's marks reach its first job through an environment variable (MARKS_ENV,
 tagged with the pid that took them, so a child process that inherits it does not read them as
 its own); a job's marks travel with the job (launch.Job) into its run process.
+
+Also here, as it ends the main process's start-up: resume_collector (bertaccel.run pauses the
+garbage collector for it).
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import os
 import time
@@ -55,6 +60,22 @@ def process_started_at(pid: Optional[int] = None) -> float:
         import psutil
 
         return psutil.Process(pid).create_time()
+
+
+def resume_collector() -> None:
+    """bertaccel.run pauses the garbage collector for the main process's start-up (its imports,
+    Hydra's, MLflow's SQL store, the first checks' torch._dynamo: a heap that only grows, whose
+    collections cost a sixth of it). Once the first run's checks are done (launch.launch; the
+    submitit launchers once theirs are), what the start-up made is frozen (it lives as long as
+    the process: no collection walks it again) and the collector resumes, before any run
+    allocates in this process (launcher=inline) or the sweep's bookkeeping does. A no-op when
+    the collector runs (it is off only when bertaccel.run paused it)."""
+    if not gc.isenabled():
+        gc.freeze()
+        # At exit the heap is let go as before: a frozen one is never collected, and Triton's
+        # bindings (nanobind) then print ~30 lines of "leaked" objects under the command's output.
+        atexit.register(gc.unfreeze)
+        gc.enable()
 
 
 def mark_main(phase: str) -> None:

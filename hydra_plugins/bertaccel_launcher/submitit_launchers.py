@@ -89,6 +89,9 @@ class _BertaccelSubmitit:
                 returns[idx] = self._run_here(sweep_cfg, here)
             else:
                 groups.setdefault(repr(sorted(params.items())), []).append((idx, overrides, sweep_cfg, params))
+        from bertaccel.runs.startup import resume_collector
+
+        resume_collector()  # (checked: the submitting process's start-up is over; bertaccel.run paused it)
         submitted = []
         for members in groups.values():
             executor = self._executor(members[0][3])
