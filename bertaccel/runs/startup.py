@@ -27,12 +27,13 @@ Mark = Tuple[str, float]  # (the phase that begins here, time.time())
 
 MARKS_ENV = "BERTACCEL_STARTUP_MARKS"  # JSON {"pid": ..., "marks": [[phase, t], ...]} of the main process
 
-# The main process (bertaccel.run), in order; the first two phases are its first job's only.
+# The main process (bertaccel.run), in order: its first job's phases only.
 MAIN_IMPORTS = "main process: interpreter start and imports"
-PROCESS_START = "process start to the job's start (interpreter, imports, Hydra)"  # (no marks: a submitit job)
 MAIN_COMPOSE = "main process: Hydra composes the config"
 MAIN_PARENT_RUN = "main process: the sweep's MLflow parent run (store checked, run opened)"
 MAIN_SWEEP_START = "main process: Hydra starts the sweep (sweeper, launcher, the job's directory and logging)"
+# A first job whose process has no such marks (a submitit job's own process).
+PROCESS_START = "process start to the job's start (interpreter, imports, Hydra)"
 # Every job, first or later (a later job's start-up counts from its job start).
 JOB_START = "main process: the job's start (runs_at_once: Hydra's job set-up, free GPUs)"
 LAUNCH_CHECKS = "main process: the run's checks, store repair, hub probe"
