@@ -94,7 +94,6 @@ def _cross(path: str, runs: List) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from bertaccel.runs.readings import run_waits
     from bertaccel.runs.tracking import search_runs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

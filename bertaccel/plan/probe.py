@@ -38,15 +38,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from omegaconf import OmegaConf
 
-from .fit import Fit, fit_overhead
+from .fit import fit_overhead
 
 log = logging.getLogger("bertaccel")
 
 PROBE_QUANTILES = (0.1, 0.5, 0.9)  # of the run's micro-batch padded lengths
-PROBE_STEPS = 6                    # optimizer steps per length; the first is dropped
+PROBE_STEPS = 6                    # rounds of optimizer steps over the lengths; the first is dropped
 PROBE_EVAL_BATCHES = 8
-PROBE_SOURCE = ("plan --probe: the run's training core on this machine, the run's model shape, options, batch and "
-                "row lengths (synthetic ids), steps at 3 padded lengths fit as overhead + FLOPs / rate")
 
 
 @dataclass
@@ -430,5 +428,3 @@ def _short(cfg: Any) -> str:
     return (f"precision={cfg.precision.name} attention={cfg.attention.name} encoder={cfg.encoder.name} "
             f"compile={cfg.compile.mode} batch={cfg.train.batch_size}")
 
-
-__all__ = ["Fit", "ProbeResult", "Prober", "PROBE_SOURCE", "run_probe", "machine_key", "probe_key"]
