@@ -65,12 +65,12 @@ class Machine:
     def _measure(self) -> None:
         import multiprocessing
 
-        from bertaccel.runs.forkserver import FORKSERVER_PRELOAD
+        from bertaccel.runs.forkserver import start_forkserver
 
         try:
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
             t0 = time.perf_counter()
+            start_forkserver()  # (as a sweep starts it: the runs' preload; from this thread, no signal set-up)
+            ctx = multiprocessing.get_context("forkserver")
             p = ctx.Process(target=_nothing)
             p.start()  # (starts the server: it imports the preload, then forks this process)
             p.join()
@@ -231,10 +231,11 @@ class SweepWalls:
 
 
 def compiles(cfg: Any) -> bool:
-    """Whether the run has a warm-up to compile (train/loop.py: result.compiled_anything)."""
-    on_gpu = str(cfg.train.device) != "cpu"
-    return (cfg.compile.mode != "off" or bool(cfg.compile.step_graph)
-            or (on_gpu and (cfg.attention.swap == "triton" or cfg.encoder.layer == "fused")))
+    """Whether the run has a warm-up to compile, as train/loop.py decides it on this machine."""
+    from bertaccel.options.hardware import resolve_device
+    from bertaccel.train.step import compiles_anything
+
+    return compiles_anything(cfg, resolve_device(cfg.train.device).type)
 
 
 def graph_key(cfg: Any) -> str:

@@ -37,8 +37,9 @@ from bertaccel.train.events import (AfterTraining, Callback, Collectors, Compile
                                     ProgressBar, RanksTogether)
 from bertaccel.train.isolation import warm_up_device
 from bertaccel.train.result import EpochStats, TrainResult
-from bertaccel.train.step import (_sync, accumulate_window, compile_model, data_parallel, dynamo_settings, eval_batch,
-                                  evaluate, mark_length_dynamic, real_rows, sdpa_backends, windows)
+from bertaccel.train.step import (_sync, accumulate_window, compile_model, compiles_anything, data_parallel,
+                                  dynamo_settings, eval_batch, evaluate, mark_length_dynamic, real_rows, sdpa_backends,
+                                  uses_triton, windows)
 from bertaccel.train.step_graph import StepGraphs
 from bertaccel.train.warmup import WarmupPlan, compiled_graph_count, padded_lengths
 
@@ -339,8 +340,7 @@ def _prepare(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: A
     base_lr = scaled_lr(cfg.optimizer, cfg.train.batch_size * k * distributed.world_size())
     every_length = padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of)
     plan = warmup_plan or WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, every_length, every_length)
-    # Our Triton kernels JIT-compile (or load) per run: attention=triton's, and encoder=fused's.
-    has_triton = (cfg.attention.swap == "triton" or cfg.encoder.layer == "fused") and device.type == "cuda"
-    result.compiled_anything = cfg.compile.mode != "off" or has_triton or cfg.compile.step_graph
+    has_triton = uses_triton(cfg, device.type)
+    result.compiled_anything = compiles_anything(cfg, device.type)
     return Run(cfg, device, log, model, parallel, train_loader, test_loader, step, accumulation, result, plan,
                graphs_at_start, uses_cuda_graphs(cfg.compile.mode), has_triton, steps_per_epoch, total_steps, base_lr)

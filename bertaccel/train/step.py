@@ -163,6 +163,16 @@ def uses_fixed_shapes(cfg: Any) -> bool:
     return cfg.compile.mode != "off" or cfg.compile.step_graph
 
 
+def uses_triton(cfg: Any, device_type: str) -> bool:
+    """Our Triton kernels JIT-compile (or load) per run: attention=triton's, and encoder=fused's."""
+    return (cfg.attention.swap == "triton" or cfg.encoder.layer == "fused") and device_type == "cuda"
+
+
+def compiles_anything(cfg: Any, device_type: str) -> bool:
+    """Whether a run has a warm-up to compile: torch.compile, our Triton kernels, step graphs."""
+    return cfg.compile.mode != "off" or uses_triton(cfg, device_type) or bool(cfg.compile.step_graph)
+
+
 def compile_model(model: torch.nn.Module, cfg: Any) -> Callable:
     if cfg.compile.mode == "off":
         return model
