@@ -29,7 +29,7 @@ TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=128", "dataset.t
 # starts, those of every job in the main process, and those of a forked run process.
 MAIN_PARTS = [startup.MAIN_IMPORTS, startup.MAIN_COMPOSE, startup.MAIN_PARENT_RUN, startup.MAIN_SWEEP_START]
 JOB_PARTS = [startup.JOB_START, startup.LAUNCH_CHECKS, startup.LAUNCH_RESUME]
-FORKED_PARTS = [startup.PROCESS_FORK, startup.PROCESS_SETUP, startup.PROCESS_IMPORTS]
+FORKED_PARTS = [startup.PROCESS_FORK, startup.PROCESS_FORKED, startup.PROCESS_SETUP, startup.PROCESS_IMPORTS]
 
 
 def startup_phases_of(run):

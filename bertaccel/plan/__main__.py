@@ -9,8 +9,18 @@ Prints the predictions, the thesis' scores on them and the best configuration pe
 """
 from __future__ import annotations
 
-import argparse
 import sys
+
+if __name__ == "__main__" and "--probe" in sys.argv[1:] and not {"-h", "--help"} & set(sys.argv[1:]):
+    # The runs' forkserver first, before this module's own imports (torch: seconds): the probes
+    # fork from it, and its preload (the longest wait of a plan with probes, 13-14 s on an H100
+    # host) then runs beside the imports and the grid's composition, as a sweep's does
+    # (runs/forkserver.py start_early). Stopped at exit, also on bad input.
+    from bertaccel.runs.forkserver import start_now
+
+    start_now()
+
+import argparse  # noqa: E402 (after the server's start)
 from pathlib import Path
 from typing import List, Optional
 

@@ -107,6 +107,10 @@ class Planner:
         refs, store_note = store_references(cfg.tracking.uri, cfg.tracking.experiment, self.store_memo)
         if store_note and store_note not in self.notes:
             self.notes.append(store_note)
+        if self.prober.enabled and self.walls.scratch.record_s is None:
+            # Before the first probe, which waits for the runs' forkserver's preload: this is work
+            # of the plan's own process, done meanwhile.
+            self.walls.scratch.measure(work.optimizer_steps or work.micro_batches)
         out = []
         own: Optional[Tuple[Prediction, Mapping[str, Any]]] = None  # this machine's probed row
         for label, profile in hw_rows:
@@ -132,8 +136,6 @@ class Planner:
 
     def _waits(self, cfg: Any, pred: Prediction, work: Work, probe: Optional[ProbeResult], refs: Sequence[Reference],
                key: Mapping[str, str], data: DataShape) -> None:
-        if self.prober.enabled and self.walls.scratch.record_s is None:
-            self.walls.scratch.measure(work.optimizer_steps or work.micro_batches)
         self.walls.fill(pred, work, probe, refs, key, graph_key(cfg), compiles(cfg),
                         cfg.compile.cache == "persistent", first=self.own_rows == 0)
         self.own_rows += 1

@@ -22,7 +22,6 @@ otherwise cold for the first run of those graphs in the sweep and warm for the l
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import threading
 import time
@@ -31,32 +30,29 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .pricing import Prediction
 
-BACKGROUND_MIN_CORES = 8  # measure the machine's start-up beside the probes only with this many cores
 
 
 @dataclass
 class Machine:
     """The runs' kind of process on this machine: the forkserver a sweep starts (its preload imported),
     which the probes are forked from as runs are, and the start-up costs measured on it."""
-    first_process_s: Optional[float] = None   # server start, preload imported, a process forked from it
+    first_process_s: Optional[float] = None   # the server's process start to a first process forked from it
     later_process_s: List[float] = field(default_factory=list)  # each probe's fork: as a later run's
     error: str = ""
     _thread: Optional[threading.Thread] = None
     _ctx: Any = None
 
     def start(self) -> None:
-        """In the background, the plan's own work going on meanwhile, where the host has cores to
-        spare (the server's imports would slow a host-bound probe on a small one: then at context())."""
-        self._thread = threading.Thread(target=self._measure, name="bertaccel-plan-startup", daemon=True)
-        if (os.cpu_count() or 1) >= BACKGROUND_MIN_CORES:
+        """Wait for the server in the background, the plan's own work going on meanwhile (the wait
+        is a blocked read: no core taken). `python -m bertaccel.plan --probe` started the server
+        before its own imports, as a sweep does (runs/forkserver.py start_now); else it starts here."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._measure, name="bertaccel-plan-startup", daemon=True)
             self._thread.start()
 
     def context(self, timeout_s: float = 600.0) -> Any:
         """The forkserver context, its server running (raises when it could not start)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._measure, name="bertaccel-plan-startup", daemon=True)
-        if self._thread.ident is None:
-            self._thread.start()
+        self.start()
         self._thread.join(timeout_s)
         if self._ctx is None:
             raise RuntimeError(f"the runs' forkserver did not start: {self.error or 'timed out'}")
@@ -65,16 +61,24 @@ class Machine:
     def _measure(self) -> None:
         import multiprocessing
 
-        from bertaccel.runs.forkserver import start_forkserver
+        from bertaccel.runs.forkserver import server_pid, start_forkserver
+        from bertaccel.runs.startup import process_started_at
 
         try:
-            t0 = time.perf_counter()
             start_forkserver()  # (as a sweep starts it: the runs' preload; from this thread, no signal set-up)
+            pid = server_pid()
+            if pid is None:
+                raise RuntimeError("no forkserver process after its start")
+            server_started_at = process_started_at(pid)
             ctx = multiprocessing.get_context("forkserver")
-            p = ctx.Process(target=_nothing)
-            p.start()  # (starts the server: it imports the preload, then forks this process)
+            said = ctx.SimpleQueue()
+            p = ctx.Process(target=_say_started, args=(said,))
+            p.start()  # (the server forks it once its preload is imported)
+            forked_at = said.get()
             p.join()
-            self.first_process_s, self._ctx = time.perf_counter() - t0, ctx
+            # From the server's own start, on the clock /proc counts process starts by: a sweep's
+            # first run waits for the same server start, preload and fork.
+            self.first_process_s, self._ctx = forked_at - server_started_at, ctx
         except Exception as e:  # noqa: BLE001 - said where it is used
             self.error = f"{type(e).__name__}: {e}"
 
@@ -90,8 +94,12 @@ class Machine:
                 + ("not measured" if later is None else f"{later:.2f} s median (a later run)"))
 
 
-def _nothing() -> None:
-    """A forked process's whole work (module level: picklable)."""
+def _say_started(said: Any) -> None:
+    """A forked process's whole work: say when it started (module level: picklable). (Its parent
+    is the server, which reaps it: the plan cannot read its start from /proc afterwards.)"""
+    from bertaccel.runs.startup import process_started_at
+
+    said.put(process_started_at())
 
 
 @dataclass

@@ -68,20 +68,27 @@ def wants_forkserver(argv: Sequence[str]) -> bool:
 
 def start_early(argv: Sequence[str]) -> Optional[int]:
     """Start the forkserver now, if the command line will use it (wants_forkserver); its pid, or
-    None. The server is stopped when this process exits: one still importing its preload (the
-    command failed before any run: bad input, Ctrl-C) would otherwise go on for seconds after."""
-    if not wants_forkserver(argv):
-        return None
+    None (start_now)."""
+    return start_now() if wants_forkserver(argv) else None
+
+
+def start_now() -> Optional[int]:
+    """Start the forkserver now, before the caller's own imports; its pid, or None. The server
+    is stopped when this process exits: one still importing its preload (the command failed
+    before any run: bad input, Ctrl-C) would otherwise go on for seconds after."""
+    start_forkserver()
+    pid = server_pid()
+    if pid is not None:
+        atexit.register(stop, pid)
+    return pid
+
+
+def server_pid() -> Optional[int]:
+    """The pid of this process's forkserver, or None (not started, or gone)."""
     import psutil
 
-    me = psutil.Process()
-    before = {p.pid for p in me.children()}
-    start_forkserver()
-    started = [p.pid for p in me.children() if p.pid not in before and _is_forkserver(p)]
-    if not started:
-        return None
-    atexit.register(stop, started[0])
-    return started[0]
+    servers = [p.pid for p in psutil.Process().children() if _is_forkserver(p)]
+    return servers[0] if servers else None
 
 
 def stop(pid: int) -> None:

@@ -48,7 +48,7 @@ from bertaccel.distributed import Rank
 from bertaccel.runs import interrupt
 from bertaccel.runs.forkserver import start_forkserver
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
-                                    PROCESS_SPAWN, Mark, process_started_at, resume_collector, stamp)
+                                    PROCESS_SPAWN, Mark, fork_marks, process_started_at, resume_collector, stamp)
 from bertaccel.runs.sweep import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")
@@ -157,7 +157,8 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     """One process of a job (torch.multiprocessing entry point: module level, picklable)."""
     # This process's start (the fork, or the spawn) and its first line of ours: the start-up's
     # marks in between are multiprocessing's (the main module run again, the job unpickled).
-    startup = job.startup + [(PROCESS_SETUP, process_started_at()), (PROCESS_IMPORTS, time.time())]
+    started_at = process_started_at()
+    startup = [*job.startup, *fork_marks(started_at), (PROCESS_SETUP, started_at), (PROCESS_IMPORTS, time.time())]
     interrupt.in_worker()  # Ctrl-C reaches the whole process group: the launcher stops this process
     _die_with_launcher(job)
     # Hydra configured logging in the launching process only; rank 0 speaks for the job, on

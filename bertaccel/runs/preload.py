@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import gc
 import importlib
+import time
 
 MODULES = ("torch", "transformers", "transformers.models.bert.modeling_bert",
            "transformers.models.bert.tokenization_bert", "transformers.models.auto.modeling_auto",
@@ -39,3 +40,6 @@ finally:
     # bindings print ~30 lines of "leaked" objects. (Run processes end with os._exit: no collection.)
     atexit.register(gc.unfreeze)
     gc.enable()  # (inherited by every run process forked from here)
+    # When the server was ready: a run process forked from it reads this (runs/startup.py
+    # fork_marks) to tell its wait on the preload from the fork.
+    LOADED_AT = time.time()

@@ -39,7 +39,8 @@ JOB_START = "main process: the job's start (runs_at_once: Hydra's job set-up, fr
 LAUNCH_CHECKS = "main process: the run's checks, store repair, hub probe"
 LAUNCH_RESUME = "main process: earlier runs of this config (resume)"
 # launcher=process: the run's own process.
-PROCESS_FORK = "run process: forkserver ready (its preload not overlapped) and the fork"
+PROCESS_FORK = "run process: waiting for the forkserver's preload (the part not overlapped)"
+PROCESS_FORKED = "run process: the fork (the server ready)"
 PROCESS_SPAWN = "run process: spawned"
 PROCESS_SETUP = "run process: multiprocessing's set-up (the main module run again, the job unpickled)"
 PROCESS_IMPORTS = "run process: imports (torch, bertaccel.runs.job), the job's config"
@@ -61,6 +62,17 @@ def process_started_at(pid: Optional[int] = None) -> float:
         import psutil
 
         return psutil.Process(pid).create_time()
+
+
+def fork_marks(started_at: float) -> List[Mark]:
+    """A forkserver child's marks from its server: the fork's phase begins once the server had
+    imported its preload (runs/preload.py's LOADED_AT, inherited through the fork), so the
+    first run's wait on that preload and the fork itself are apart. Nothing when this process
+    was not forked from a server with the preload (spawn, inline)."""
+    import sys
+
+    loaded_at = getattr(sys.modules.get("bertaccel.runs.preload"), "LOADED_AT", None)
+    return [] if loaded_at is None else [(PROCESS_FORKED, min(loaded_at, started_at))]
 
 
 def resume_collector() -> None:
