@@ -50,6 +50,10 @@ class Machine:
             self._thread = threading.Thread(target=self._measure, name="bertaccel-plan-startup", daemon=True)
             self._thread.start()
 
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
     def context(self, timeout_s: float = 600.0) -> Any:
         """The forkserver context, its server running (raises when it could not start)."""
         self.start()
@@ -211,6 +215,8 @@ class SweepWalls:
             pred.wait_basis["startup_overhead_s"] = f"runs of this configuration ({'first' if first else 'later'} run " \
                                                     f"of a sweep) + the warm-up"
             return statistics.median(same)
+        if probe is None:
+            return None  # (nor is the runs' forkserver started for it: a plan without probes never waits on one)
         if first and self.machine.first_process_s is None:
             try:  # (all probes cached: the server was not needed until now)
                 self.machine.context()
@@ -218,7 +224,7 @@ class SweepWalls:
                 pass
         later = self.machine.later_s() if self.machine.later_s() is not None else getattr(probe, "fork_s", None)
         process = self.machine.first_process_s if first else later
-        if probe is None or process is None or self.scratch.open_s is None:
+        if process is None or self.scratch.open_s is None:
             return None
         pred.wait_basis["startup_overhead_s"] = (
             f"{'first' if first else 'later'} run's process start {process:.2f} s + MLflow run opened "
@@ -230,6 +236,8 @@ class SweepWalls:
 
     def notes(self) -> List[str]:
         """How the machine's parts were measured (once per plan, not per row)."""
+        if not self.machine.started and not self.scratch.how:
+            return []  # (a plan without probes measures none of them)
         return [f"start-up parts of this machine: {how}" for how in (self.machine.how(), self.scratch.how) if how]
 
     def sweep_wall_s(self) -> Optional[float]:
