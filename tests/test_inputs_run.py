@@ -125,6 +125,22 @@ def test_cli_non_finite_number_is_one_line_exit_2_nothing_written(cli, override)
     assert line.startswith(f"error: {override} is not a finite number; give a finite value, e.g. "), line
 
 
+def test_cli_optimizer_the_class_rejects_is_one_line_exit_2_nothing_written(cli):
+    # The sweep's process leaves this check (it builds the optimizer: torch._dynamo's import) to
+    # the run's own process, which asks it before anything is written: the same one line.
+    r = cli([*TINY, "train.max_steps_per_epoch=1", "optimizer.impl.betas=[1.5,0.999]"], timeout=300)
+    line = _one_line_exit_2_nothing_written(cli, r)
+    assert line == "error: optimizer=adamw: Invalid beta parameter at index 0: 1.5", line
+
+
+def test_cli_sweep_records_the_optimizer_its_run_refused_and_runs_the_others(cli):
+    r = cli(["-m", "optimizer.impl.eps=1e-8,-1", *TINY, "train.max_steps_per_epoch=2"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = runs_by_status(cli.store, "bertaccel")
+    assert {k: len(v) for k, v in runs.items()} == {"finished": 1, "failed": 1}, r.stdout[-3000:]
+    assert runs["failed"][0].data.tags["reason"] == "bad input: optimizer=adamw: Invalid epsilon value: -1"
+
+
 def test_cli_sweep_records_the_nan_configuration_failed_and_runs_the_others(cli):
     r = cli(["-m", "optimizer.max_grad_norm=1.0,nan,0.5", *TINY, "train.max_steps_per_epoch=2"], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

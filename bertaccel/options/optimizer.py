@@ -51,17 +51,24 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, capturable: bool = False, 
                   capturable)
 
 
+def _instantiation_refusal(cfg: Any) -> Optional[str]:
+    try:
+        optimizer_class(cfg)
+    except Exception as e:  # noqa: BLE001 - Hydra wraps import and argument errors alike
+        return f"optimizer={cfg.name}: optimizer.impl cannot be instantiated: {_first_line(e)}"
+    return None
+
+
 def check_optimizer(cfg: Any, capturable: bool) -> Optional[str]:
     """Why the option's settings are bad input (None if they are not): the class is built over
     one throw-away CPU parameter, so its own argument checks (ValueError, TypeError) speak. A
     RuntimeError says "not on this machine" instead: optimizer_unusable, a skip, not bad input."""
-    try:
-        factory = optimizer_class(cfg)
-    except Exception as e:  # noqa: BLE001 - Hydra wraps import and argument errors alike
-        return f"optimizer={cfg.name}: optimizer.impl cannot be instantiated: {_first_line(e)}"
+    refusal = _instantiation_refusal(cfg)
+    if refusal:
+        return refusal
     probe = torch.nn.Parameter(torch.zeros(4))
     try:
-        _build(factory, [{"params": [probe], "weight_decay": cfg.weight_decay}], cfg.lr, capturable)
+        _build(optimizer_class(cfg), [{"params": [probe], "weight_decay": cfg.weight_decay}], cfg.lr, capturable)
     except TypeError as e:
         if capturable and "capturable" in str(e):
             return (f"optimizer={cfg.name} has no capturable mode, which compile.step_graph=true needs "
@@ -75,14 +82,22 @@ def check_optimizer(cfg: Any, capturable: bool) -> Optional[str]:
 
 
 def check(cfg: Any) -> Optional[str]:
-    """Refuses an unknown schedule or scale_lr, and settings the optimizer's class itself rejects
-    (optimizer.impl built over one CPU parameter); with compile.step_graph=true, also a class
-    without the capturable mode the captured step builds."""
+    """Refuses an unknown schedule or scale_lr, and an optimizer.impl Hydra cannot instantiate
+    (an unknown class, an argument it does not take)."""
     opt = cfg.optimizer
     return (not_one_of("optimizer.schedule", opt.schedule, LR_SCHEDULES)
             or not_one_of("optimizer.scale_lr", opt.scale_lr, SCALE_LR)
-            or check_optimizer(opt, capturable=False)
-            or (check_optimizer(opt, capturable=True) if cfg.compile.step_graph else None))
+            or _instantiation_refusal(opt))
+
+
+def check_built(cfg: Any) -> Optional[str]:
+    """Refuses settings the optimizer's class itself rejects (optimizer.impl built over one CPU
+    parameter); with compile.step_graph=true, also a class without the capturable mode the
+    captured step builds. (Building one imports torch._dynamo, seconds: a sweep's process asks
+    this check of a run it starts in a process of its own there, not here: runs/launch.py.)"""
+    opt = cfg.optimizer
+    return check_optimizer(opt, capturable=False) or (check_optimizer(opt, capturable=True) if cfg.compile.step_graph
+                                                      else None)
 
 
 def optimizer_unusable(cfg: Any, device: torch.device) -> Optional[str]:
