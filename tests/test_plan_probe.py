@@ -114,6 +114,37 @@ def test_a_probe_of_the_tiny_model_is_cached_by_configuration_and_by_machine(com
                                             + planner.walls.scratch.record_s)
 
 
+def test_configurations_that_compile_nothing_are_probed_together_in_one_process(compose_cfg, tmp_path):
+    from bertaccel.plan.predict import Planner
+    from bertaccel.plan.probe import Prober
+
+    class Planned:
+        def __init__(self, overrides, name):
+            self.cfg = compose_cfg([*TINY[:-1], *overrides, f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"])
+            self.name, self.config_hash, self.invalid = name, name, None
+            self.choices = {g: str(self.cfg[g].name) for g in ("precision", "attention")}
+
+    grid = [Planned(["train.batch_size=16"], "b16"), Planned(["train.batch_size=32", "attention=eager"], "b32"),
+            Planned(["train.batch_size=16", "compile=default"], "compiled")]
+    planner = Planner()
+    planner.prober = Prober(enabled=True)
+    planner.probe_ahead(grid)
+    # One process for the two eager ones (one fork), each with its own steps and cache file; the
+    # process's once-only costs are the first one's for both; the compiled one is left for later.
+    assert len(planner.walls.machine.later_process_s) == 1
+    probes = [planner.prober.seen[str(planner.prober.request(p.cfg, *planner._inputs(p), {"name": "cpu", "what_if": False})[0].path)]
+              for p in grid[:2]]
+    assert all(p is not None and len(p.points) >= 2 and p.model_build_s > 0 for p in probes)
+    assert probes[0].key["train"]["batch_size"] == 16 and probes[1].key["train"]["batch_size"] == 32
+    assert probes[0].device_ready_s == probes[1].device_ready_s and probes[0].data_s == probes[1].data_s
+    assert probes[0].points != probes[1].points
+    assert len(list((tmp_path / "cache" / "probe").rglob("*.json"))) == 2
+    # The predictions find them: no other process is started for them
+    preds = [pred for p in grid[:2] for pred in planner.predict(p)]
+    assert all(p.basis.startswith("probe of this configuration here") for p in preds), [p.basis for p in preds]
+    assert len(planner.walls.machine.later_process_s) == 1
+
+
 def test_without_a_gpu_the_probe_says_what_it_cannot_probe(compose_cfg, tmp_path):
     from bertaccel.plan.probe import Prober
     from bertaccel.plan.work import data_shape, hf_config, work_of

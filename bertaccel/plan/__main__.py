@@ -144,6 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     planner.prober.enabled = a.probe
     if a.probe:
         planner.walls.machine.start()  # (in the background while the probes run)
+    planner.probe_ahead(grid.configs)
     preds = [p for planned in grid.configs for p in planner.predict(planned)]
     several = bool(targets)
     scored = output.score(preds, several)

@@ -75,6 +75,7 @@ class Planner:
     """What the predictions of one grid share: tokenized data, store reads, profiles."""
     targets: Sequence[str] = ()                       # --hardware: extra profiles to price on
     data_memo: Dict[str, DataShape] = field(default_factory=dict)
+    work_memo: Dict[str, Tuple[DataShape, Any, Work]] = field(default_factory=dict)  # by config_hash
     store_memo: Dict[Tuple[str, str], Any] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     prober: Prober = field(default_factory=Prober)    # --probe: enabled
@@ -86,6 +87,38 @@ class Planner:
 
         return {p["name"]: p for p in load_profiles()}
 
+    def _inputs(self, planned: Any) -> Tuple[DataShape, Any, Work]:
+        """The configuration's data, model config and work (once per configuration: probe_ahead
+        and predict both ask)."""
+        if planned.config_hash not in self.work_memo:
+            cfg = planned.cfg
+            data = data_shape(cfg, self.data_memo)
+            config = hf_config(cfg.model, data.num_labels, data.vocab_size)
+            self.work_memo[planned.config_hash] = (data, config, work_of(cfg, data, config))
+        return self.work_memo[planned.config_hash]
+
+    def probe_ahead(self, configs: Sequence[Any]) -> None:
+        """--probe: before any prediction, the configurations that compile nothing are probed
+        together in one process (Prober.ahead); predict then finds them. A configuration that
+        cannot be read or priced here is left to predict, which says why."""
+        if not self.prober.enabled:
+            return
+        reqs = []
+        for planned in configs:
+            if planned.invalid:
+                continue
+            try:
+                data, config, work = self._inputs(planned)
+            except Exception:  # noqa: BLE001 - predict says it, one line per row
+                continue
+            profile, _ = own_profile(planned.cfg)
+            if self.walls.scratch.record_s is None:  # (the plan's own work while the server preloads)
+                self.walls.scratch.measure(work.optimizer_steps or work.micro_batches)
+            req = self.prober.request(planned.cfg, data, config, work, profile)[0] if profile is not None else None
+            if req is not None:
+                reqs.append(req)
+        self.prober.ahead(reqs, self.walls.machine)
+
     def predict(self, planned: Any) -> List[Prediction]:
         """The configuration on its own hardware, then on each target profile."""
         cfg = planned.cfg
@@ -96,9 +129,7 @@ class Planner:
             return [unpredicted(planned.name, planned.config_hash, cfg.hardware.name if n == "own" else n, precision,
                                 gpus, f"invalid: {planned.invalid}") for n, _ in hw_rows]
         try:
-            data = data_shape(cfg, self.data_memo)
-            config = hf_config(cfg.model, data.num_labels, data.vocab_size)
-            work = work_of(cfg, data, config)
+            data, config, work = self._inputs(planned)
             params = run_params(cfg, planned.choices, config)
         except Exception as e:  # noqa: BLE001 - DataError, DatasetUnavailable, ModelUnavailable, adaptive+cap
             why = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -4,7 +4,8 @@ the sweep, so that a plan on an empty store is calibrated by measurement, not by
 A probe is the run's own training core (train/loop.py's `train`) on the run's own model shape,
 options and batch, fed real row lengths of the run's own batches (synthetic token ids: values do
 not change a step's time) through a loader built as the run's, with no store and no telemetry, in
-a process forked from the runs' forkserver (probe_process.py):
+a process forked from the runs' forkserver (probe_process.py; the configurations that compile
+nothing share one such process, Prober.ahead):
 - the warm-up is the run's (WarmupPlan of every padded length the data has, compiled through the
   run's persistent compile cache: cold or warm as the run would find it, and the run then finds it
   warm); when it was cold, a second warm-up in a fresh compile state times the warm one;
@@ -123,29 +124,59 @@ def _write(path: Path, result: ProbeResult) -> None:
     os.replace(tmp, path)  # (a reader never sees half a file)
 
 
-def run_probe(cfg: Any, data: Any, config: Any, device: torch.device, ctx: Any) -> Tuple[ProbeResult, List[float]]:
-    """Probe one configuration in processes of the runs' kind (ctx: the forkserver context the
-    runs start from, its preload imported); data: work.DataShape. Also returns the forks' times."""
+@dataclass
+class Request:
+    """One configuration to probe on this machine, and where its probe is cached."""
+    cfg: Any
+    data: Any
+    config: Any
+    device: torch.device
+    key: Dict[str, Any]
+    machine: Dict[str, str]
+    path: Path
+
+
+def _job(req: Request, warm_only: bool = False) -> Dict[str, Any]:
+    return {"cfg": OmegaConf.to_container(req.cfg, resolve=True), "data": req.data, "config": req.config,
+            "device": str(req.device), "warm_only": warm_only}
+
+
+def run_probes(reqs: Sequence[Request], ctx: Any) -> Tuple[List[Tuple[Optional[ProbeResult], str]], List[float]]:
+    """Probe these configurations in one process of the runs' kind (ctx: the forkserver context
+    the runs start from, its preload imported), one after the other: each one's (result, '') or
+    (None, why), and the forks' times. What a fresh run process pays once (its fork, data read,
+    device start) is the first probe's for all of them: a later probe in the process finds it done."""
     t_start = time.perf_counter()
-    job = {"cfg": OmegaConf.to_container(cfg, resolve=True), "data": data, "config": config, "device": str(device),
-           "warm_only": False}
-    timeout_s = float(cfg.launcher.timeout_s)
-    out, fork_s = in_probe_process(ctx, job, timeout_s)
+    timeout_s = float(reqs[0].cfg.launcher.timeout_s)
+    outs, fork_s = in_probe_process(ctx, [_job(r) for r in reqs], timeout_s)
     forks = [fork_s]
-    fit = fit_overhead([p["window_flops"] for p in out["points"]], [p["step_ms"] / 1e3 for p in out["points"]])
-    state = out["state"]
-    cold_s = out["compile_time_s"] if state in ("cold", "fresh") else None
-    warm_s = out["compile_time_s"] if state == "warm" else None
-    if state == "cold" and cfg.compile.cache == "persistent":
-        # The runs will find the cache this probe filled, each in a fresh process: time that too.
-        again, fork_s = in_probe_process(ctx, {**job, "warm_only": True}, timeout_s)
-        warm_s = again["compile_time_s"]
-        forks.append(fork_s)
-    return ProbeResult(
-        key={}, machine={}, points=out["points"], fit=asdict(fit), eval_s_per_batch=out["eval_s_per_batch"],
-        warmup_cold_s=cold_s, warmup_warm_s=warm_s, cache_state=state, model_build_s=out["build_s"],
-        device_ready_s=out["device_ready_s"], set_up_s=out["set_up_s"], data_s=out["data_s"], fork_s=forks[0],
-        probe_s=time.perf_counter() - t_start, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")), forks
+    first = next((out for status, out in outs if status == "ok"), None)
+    done: List[Tuple[Optional[ProbeResult], str]] = []
+    for i, (req, (status, out)) in enumerate(zip(reqs, outs)):
+        if status != "ok":
+            done.append((None, out))
+            continue
+        fit = fit_overhead([p["window_flops"] for p in out["points"]], [p["step_ms"] / 1e3 for p in out["points"]])
+        state = out["state"]
+        cold_s = out["compile_time_s"] if state in ("cold", "fresh") else None
+        warm_s = out["compile_time_s"] if state == "warm" else None
+        if state == "cold" and req.cfg.compile.cache == "persistent":
+            # The runs will find the cache this probe filled, each in a fresh process: time that too.
+            again, fork_s = in_probe_process(ctx, [_job(req, warm_only=True)], timeout_s)
+            if again[0][0] != "ok":
+                done.append((None, again[0][1]))
+                continue
+            warm_s = again[0][1]["compile_time_s"]
+            forks.append(fork_s)
+        once = first if len(reqs) > 1 else out
+        done.append((ProbeResult(
+            key=req.key, machine=req.machine, points=out["points"], fit=asdict(fit),
+            eval_s_per_batch=out["eval_s_per_batch"], warmup_cold_s=cold_s, warmup_warm_s=warm_s, cache_state=state,
+            model_build_s=out["build_s"], device_ready_s=once["device_ready_s"], set_up_s=out["set_up_s"],
+            data_s=once["data_s"], fork_s=forks[0],
+            probe_s=(time.perf_counter() - t_start) if len(reqs) == 1 else out["own_s"] + (fork_s if i == 0 else 0.0),
+            measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")), ""))
+    return done, forks
 
 
 @dataclass
@@ -154,12 +185,12 @@ class Prober:
     enabled: bool = False
     notes: List[str] = field(default_factory=list)
     seen: Dict[str, Optional[ProbeResult]] = field(default_factory=dict)
+    failed: Dict[str, str] = field(default_factory=dict)   # why a probe of this plan failed
     probe_s: float = 0.0   # measured this time (not cache hits)
 
-    def get(self, cfg: Any, data: Any, config: Any, work: Any, profile: Dict[str, Any],
-            read_only: bool = False, runs_machine: Any = None) -> Tuple[Optional[ProbeResult], str]:
-        """(the probe of this configuration, '' ) or (None, why there is none). read_only: from the
-        cache only (a run's own prediction never probes)."""
+    def request(self, cfg: Any, data: Any, config: Any, work: Any, profile: Dict[str, Any],
+                read_only: bool = False) -> Tuple[Optional[Request], str]:
+        """What probing this configuration here takes, or (None, why it is not probed)."""
         from bertaccel.options.hardware import probe as machine_probe
         from bertaccel.options.hardware import profile_mismatch, resolve_device, skip_reason
 
@@ -187,27 +218,66 @@ class Prober:
             return None, "not probed: the test split's lengths are not known here"
         machine = machine_key(device)
         key = probe_key(cfg, config, [max(r) for r in probe_lengths(cfg, data.lengths)], work.eval_batches)
-        path = cache_path(cfg.cache_dir, machine, key)
-        memo = str(path)
-        if memo in self.seen:
-            return self.seen[memo], ""
-        found = read_cached(path)
-        if found is None and not read_only:
-            # (on stderr as it happens: a plan's probes take minutes on a GPU with compiled configurations)
-            print(f"[probe] {_device_label(device)}: {_short(cfg)} ...", file=sys.stderr, flush=True)
-            try:
-                found, forks = run_probe(cfg, data, config, device, runs_machine.context())
-                runs_machine.later_process_s += forks
-            except Exception as e:  # noqa: BLE001 - one configuration that cannot be probed is said, not fatal
-                self.seen[memo] = None
-                return None, f"not probed: the probe failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
-            found.key, found.machine = key, machine
+        return Request(cfg, data, config, device, key, machine, cache_path(cfg.cache_dir, machine, key)), ""
+
+    def get(self, cfg: Any, data: Any, config: Any, work: Any, profile: Dict[str, Any],
+            read_only: bool = False, runs_machine: Any = None) -> Tuple[Optional[ProbeResult], str]:
+        """(the probe of this configuration, '' ) or (None, why there is none). read_only: from the
+        cache only (a run's own prediction never probes)."""
+        req, why = self.request(cfg, data, config, work, profile, read_only)
+        if req is None:
+            return None, why
+        memo = str(req.path)
+        if memo not in self.seen:
+            self.seen[memo] = read_cached(req.path)
+            if self.seen[memo] is None and not read_only:
+                self._probe([req], runs_machine)
+        found = self.seen[memo]
+        if found is not None:
+            return found, ""
+        return None, self.failed.get(memo, "no probe in the cache (plan --probe)")
+
+    def ahead(self, reqs: Sequence[Request], runs_machine: Any) -> None:
+        """Probe together, in one process, the configurations not in the cache that compile
+        nothing: one fork, one data read and one device start for all of them, not one each
+        (1.5-2.5 s a configuration on an H100 host). A compiled one keeps a fresh process of its
+        own: its cold and warm compiles are what it measures."""
+        from .wall import compiles
+
+        todo: Dict[str, Request] = {}
+        for req in reqs:
+            memo = str(req.path)
+            if memo in self.seen or memo in todo:
+                continue
+            found = read_cached(req.path)
+            if found is not None:
+                self.seen[memo] = found
+            elif not compiles(req.cfg):
+                todo[memo] = req
+        if len(todo) > 1:
+            self._probe(list(todo.values()), runs_machine)
+
+    def _probe(self, reqs: List[Request], runs_machine: Any) -> None:
+        """Probe these now (one process), cache each result, say each on stderr as it happens (a
+        plan's probes take minutes on a GPU with compiled configurations)."""
+        for req in reqs:
+            print(f"[probe] {_device_label(req.device)}: {_short(req.cfg)} ...", file=sys.stderr, flush=True)
+        try:
+            done, forks = run_probes(reqs, runs_machine.context())
+            runs_machine.later_process_s += forks
+        except Exception as e:  # noqa: BLE001 - a configuration that cannot be probed is said, not fatal
+            done = [(None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")] * len(reqs)
+        for req, (found, why) in zip(reqs, done):
+            memo = str(req.path)
+            self.seen[memo] = found
+            if found is None:
+                self.failed[memo] = f"not probed: the probe failed ({why})"
+                print(f"[probe] failed: {_short(req.cfg)}: {why}", file=sys.stderr, flush=True)
+                continue
             self.probe_s += found.probe_s
-            _write(path, found)
-            print(f"[probe] done in {found.probe_s:.1f} s: {found.fit['how']}; warm-up cold "
+            _write(req.path, found)
+            print(f"[probe] {_short(req.cfg)}: done in {found.probe_s:.1f} s: {found.fit['how']}; warm-up cold "
                   f"{found.warmup_cold_s}, warm {found.warmup_warm_s}", file=sys.stderr, flush=True)
-        self.seen[memo] = found
-        return (found, "") if found is not None else (None, "no probe in the cache (plan --probe)")
 
 
 def _device_label(device: torch.device) -> str:

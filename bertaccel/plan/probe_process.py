@@ -65,14 +65,15 @@ def _probe_cfg(cfg: Any) -> Any:
 
 
 def _train_once(cfg: Any, num_labels: int, vocab: int, device: torch.device, train_batches: Any,
-                eval_batches: Any, plan: Any) -> Tuple[Any, float, str]:
-    """One call of the run's train(): (result, model build s, compile cache state)."""
+                eval_batches: Any, plan: Any, shared: bool) -> Tuple[Any, float, str]:
+    """One call of the run's train(): (result, model build s, compile cache state). shared: other
+    probes run in this process too."""
     from bertaccel.model import build_model
     from bertaccel.train.compile_cache import compile_caches
     from bertaccel.train.isolation import isolated_run
     from bertaccel.train.loop import train
 
-    with isolated_run(cfg.train.seed, shared_process=False), \
+    with isolated_run(cfg.train.seed, shared_process=shared), \
             compile_caches(cfg.cache_dir, cfg.compile.cache, device) as ccache:
         t0 = time.perf_counter()
         model, _ = build_model(cfg.model, num_labels, cfg.attention, vocab, cfg.encoder)
@@ -109,7 +110,8 @@ def _loader(batches: List[List[int]], cfg: Any, rows: Optional[int], vocab: int,
                       **extra)
 
 
-def _probe_here(cfg: Any, data: Any, config: Any, device: torch.device, warm_only: bool) -> Dict[str, Any]:
+def _probe_here(cfg: Any, data: Any, config: Any, device: torch.device, warm_only: bool,
+                shared: bool = False) -> Dict[str, Any]:
     """The body of a probe process: what a run does up to its windows, then the probe's steps
     through the run's kind of loader, the lengths taking turns step by step (as a run's shuffled
     length groups change shape from one step to the next).
@@ -156,7 +158,7 @@ def _probe_here(cfg: Any, data: Any, config: Any, device: torch.device, warm_onl
     train_loader = _loader(train_rows, c, rows, vocab, pad_id, g, device)
     eval_loader = _loader(picks, c, int(c.train.eval_batch_size) if rows else None, vocab, pad_id, g, device)
     t_called = time.time()
-    result, build_s, state = _train_once(c, data.num_labels, vocab, device, train_loader, eval_loader, plan)
+    result, build_s, state = _train_once(c, data.num_labels, vocab, device, train_loader, eval_loader, plan, shared)
     out = {"data_s": data_s, "build_s": build_s, "state": state, "compile_time_s": result.compile_time_s,
            "compiled_anything": result.compiled_anything,
            "device_ready_s": max(0.0, result.device_ready_at - t_called - build_s),
@@ -170,40 +172,46 @@ def _probe_here(cfg: Any, data: Any, config: Any, device: torch.device, warm_onl
     return out
 
 
-def _worker(job: Dict[str, Any], results: Any) -> None:
-    """A probe process, forked from the runs' forkserver as a run is (module level: picklable)."""
+def _worker(jobs: List[Dict[str, Any]], results: Any) -> None:
+    """A probe process, forked from the runs' forkserver as a run is (module level: picklable):
+    its jobs one after the other, each one's result or error (one line) in order. Several jobs
+    share the process as runs of launcher=inline share theirs (train/isolation.py resets what it
+    can between them): only configurations that compile nothing are put together (probe.py)."""
     entered = time.time()
-    try:
-        out = _probe_here(OmegaConf.create(job["cfg"]), job["data"], job["config"], torch.device(job["device"]),
-                          job["warm_only"])
-        results.put(("ok", {**out, "entered_at": entered}))
-    except Exception as e:  # noqa: BLE001 - said in the plan, one line
-        text = str(e).strip().splitlines()
-        results.put(("error", f"{type(e).__name__}: {text[0][:300] if text else ''}"))
+    outs: List[Tuple[str, Any]] = []
+    for job in jobs:
+        t0 = time.perf_counter()
+        try:
+            out = _probe_here(OmegaConf.create(job["cfg"]), job["data"], job["config"], torch.device(job["device"]),
+                              job["warm_only"], shared=len(jobs) > 1)
+            outs.append(("ok", {**out, "own_s": time.perf_counter() - t0}))
+        except Exception as e:  # noqa: BLE001 - said in the plan, one line
+            text = str(e).strip().splitlines()
+            outs.append(("error", f"{type(e).__name__}: {text[0][:300] if text else ''}"))
+    results.put((entered, outs))
 
 
-def in_probe_process(ctx: Any, job: Dict[str, Any], timeout_s: float) -> Tuple[Dict[str, Any], float]:
-    """Run one probe process; (its result, seconds from its start to its code: a later run's fork)."""
+def in_probe_process(ctx: Any, jobs: List[Dict[str, Any]], timeout_s: float) -> Tuple[List[Tuple[str, Any]], float]:
+    """Run one probe process over its jobs; (each job's ("ok", result) or ("error", why), seconds
+    from the process's start to its code: a later run's fork). timeout_s: per job."""
     results = ctx.SimpleQueue()
     t0 = time.time()
-    proc = ctx.Process(target=_worker, args=(job, results))
+    proc = ctx.Process(target=_worker, args=(jobs, results))
     proc.start()
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_s * len(jobs)
     try:
         while results.empty():
             if not proc.is_alive() and results.empty():
                 raise RuntimeError(f"the probe's process ended without a result (exit code {proc.exitcode})")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the probe took longer than launcher.timeout_s={timeout_s:g} s")
+                raise RuntimeError(f"the probe took longer than launcher.timeout_s={timeout_s:g} s per configuration")
             time.sleep(0.05)
-        status, out = results.get()
+        entered, outs = results.get()
     finally:
         if proc.is_alive() and results.empty():
             proc.kill()
         proc.join()
-    if status != "ok":
-        raise RuntimeError(out)
-    return out, out["entered_at"] - t0
+    return outs, entered - t0
 
 
 def _spread(items: List, n: int) -> List:
