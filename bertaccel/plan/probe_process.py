@@ -179,11 +179,13 @@ def _worker(jobs: List[Dict[str, Any]], results: Any) -> None:
     can between them): only configurations that compile nothing are put together (probe.py)."""
     entered = time.time()
     outs: List[Tuple[str, Any]] = []
-    for job in jobs:
+    for i, job in enumerate(jobs):
         t0 = time.perf_counter()
         try:
+            # The first runs as in a fresh run process (nothing to reset: a reset imports Inductor,
+            # seconds, which its start-up parts would then hold); each later one is reset first.
             out = _probe_here(OmegaConf.create(job["cfg"]), job["data"], job["config"], torch.device(job["device"]),
-                              job["warm_only"], shared=len(jobs) > 1)
+                              job["warm_only"], shared=i > 0)
             outs.append(("ok", {**out, "own_s": time.perf_counter() - t0}))
         except Exception as e:  # noqa: BLE001 - said in the plan, one line
             text = str(e).strip().splitlines()
