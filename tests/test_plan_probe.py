@@ -145,6 +145,37 @@ def test_configurations_that_compile_nothing_are_probed_together_in_one_process(
     assert len(planner.walls.machine.later_process_s) == 1
 
 
+def test_when_the_shared_probe_process_dies_each_is_probed_alone(compose_cfg, tmp_path, monkeypatch, capsys):
+    from bertaccel.plan import probe as probe_mod
+    from bertaccel.plan.predict import Planner
+    from bertaccel.plan.probe import Prober
+
+    real = probe_mod.run_probes
+
+    def dies_when_shared(reqs, ctx):
+        if len(reqs) > 1:
+            raise RuntimeError("the probe's process ended without a result (exit code -11)")
+        return real(reqs, ctx)
+
+    monkeypatch.setattr(probe_mod, "run_probes", dies_when_shared)
+
+    class Planned:
+        def __init__(self, batch, name):
+            self.cfg = compose_cfg([*TINY[:-1], f"train.batch_size={batch}", f"cache_dir={tmp_path / 'cache'}",
+                                    "train.epochs=1"])
+            self.name, self.config_hash, self.invalid = name, name, None
+            self.choices = {g: str(self.cfg[g].name) for g in ("precision", "attention")}
+
+    grid = [Planned(16, "b16"), Planned(32, "b32")]
+    planner = Planner()
+    planner.prober = Prober(enabled=True)
+    planner.probe_ahead(grid)
+    assert "probing them one by one" in capsys.readouterr().err and not planner.prober.seen
+    preds = [pred for p in grid for pred in planner.predict(p)]
+    assert all(p.basis.startswith("probe of this configuration here") for p in preds), [p.basis for p in preds]
+    assert len(planner.walls.machine.later_process_s) == 2  # (one process each)
+
+
 def test_without_a_gpu_the_probe_says_what_it_cannot_probe(compose_cfg, tmp_path):
     from bertaccel.plan.probe import Prober
     from bertaccel.plan.work import data_shape, hf_config, work_of

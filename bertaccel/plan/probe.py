@@ -266,7 +266,12 @@ class Prober:
             done, forks = run_probes(reqs, runs_machine.context())
             runs_machine.later_process_s += forks
         except Exception as e:  # noqa: BLE001 - a configuration that cannot be probed is said, not fatal
-            done = [(None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")] * len(reqs)
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            if len(reqs) > 1:  # (the shared process died: each is probed alone when predicted)
+                print(f"[probe] the shared probe process failed ({why}): probing them one by one",
+                      file=sys.stderr, flush=True)
+                return
+            done = [(None, why)]
         for req, (found, why) in zip(reqs, done):
             memo = str(req.path)
             self.seen[memo] = found
