@@ -84,6 +84,13 @@ def validate(cfg: Any, leave: Collection[str] = ()) -> None:
             _refuse(check(cfg))
 
 
+def check_section(check: Callable[..., Any]) -> str:
+    """The section a check belongs to, by its module's name: options/<section>.py, or
+    <section>/option.py (attention, encoder), or measure/carbon.py (the carbon block)."""
+    parts = check.__module__.split(".")
+    return parts[-2] if parts[-1] == "option" else parts[-1]
+
+
 def check_name(check: Callable[..., Any]) -> str:
     """A check's name as `leave` names it: <section>.<function> (optimizer.check_built)."""
-    return f"{check.__module__.rsplit('.', 1)[-1]}.{check.__name__}"
+    return f"{check_section(check)}.{check.__name__}"

@@ -10,7 +10,7 @@ clipping.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -51,24 +51,24 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, capturable: bool = False, 
                   capturable)
 
 
-def _instantiation_refusal(cfg: Any) -> Optional[str]:
+def _instantiated(cfg: Any) -> Tuple[Optional[Callable[..., torch.optim.Optimizer]], Optional[str]]:
+    """(the option's class with its settings bound, None) or (None, why it cannot be instantiated)."""
     try:
-        optimizer_class(cfg)
+        return optimizer_class(cfg), None
     except Exception as e:  # noqa: BLE001 - Hydra wraps import and argument errors alike
-        return f"optimizer={cfg.name}: optimizer.impl cannot be instantiated: {_first_line(e)}"
-    return None
+        return None, f"optimizer={cfg.name}: optimizer.impl cannot be instantiated: {_first_line(e)}"
 
 
 def check_optimizer(cfg: Any, capturable: bool) -> Optional[str]:
     """Why the option's settings are bad input (None if they are not): the class is built over
     one throw-away CPU parameter, so its own argument checks (ValueError, TypeError) speak. A
     RuntimeError says "not on this machine" instead: optimizer_unusable, a skip, not bad input."""
-    refusal = _instantiation_refusal(cfg)
-    if refusal:
+    factory, refusal = _instantiated(cfg)
+    if factory is None:
         return refusal
     probe = torch.nn.Parameter(torch.zeros(4))
     try:
-        _build(optimizer_class(cfg), [{"params": [probe], "weight_decay": cfg.weight_decay}], cfg.lr, capturable)
+        _build(factory, [{"params": [probe], "weight_decay": cfg.weight_decay}], cfg.lr, capturable)
     except TypeError as e:
         if capturable and "capturable" in str(e):
             return (f"optimizer={cfg.name} has no capturable mode, which compile.step_graph=true needs "
@@ -87,7 +87,7 @@ def check(cfg: Any) -> Optional[str]:
     opt = cfg.optimizer
     return (not_one_of("optimizer.schedule", opt.schedule, LR_SCHEDULES)
             or not_one_of("optimizer.scale_lr", opt.scale_lr, SCALE_LR)
-            or _instantiation_refusal(opt))
+            or _instantiated(opt)[1])
 
 
 def check_built(cfg: Any) -> Optional[str]:

@@ -96,15 +96,8 @@ def _with_helpers(check: Callable) -> List[Callable]:
     return [check, *helpers]
 
 
-def check_section(check: Callable) -> str:
-    """The section a check belongs to, by its module's name: options/<section>.py, or
-    <section>/option.py (attention, encoder), or measure/carbon.py (the carbon block)."""
-    parts = check.__module__.split(".")
-    return parts[-2] if parts[-1] == "option" else parts[-1]
-
-
 def section_checks() -> Dict[str, List[Callable]]:
-    from bertaccel.options.checks import option_checks
+    from bertaccel.options.checks import check_section, option_checks
 
     out: Dict[str, List[Callable]] = {}
     for check in option_checks():

@@ -97,6 +97,12 @@ class Planner:
             self.work_memo[planned.config_hash] = (data, config, work_of(cfg, data, config))
         return self.work_memo[planned.config_hash]
 
+    def _scratch_once(self, work: Work) -> None:
+        """A run's MLflow costs, timed once per plan on a scratch store (wall.Scratch), before the
+        first probe, which waits for the runs' forkserver's preload: the plan's own work meanwhile."""
+        if self.walls.scratch.record_s is None:
+            self.walls.scratch.measure(work.optimizer_steps or work.micro_batches)
+
     def probe_ahead(self, configs: Sequence[Any]) -> None:
         """--probe: before any prediction, the configurations that compile nothing are probed
         together in one process (Prober.ahead); predict then finds them. A configuration that
@@ -112,8 +118,7 @@ class Planner:
             except Exception:  # noqa: BLE001 - predict says it, one line per row
                 continue
             profile, _ = own_profile(planned.cfg)
-            if self.walls.scratch.record_s is None:  # (the plan's own work while the server preloads)
-                self.walls.scratch.measure(work.optimizer_steps or work.micro_batches)
+            self._scratch_once(work)
             req = self.prober.request(planned.cfg, data, config, work, profile)[0] if profile is not None else None
             if req is not None:
                 reqs.append(req)
@@ -138,10 +143,8 @@ class Planner:
         refs, store_note = store_references(cfg.tracking.uri, cfg.tracking.experiment, self.store_memo)
         if store_note and store_note not in self.notes:
             self.notes.append(store_note)
-        if self.prober.enabled and self.walls.scratch.record_s is None:
-            # Before the first probe, which waits for the runs' forkserver's preload: this is work
-            # of the plan's own process, done meanwhile.
-            self.walls.scratch.measure(work.optimizer_steps or work.micro_batches)
+        if self.prober.enabled:
+            self._scratch_once(work)
         out = []
         own: Optional[Tuple[Prediction, Mapping[str, Any]]] = None  # this machine's probed row
         for label, profile in hw_rows:

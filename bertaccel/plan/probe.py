@@ -162,19 +162,18 @@ def run_probes(reqs: Sequence[Request], ctx: Any) -> Tuple[List[Tuple[Optional[P
         warm_s = out["compile_time_s"] if state == "warm" else None
         if state == "cold" and req.cfg.compile.cache == "persistent":
             # The runs will find the cache this probe filled, each in a fresh process: time that too.
-            again, fork_s = in_probe_process(ctx, [_job(req, warm_only=True)], timeout_s)
+            again, again_fork_s = in_probe_process(ctx, [_job(req, warm_only=True)], timeout_s)
             if again[0][0] != "ok":
                 done.append((None, again[0][1]))
                 continue
             warm_s = again[0][1]["compile_time_s"]
-            forks.append(fork_s)
-        once = first if len(reqs) > 1 else out
+            forks.append(again_fork_s)
         done.append((ProbeResult(
             key=req.key, machine=req.machine, points=out["points"], fit=asdict(fit),
             eval_s_per_batch=out["eval_s_per_batch"], warmup_cold_s=cold_s, warmup_warm_s=warm_s, cache_state=state,
-            model_build_s=out["build_s"], device_ready_s=once["device_ready_s"], set_up_s=out["set_up_s"],
-            data_s=once["data_s"], fork_s=forks[0],
-            probe_s=(time.perf_counter() - t_start) if len(reqs) == 1 else out["own_s"] + (fork_s if i == 0 else 0.0),
+            model_build_s=out["build_s"], device_ready_s=first["device_ready_s"], set_up_s=out["set_up_s"],
+            data_s=first["data_s"], fork_s=forks[0],
+            probe_s=(time.perf_counter() - t_start) if len(reqs) == 1 else out["own_s"] + (forks[0] if i == 0 else 0.0),
             measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")), ""))
     return done, forks
 

@@ -20,6 +20,7 @@ import atexit
 import gc
 import json
 import os
+import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -69,8 +70,6 @@ def fork_marks(started_at: float) -> List[Mark]:
     imported its preload (runs/preload.py's LOADED_AT, inherited through the fork), so the
     first run's wait on that preload and the fork itself are apart. Nothing when this process
     was not forked from a server with the preload (spawn, inline)."""
-    import sys
-
     loaded_at = getattr(sys.modules.get("bertaccel.runs.preload"), "LOADED_AT", None)
     return [] if loaded_at is None else [(PROCESS_FORKED, min(loaded_at, started_at))]
 
