@@ -130,19 +130,58 @@ def test_configurations_that_compile_nothing_are_probed_together_in_one_process(
     planner.prober = Prober(enabled=True)
     planner.probe_ahead(grid)
     # One process for the two eager ones (one fork), each with its own steps and cache file; the
-    # process's once-only costs are the first one's for both; the compiled one is left for later.
+    # process's once-only costs (and the model's build) are the first one's for both; the compiled
+    # one is left for later.
     assert len(planner.walls.machine.later_process_s) == 1
     probes = [planner.prober.seen[str(planner.prober.request(p.cfg, *planner._inputs(p), {"name": "cpu", "what_if": False})[0].path)]
               for p in grid[:2]]
     assert all(p is not None and len(p.points) >= 2 and p.model_build_s > 0 for p in probes)
     assert probes[0].key["train"]["batch_size"] == 16 and probes[1].key["train"]["batch_size"] == 32
     assert probes[0].device_ready_s == probes[1].device_ready_s and probes[0].data_s == probes[1].data_s
+    # one model: the second starts from the first's tensors and reports the first's build, a fresh run's
+    assert probes[0].model_build_s == probes[1].model_build_s
     assert probes[0].points != probes[1].points
     assert len(list((tmp_path / "cache" / "probe").rglob("*.json"))) == 2
     # The predictions find them: no other process is started for them
     preds = [pred for p in grid[:2] for pred in planner.predict(p)]
     assert all(p.basis.startswith("probe of this configuration here") for p in preds), [p.basis for p in preds]
     assert len(planner.walls.machine.later_process_s) == 1
+
+
+def test_compiled_configurations_caches_are_filled_side_by_side_then_each_probed_warm(compose_cfg, tmp_path,
+                                                                                        monkeypatch):
+    """Two compiled configurations: their persistent compile caches filled by two processes at
+    once (cold warm-ups), then each probed in a fresh process of its own that finds its cache warm:
+    no second, warm-only process per configuration; the cold time is the fill's, marked as measured
+    side by side. (Inductor on the CPU: a C++ compiler, as the CI image has.)"""
+    from bertaccel.plan import probe as probe_mod
+    from bertaccel.plan.predict import Planner
+    from bertaccel.plan.probe import Prober
+
+    class Planned:
+        def __init__(self, overrides, name):
+            self.cfg = compose_cfg([*TINY[:-1], *overrides, "compile=default", f"cache_dir={tmp_path / 'cache'}",
+                                    "train.epochs=1", "dataset.max_length=32"])
+            self.name, self.config_hash, self.invalid = name, name, None
+            self.choices = {g: str(self.cfg[g].name) for g in ("precision", "attention")}
+
+    monkeypatch.setattr(probe_mod, "fill_at_once", lambda: 2)  # (this box has 2 cores: one at a time)
+    grid = [Planned(["train.batch_size=16"], "b16"), Planned(["train.batch_size=8"], "b8")]
+    planner = Planner()
+    planner.prober = Prober(enabled=True)
+    planner.probe_ahead(grid)
+    fills = planner.prober.filled
+    assert len(fills) == 2 and all(f["state"] == "cold" and f["compile_time_s"] > 0 and f["at_once"] == 2
+                                   for f in fills.values()), fills
+    assert planner.walls.machine.later_process_s == []  # the fills are not probes: no fork counted as a run's
+    preds = [pred for p in grid for pred in planner.predict(p)]
+    probes = [planner.prober.seen[m] for m in fills]
+    assert all(p.cache_state == "cold" and p.cold_at_once == 2 and p.warmup_warm_s > 0 for p in probes)
+    assert sorted(p.warmup_cold_s for p in probes) == sorted(f["compile_time_s"] for f in fills.values())
+    assert len(planner.walls.machine.later_process_s) == 2  # one process each, warm: no warm-only re-run
+    assert all(p.warmup_s is not None and p.wait_basis["warmup_s"] == "warm cache: the probe's warm-up" for p in preds)
+    assert any("filled the compile caches of 2 compiled configuration(s) 2 at a time" in n
+               for n in planner.prober.notes)
 
 
 def test_when_the_shared_probe_process_dies_each_is_probed_alone(compose_cfg, tmp_path, monkeypatch, capsys):
@@ -152,10 +191,10 @@ def test_when_the_shared_probe_process_dies_each_is_probed_alone(compose_cfg, tm
 
     real = probe_mod.run_probes
 
-    def dies_when_shared(reqs, ctx):
+    def dies_when_shared(reqs, ctx, fills=None):
         if len(reqs) > 1:
             raise RuntimeError("the probe's process ended without a result (exit code -11)")
-        return real(reqs, ctx)
+        return real(reqs, ctx, fills)
 
     monkeypatch.setattr(probe_mod, "run_probes", dies_when_shared)
 

@@ -7,8 +7,11 @@ not change a step's time) through a loader built as the run's, with no store and
 a process forked from the runs' forkserver (probe_process.py; the configurations that compile
 nothing share one such process, Prober.ahead):
 - the warm-up is the run's (WarmupPlan of every padded length the data has, compiled through the
-  run's persistent compile cache: cold or warm as the run would find it, and the run then finds it
-  warm); when it was cold, a second warm-up in a fresh compile state times the warm one;
+  run's persistent compile cache, which the runs then find warm). The compiled configurations'
+  caches are first filled side by side, a process each (Prober.ahead: a cold compile is minutes of
+  mostly one core; 6 of them took 8 minutes one after the other on an H100 host), then each is
+  probed in a fresh process, its warm-up warm as the runs' will be. Where the cache was still cold
+  (a fill failed), a second warm-up in a fresh process times the warm one;
 - PROBE_STEPS optimizer steps at each of three padded lengths (the 10th, 50th and 90th percentile
   of the run's micro-batches), taking turns step by step, through a DataLoader as the run's (its
   collation, pinning and workers are host time a small model's step is made of), the first round
@@ -59,6 +62,7 @@ class ProbeResult:
     set_up_s: float                      # optimizer, epoch set-up, first batch
     probe_s: float                       # the probe's own wall time
     measured_at: str
+    cold_at_once: int = 1                # fills side by side when warmup_cold_s was measured (1: alone)
     cached: bool = False                 # read from the probe cache, not measured by this call
 
     @property
@@ -141,11 +145,13 @@ def _job(req: Request, warm_only: bool = False) -> Dict[str, Any]:
             "device": str(req.device), "warm_only": warm_only}
 
 
-def run_probes(reqs: Sequence[Request], ctx: Any) -> Tuple[List[Tuple[Optional[ProbeResult], str]], List[float]]:
+def run_probes(reqs: Sequence[Request], ctx: Any, fills: Optional[Dict[str, Dict[str, Any]]] = None
+               ) -> Tuple[List[Tuple[Optional[ProbeResult], str]], List[float]]:
     """Probe these configurations in one process of the runs' kind (ctx: the forkserver context
     the runs start from, its preload imported), one after the other: each one's (result, '') or
     (None, why), and the forks' times. What a fresh run process pays once (its fork, data read,
-    device start) is the first probe's for all of them: a later probe in the process finds it done."""
+    device start) is the first probe's for all of them: a later probe in the process finds it done.
+    fills: by cache path, the compile caches' fills (Prober.fill): their cold warm-ups."""
     t_start = time.perf_counter()
     timeout_s = float(reqs[0].cfg.launcher.timeout_s)
     outs, fork_s = in_probe_process(ctx, [_job(r) for r in reqs], timeout_s)
@@ -157,9 +163,13 @@ def run_probes(reqs: Sequence[Request], ctx: Any) -> Tuple[List[Tuple[Optional[P
             done.append((None, out))
             continue
         fit = fit_overhead([p["window_flops"] for p in out["points"]], [p["step_ms"] / 1e3 for p in out["points"]])
-        state = out["state"]
+        state, fill = out["state"], (fills or {}).get(str(req.path))
         cold_s = out["compile_time_s"] if state in ("cold", "fresh") else None
         warm_s = out["compile_time_s"] if state == "warm" else None
+        first_met, at_once = state, 1
+        if state == "warm" and fill is not None and fill["state"] == "cold":
+            # the cache this probe found warm was filled cold by this plan: that compile's time
+            cold_s, first_met, at_once = fill["compile_time_s"], "cold", fill["at_once"]
         if state == "cold" and req.cfg.compile.cache == "persistent":
             # The runs will find the cache this probe filled, each in a fresh process: time that too.
             again, again_fork_s = in_probe_process(ctx, [_job(req, warm_only=True)], timeout_s)
@@ -170,11 +180,12 @@ def run_probes(reqs: Sequence[Request], ctx: Any) -> Tuple[List[Tuple[Optional[P
             forks.append(again_fork_s)
         done.append((ProbeResult(
             key=req.key, machine=req.machine, points=out["points"], fit=asdict(fit),
-            eval_s_per_batch=out["eval_s_per_batch"], warmup_cold_s=cold_s, warmup_warm_s=warm_s, cache_state=state,
+            eval_s_per_batch=out["eval_s_per_batch"], warmup_cold_s=cold_s, warmup_warm_s=warm_s, cache_state=first_met,
             model_build_s=out["build_s"], device_ready_s=first["device_ready_s"], set_up_s=out["set_up_s"],
             data_s=first["data_s"], fork_s=forks[0],
             probe_s=(time.perf_counter() - t_start) if len(reqs) == 1 else out["own_s"] + (forks[0] if i == 0 else 0.0),
-            measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")), ""))
+            measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            cold_at_once=at_once), ""))
     return done, forks
 
 
@@ -185,6 +196,7 @@ class Prober:
     notes: List[str] = field(default_factory=list)
     seen: Dict[str, Optional[ProbeResult]] = field(default_factory=dict)
     failed: Dict[str, str] = field(default_factory=dict)   # why a probe of this plan failed
+    filled: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # compile caches this plan filled (fill)
     probe_s: float = 0.0   # measured this time (not cache hits)
 
     def request(self, cfg: Any, data: Any, config: Any, work: Any, profile: Dict[str, Any],
@@ -239,22 +251,59 @@ class Prober:
     def ahead(self, reqs: Sequence[Request], runs_machine: Any) -> None:
         """Probe together, in one process, the configurations not in the cache that compile
         nothing: one fork, one data read and one device start for all of them, not one each
-        (1.5-2.5 s a configuration on an H100 host). A compiled one keeps a fresh process of its
-        own: its cold and warm compiles are what it measures."""
+        (1.5-2.5 s a configuration on an H100 host). Then fill the persistent compile caches of
+        the compiled ones side by side (fill); each of those is probed later in a fresh process of
+        its own, its warm-up as the runs will meet it."""
         from .wall import compiles
 
-        todo: Dict[str, Request] = {}
+        eager: Dict[str, Request] = {}
+        compiled: Dict[str, Request] = {}
         for req in reqs:
             memo = str(req.path)
-            if memo in self.seen or memo in todo:
+            if memo in self.seen or memo in eager or memo in compiled:
                 continue
             found = read_cached(req.path)
             if found is not None:
                 self.seen[memo] = found
-            elif not compiles(req.cfg):
-                todo[memo] = req
-        if len(todo) > 1:
-            self._probe(list(todo.values()), runs_machine)
+            else:
+                (compiled if compiles(req.cfg) else eager)[memo] = req
+        if len(eager) > 1:
+            self._probe(list(eager.values()), runs_machine)
+        persistent = [r for r in compiled.values() if r.cfg.compile.cache == "persistent"]
+        if persistent:
+            self.fill(persistent, runs_machine)
+
+    def fill(self, reqs: List[Request], runs_machine: Any) -> None:
+        """The compile caches of these configurations filled as their runs would fill them (the
+        warm-up over every shape and one step), a process each, FILL_AT_ONCE at a time: a cold
+        compile is mostly one core's Python for minutes (MiniLM, attention=eager: 3.5 min on an H100
+        host), and its time is not what the probe measures afterwards. The cold warm-ups' times are
+        kept, marked as measured side by side (ProbeResult.cold_at_once)."""
+        from .probe_process import side_by_side
+
+        at_once = min(len(reqs), fill_at_once())
+        print(f"[probe] filling the compile caches of {len(reqs)} compiled configuration(s), {at_once} at a time ...",
+              file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            outs = side_by_side(runs_machine.context(), [_job(r, warm_only=True) for r in reqs], at_once,
+                                float(reqs[0].cfg.launcher.timeout_s))
+        except Exception as e:  # noqa: BLE001 - each is then probed cold, alone
+            outs = [("error", f"{type(e).__name__}: {e}")] * len(reqs)
+        self.probe_s += time.perf_counter() - t0
+        done = [o["compile_time_s"] for status, o in outs if status == "ok"]
+        if done and at_once > 1:
+            self.notes.append(f"--probe filled the compile caches of {len(reqs)} compiled configuration(s) {at_once} at "
+                              f"a time in {time.perf_counter() - t0:.0f} s before probing each alone (its warm-up then "
+                              f"warm, as the runs will find it); their cold warm-ups, {min(done):.1f}-{max(done):.1f} s, "
+                              f"were timed side by side, so longer than alone")
+        for req, (status, out) in zip(reqs, outs):
+            if status == "ok":
+                self.filled[str(req.path)] = {"compile_time_s": out["compile_time_s"], "state": out["state"],
+                                              "at_once": at_once}
+            said = (f"{out['state']} warm-up {out['compile_time_s']:.1f} s" if status == "ok"
+                    else f"failed ({out}): probed cold later")
+            print(f"[probe] compile cache of {_short(req.cfg)}: {said}", file=sys.stderr, flush=True)
 
     def _probe(self, reqs: List[Request], runs_machine: Any) -> None:
         """Probe these now (one process), cache each result, say each on stderr as it happens (a
@@ -262,7 +311,7 @@ class Prober:
         for req in reqs:
             print(f"[probe] {_device_label(req.device)}: {_short(req.cfg)} ...", file=sys.stderr, flush=True)
         try:
-            done, forks = run_probes(reqs, runs_machine.context())
+            done, forks = run_probes(reqs, runs_machine.context(), self.filled)
             runs_machine.later_process_s += forks
         except Exception as e:  # noqa: BLE001 - a configuration that cannot be probed is said, not fatal
             why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -280,8 +329,17 @@ class Prober:
                 continue
             self.probe_s += found.probe_s
             _write(req.path, found)
+            cold = "null" if found.warmup_cold_s is None else f"{found.warmup_cold_s:.1f} s"
+            beside = f" ({found.cold_at_once} filled at once)" if found.cold_at_once > 1 else ""
+            warm = "null" if found.warmup_warm_s is None else f"{found.warmup_warm_s:.1f} s"
             print(f"[probe] {_short(req.cfg)}: done in {found.probe_s:.1f} s: {found.fit['how']}; warm-up cold "
-                  f"{found.warmup_cold_s}, warm {found.warmup_warm_s}", file=sys.stderr, flush=True)
+                  f"{cold}{beside}, warm {warm}", file=sys.stderr, flush=True)
+
+
+def fill_at_once() -> int:
+    """Compile-cache fills side by side: a quarter of the host's cores (each fill's Triton
+    compiles use a pool of their own), at most 4; one on a small box."""
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 def _device_label(device: torch.device) -> str:

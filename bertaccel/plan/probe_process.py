@@ -65,9 +65,10 @@ def _probe_cfg(cfg: Any) -> Any:
 
 
 def _train_once(cfg: Any, num_labels: int, vocab: int, device: torch.device, train_batches: Any,
-                eval_batches: Any, plan: Any, shared: bool) -> Tuple[Any, float, str]:
+                eval_batches: Any, plan: Any, shared: bool, start_from: Dict[str, Any]) -> Tuple[Any, float, str]:
     """One call of the run's train(): (result, model build s, compile cache state). shared: other
-    probes run in this process too."""
+    probes run in this process too; start_from: model.build_model's (this model's tensors, filled
+    by its first build in this process)."""
     from bertaccel.model import build_model
     from bertaccel.train.compile_cache import compile_caches
     from bertaccel.train.isolation import isolated_run
@@ -76,7 +77,7 @@ def _train_once(cfg: Any, num_labels: int, vocab: int, device: torch.device, tra
     with isolated_run(cfg.train.seed, shared_process=shared), \
             compile_caches(cfg.cache_dir, cfg.compile.cache, device) as ccache:
         t0 = time.perf_counter()
-        model, _ = build_model(cfg.model, num_labels, cfg.attention, vocab, cfg.encoder)
+        model, _ = build_model(cfg.model, num_labels, cfg.attention, vocab, cfg.encoder, start_from=start_from)
         build_s = time.perf_counter() - t0
         result = train(model, train_batches, eval_batches, cfg, device, log=log.debug, warmup_plan=plan)
         ccache.mark_warmed_up()
@@ -111,7 +112,7 @@ def _loader(batches: List[List[int]], cfg: Any, rows: Optional[int], vocab: int,
 
 
 def _probe_here(cfg: Any, data: Any, config: Any, device: torch.device, warm_only: bool,
-                shared: bool = False) -> Dict[str, Any]:
+                shared: bool = False, start_from: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The body of a probe process: what a run does up to its windows, then the probe's steps
     through the run's kind of loader, the lengths taking turns step by step (as a run's shuffled
     length groups change shape from one step to the next).
@@ -158,7 +159,8 @@ def _probe_here(cfg: Any, data: Any, config: Any, device: torch.device, warm_onl
     train_loader = _loader(train_rows, c, rows, vocab, pad_id, g, device)
     eval_loader = _loader(picks, c, int(c.train.eval_batch_size) if rows else None, vocab, pad_id, g, device)
     t_called = time.time()
-    result, build_s, state = _train_once(c, data.num_labels, vocab, device, train_loader, eval_loader, plan, shared)
+    result, build_s, state = _train_once(c, data.num_labels, vocab, device, train_loader, eval_loader, plan, shared,
+                                         {} if start_from is None else start_from)
     out = {"data_s": data_s, "build_s": build_s, "state": state, "compile_time_s": result.compile_time_s,
            "compiled_anything": result.compiled_anything,
            "device_ready_s": max(0.0, result.device_ready_at - t_called - build_s),
@@ -179,13 +181,19 @@ def _worker(jobs: List[Dict[str, Any]], results: Any) -> None:
     can between them): only configurations that compile nothing are put together (probe.py)."""
     entered = time.time()
     outs: List[Tuple[str, Any]] = []
+    # Per model: its tensors and its first build's time. A run builds its model in a fresh process,
+    # as the first probe of that model here did; a later one starts from the same tensors (BERT-base's
+    # init alone: 0.9 s on a CPU) and reports the first's build time.
+    weights: Dict[str, Dict[str, Any]] = {}
+    builds: Dict[str, float] = {}
     for i, job in enumerate(jobs):
         t0 = time.perf_counter()
         try:
-            # The first runs as in a fresh run process (nothing to reset: a reset imports Inductor,
-            # seconds, which its start-up parts would then hold); each later one is reset first.
+            model = repr((job["cfg"]["model"], job["data"].num_labels, job["config"].vocab_size))
+            # The first runs as in a fresh run process (nothing to reset); each later one is reset first.
             out = _probe_here(OmegaConf.create(job["cfg"]), job["data"], job["config"], torch.device(job["device"]),
-                              job["warm_only"], shared=i > 0)
+                              job["warm_only"], shared=i > 0, start_from=weights.setdefault(model, {}))
+            out["build_s"] = builds.setdefault(model, out["build_s"])
             outs.append(("ok", {**out, "own_s": time.perf_counter() - t0}))
         except Exception as e:  # noqa: BLE001 - said in the plan, one line
             text = str(e).strip().splitlines()
@@ -214,6 +222,35 @@ def in_probe_process(ctx: Any, jobs: List[Dict[str, Any]], timeout_s: float) -> 
             proc.kill()
         proc.join()
     return outs, entered - t0
+
+
+def side_by_side(ctx: Any, jobs: List[Dict[str, Any]], at_once: int, timeout_s: float) -> List[Tuple[str, Any]]:
+    """Each job in a process of its own, at most at_once at a time: each one's ("ok", result) or
+    ("error", why), in order. For work whose time is not what is measured (the compile caches'
+    fill, probe.py): processes side by side share the host's cores."""
+    pending, running = list(enumerate(jobs)), {}
+    outs: List[Tuple[str, Any]] = [("error", "not run")] * len(jobs)
+    while pending or running:
+        while pending and len(running) < max(1, at_once):
+            i, job = pending.pop(0)
+            queue = ctx.SimpleQueue()
+            proc = ctx.Process(target=_worker, args=([job], queue))
+            proc.start()
+            running[i] = (proc, queue, time.monotonic() + timeout_s)
+        for i, (proc, queue, deadline) in list(running.items()):
+            if not queue.empty():
+                outs[i] = queue.get()[1][0]
+            elif not proc.is_alive() and queue.empty():
+                outs[i] = ("error", f"RuntimeError: its process ended without a result (exit code {proc.exitcode})")
+            elif time.monotonic() > deadline:
+                proc.kill()
+                outs[i] = ("error", f"RuntimeError: it took longer than launcher.timeout_s={timeout_s:g} s")
+            else:
+                continue
+            proc.join()
+            del running[i]
+        time.sleep(0.05)
+    return outs
 
 
 def _spread(items: List, n: int) -> List:

@@ -24,8 +24,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
+def _compiled_in_process() -> bool:
+    """Whether dynamo has looked at any frame in this process (its counters are never cleared)."""
+    from torch._dynamo.utils import counters
+
+    return any(sum(counters[k].values()) for k in ("frames", "stats"))
+
+
 def _reset_shared_process() -> None:
-    torch.compiler.reset()
+    # Only where something was compiled: on a GPU the reset imports Inductor's CUDA-graph trees
+    # (1-3 s, ~900 modules), which a process of eager runs (the plan's shared probes, an inline
+    # sweep of compile=off) would pay in its second run for caches that are empty.
+    if _compiled_in_process():
+        torch.compiler.reset()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
