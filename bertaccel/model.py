@@ -158,6 +158,9 @@ def _rebuild(start_from: Dict[str, Any], config: Any, attention: str) -> Tuple[A
 
     with torch.device("meta"):
         model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention)
+    floats = {t.dtype for t in start_from.values() if t.is_floating_point()}
+    if len(floats) == 1:  # the first build's dtype (from_config follows the checkpoint's config)
+        model.to(floats.pop())
     model.to_empty(device="cpu")
     with torch.no_grad():
         for name, t in _tensors(model):
@@ -166,6 +169,7 @@ def _rebuild(start_from: Dict[str, Any], config: Any, attention: str) -> Tuple[A
 
 
 def _build_hf(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) -> Tuple[Any, str]:
+    import torch
     from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -178,8 +182,11 @@ def _build_hf(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
+        # fp32 parameters whatever the checkpoint's dtype: transformers 5 loads a checkpoint saved in
+        # fp16 as fp16 (dtype="auto"), which would make precision=fp32 train in fp16 and the AMP
+        # options train without fp32 master weights. The precision option decides the compute dtype.
         model = AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=num_labels, attn_implementation=attention)
+            source, num_labels=num_labels, attn_implementation=attention, dtype=torch.float32)
     except OSError as e:
         raise ModelUnavailable(f"model {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
     finally:

@@ -35,3 +35,16 @@ def test_a_rebuild_has_the_first_builds_tensors(compose_cfg, model):
     with torch.no_grad():
         torch.testing.assert_close(again.eval()(input_ids=ids, attention_mask=mask).logits,
                                    first.eval()(input_ids=ids, attention_mask=mask).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_a_checkpoint_saved_in_fp16_is_trained_from_fp32_parameters(compose_cfg, tmp_path):
+    """transformers 5 loads a checkpoint in its saved dtype; the precision option, not the file,
+    decides what a run computes in, so parameters are fp32 (AMP's master weights included)."""
+    cfg = compose_cfg(["model=minilm_l6"])
+    model, _ = build_model(cfg.model, 4, cfg.attention, 30522)
+    model.half().save_pretrained(tmp_path / "fp16")
+    local = compose_cfg(["model=minilm_l6", "model.source=hub", f"model.pretrained={tmp_path / 'fp16'}"])
+    loaded, _ = build_model(local.model, 4, local.attention, 30522)
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+    assert torch.equal(loaded.bert.embeddings.word_embeddings.weight,
+                       model.bert.embeddings.word_embeddings.weight.float())
