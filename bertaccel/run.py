@@ -18,6 +18,11 @@ import sys
 if __name__ == "__main__":
     import gc
 
+    from bertaccel.runs.bytecode import cache_bytecode
+
+    # Before any heavy import, here and in the forkserver started below (runs/bytecode.py: on an
+    # image that keeps no bytecode, torch and friends compile from source in every process).
+    cache_bytecode()
     from bertaccel.runs.forkserver import start_early, stop
 
     _server: list = []  # the forkserver started below, if it was

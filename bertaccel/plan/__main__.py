@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import sys
 
+if __name__ == "__main__":
+    from bertaccel.runs.bytecode import cache_bytecode
+
+    cache_bytecode()  # before the heavy imports (runs/bytecode.py)
+
 if __name__ == "__main__" and "--probe" in sys.argv[1:] and not {"-h", "--help"} & set(sys.argv[1:]):
     # The runs' forkserver first, before this module's own imports (torch: seconds): the probes
     # fork from it, and its preload (the longest wait of a plan with probes, 13-14 s on an H100

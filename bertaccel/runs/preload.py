@@ -22,6 +22,12 @@ import gc
 import importlib
 import time
 
+from bertaccel.runs.bytecode import cache_bytecode
+
+# The server writes the bytecode cache its sweep's process set up (runs/bytecode.py), or its
+# preload compiles transformers from source every time on an image that keeps no bytecode.
+cache_bytecode()
+
 MODULES = ("torch", "transformers", "transformers.models.bert.modeling_bert",
            "transformers.models.bert.tokenization_bert", "transformers.models.auto.modeling_auto",
            "transformers.models.auto.tokenization_auto", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
