@@ -107,7 +107,7 @@ def build_model(model_cfg: Any, num_labels: int, attention: Any, vocab_size: int
     from .encoder.swap import fuse_encoder
 
     if start_from:
-        model, note = _rebuild(start_from, _hf_config(model_cfg, num_labels, vocab_size), attention.hf_implementation)
+        model, note = _rebuild(start_from, hf_config(model_cfg, num_labels, vocab_size), attention.hf_implementation)
     else:
         model, note = _build_hf(model_cfg, num_labels, attention.hf_implementation, vocab_size)
         if start_from is not None:  # (a copy: on a CPU, training changes the built tensors in place)
@@ -131,7 +131,9 @@ def _source(model_cfg: Any) -> str:
     return str(package_model_dir(model_cfg.pretrained)) if model_cfg.source == "package" else model_cfg.pretrained
 
 
-def _hf_config(model_cfg: Any, num_labels: int, vocab_size: int) -> Any:
+def hf_config(model_cfg: Any, num_labels: int, vocab_size: int) -> Any:
+    """The Hugging Face config of the model a run builds, without weights (the plan counts its
+    work from it; a rebuild builds from it)."""
     from transformers import AutoConfig, BertConfig
 
     if model_cfg.source == "random_init":
@@ -139,7 +141,11 @@ def _hf_config(model_cfg: Any, num_labels: int, vocab_size: int) -> Any:
                           num_hidden_layers=model_cfg.num_hidden_layers,
                           num_attention_heads=model_cfg.num_attention_heads,
                           intermediate_size=model_cfg.intermediate_size, num_labels=num_labels)
-    return AutoConfig.from_pretrained(_source(model_cfg), num_labels=num_labels)
+    source = _source(model_cfg)
+    try:
+        return AutoConfig.from_pretrained(source, num_labels=num_labels)
+    except OSError as e:
+        raise ModelUnavailable(f"model config {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
 
 
 def _tensors(model: Any) -> Any:
@@ -174,7 +180,7 @@ def _build_hf(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) 
     from transformers.utils import logging as hf_logging
 
     if model_cfg.source == "random_init":
-        config = _hf_config(model_cfg, num_labels, vocab_size)
+        config = hf_config(model_cfg, num_labels, vocab_size)
         return BertForSequenceClassification._from_config(config, attn_implementation=attention), "random init"
     source = _source(model_cfg)
     # The load report would list the new classifier head as "MISSING"; that is expected for a

@@ -65,7 +65,8 @@ def test_a_probe_of_the_tiny_model_is_cached_by_configuration_and_by_machine(com
     from bertaccel.plan.predict import Planner
     from bertaccel.plan.probe import Prober
     from bertaccel.plan.wall import Machine
-    from bertaccel.plan.work import data_shape, hf_config, work_of
+    from bertaccel.model import hf_config
+    from bertaccel.plan.work import data_shape, work_of
 
     cfg = compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"])
     data = data_shape(cfg)
@@ -217,7 +218,8 @@ def test_when_the_shared_probe_process_dies_each_is_probed_alone(compose_cfg, tm
 
 def test_without_a_gpu_the_probe_says_what_it_cannot_probe(compose_cfg, tmp_path):
     from bertaccel.plan.probe import Prober
-    from bertaccel.plan.work import data_shape, hf_config, work_of
+    from bertaccel.model import hf_config
+    from bertaccel.plan.work import data_shape, work_of
 
     cfg = compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}"])
     data = data_shape(cfg)
@@ -241,7 +243,8 @@ def test_a_probe_on_one_gpu_predicts_another_through_the_roofline(compose_cfg, t
     from bertaccel.plan.predict import _moved_probe, run_params
     from bertaccel.plan.pricing import Prediction
     from bertaccel.plan.roofline import parts_of, roofline_time
-    from bertaccel.plan.work import data_shape, hf_config, work_of
+    from bertaccel.model import hf_config
+    from bertaccel.plan.work import data_shape, work_of
 
     profiles = {p["name"]: p for p in load_profiles()}
     planned = expand("config", [*TINY, "precision=bf16", f"cache_dir={tmp_path / 'cache'}"]).configs[0]

@@ -188,7 +188,8 @@ def test_plan_cli_prices_h100_from_a_run_recorded_on_h200(tmp_path):
     from bertaccel.plan.grid import expand
     from bertaccel.plan.predict import run_params
     from bertaccel.plan.roofline import parts_of
-    from bertaccel.plan.work import data_shape, hf_config, work_of
+    from bertaccel.model import hf_config
+    from bertaccel.plan.work import data_shape, work_of
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [*TINY, "train.epochs=1", f"tracking.uri={uri}", f"cache_dir={tmp_path / 'cache'}"]

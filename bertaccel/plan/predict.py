@@ -18,7 +18,8 @@ from .pricing import Prediction, price, unpredicted
 from .probe import Prober, ProbeResult
 from .roofline import parts_of
 from .wall import SweepWalls, compiles, graph_key
-from .work import DataShape, Work, data_shape, hf_config, meta_model, work_of
+from ..model import hf_config
+from .work import DataShape, Work, data_shape, meta_model, work_of
 
 
 def run_params(cfg: Any, choices: Mapping[str, str], config: Any) -> Dict[str, str]:

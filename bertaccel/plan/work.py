@@ -78,24 +78,6 @@ def data_shape(cfg: Any, memo: Optional[Dict[str, DataShape]] = None) -> DataSha
     return shape
 
 
-def hf_config(model_cfg: Any, num_labels: int, vocab_size: int) -> Any:
-    """The Hugging Face config of the model the run builds (model._build_hf), without weights."""
-    from transformers import AutoConfig, BertConfig
-
-    from ..model import ModelUnavailable, package_model_dir
-
-    if model_cfg.source == "random_init":
-        return BertConfig(vocab_size=vocab_size, hidden_size=model_cfg.hidden_size,
-                          num_hidden_layers=model_cfg.num_hidden_layers,
-                          num_attention_heads=model_cfg.num_attention_heads,
-                          intermediate_size=model_cfg.intermediate_size, num_labels=num_labels)
-    source = str(package_model_dir(model_cfg.pretrained)) if model_cfg.source == "package" else model_cfg.pretrained
-    try:
-        return AutoConfig.from_pretrained(source, num_labels=num_labels)
-    except OSError as e:
-        raise ModelUnavailable(f"model config {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
-
-
 def meta_model(config: Any) -> torch.nn.Module:
     """The classifier's modules on the meta device: shapes for flops.py, no memory, no init."""
     from transformers import AutoModelForSequenceClassification
