@@ -15,10 +15,15 @@ import multiprocessing
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 # The server's one preload: its module imports the run's heavy libraries (runs/preload.py).
 FORKSERVER_PRELOAD = ["bertaccel.runs.preload"]
+# Set (to "1") when the command line compiles: the preload then imports Inductor too (preload.py).
+PRELOAD_COMPILE_ENV = "BERTACCEL_PRELOAD_COMPILE"
+# bertaccel.config.CONF_DIR, not imported from there: this module imports the standard library only.
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 # Command-line flags of Hydra's that print and exit: no run, no server.
 NO_RUN_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion",
                 "--version")
@@ -66,10 +71,42 @@ def wants_forkserver(argv: Sequence[str]) -> bool:
     return True
 
 
+def compiles(argv: Sequence[str]) -> bool:
+    """Whether a command line asks for torch.compile in any of its runs, read before Hydra
+    composes it: compile=... or compile.mode=... with a value other than off, or a preset that
+    overrides compile. A study (--config-name) that compiles is not seen here: its runs import
+    Inductor themselves, as they would without this."""
+    for arg in argv:
+        key, _, value = arg.lstrip("+~").partition("=")
+        values = [v.strip(" '\"") for v in value.removeprefix("choice(").removesuffix(")").split(",")]
+        if key in ("compile", "compile.mode") and any(v not in ("off", "") for v in values):
+            return True
+        if key == "preset" and any(_preset_compiles(v) for v in values):
+            return True
+    return False
+
+
+def _preset_compiles(name: str) -> bool:
+    try:
+        text = (CONF_DIR / "preset" / f"{name}.yaml").read_text()
+    except OSError:  # not ours (Hydra will say so): nothing to preload for it
+        return False
+    for line in text.splitlines():
+        key, _, value = line.strip().lstrip("- ").partition(":")
+        if key.strip() == "override /compile" and value.split("#")[0].strip(" '\"") != "off":
+            return True
+    return False
+
+
 def start_early(argv: Sequence[str]) -> Optional[int]:
     """Start the forkserver now, if the command line will use it (wants_forkserver); its pid, or
-    None (start_now)."""
-    return start_now() if wants_forkserver(argv) else None
+    None (start_now). A command line that compiles has the server import Inductor as well
+    (preload.py; BERTACCEL_PRELOAD_COMPILE=0 in the environment keeps it out)."""
+    if not wants_forkserver(argv):
+        return None
+    if compiles(argv):
+        os.environ.setdefault(PRELOAD_COMPILE_ENV, "1")
+    return start_now()
 
 
 def start_now() -> Optional[int]:

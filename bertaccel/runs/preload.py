@@ -20,9 +20,11 @@ from __future__ import annotations
 import atexit
 import gc
 import importlib
+import os
 import time
 
 from bertaccel.runs.bytecode import cache_bytecode
+from bertaccel.runs.forkserver import PRELOAD_COMPILE_ENV
 
 # The server writes the bytecode cache its sweep's process set up (runs/bytecode.py), or its
 # preload compiles transformers from source every time on an image that keeps no bytecode.
@@ -32,6 +34,10 @@ MODULES = ("torch", "transformers", "transformers.models.bert.modeling_bert",
            "transformers.models.bert.tokenization_bert", "transformers.models.auto.modeling_auto",
            "transformers.models.auto.tokenization_auto", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
            "bertaccel.runs.job", "bertaccel.runs.launch", "bertaccel.train.loop")
+# What torch.compile imports on a run's first compile (Inductor, Triton): 1-4 s per compiled run
+# on an H200 host when each run imports it itself. Only for a sweep that compiles (the env var is
+# set by forkserver.start_early from the command line): it lengthens the preload the first run waits on.
+COMPILE_MODULES = ("torch._inductor.compile_fx", "torch._inductor.codecache", "triton")
 
 gc.disable()
 try:
@@ -40,6 +46,23 @@ try:
             importlib.import_module(name)
         except ImportError:  # as the forkserver does with a preload it cannot import: the run will say
             pass
+    if os.environ.get(PRELOAD_COMPILE_ENV) == "1":
+        # Inductor asks torch.cuda.is_available() as it imports: through the CUDA runtime that
+        # poisons every later fork ("Cannot re-initialize CUDA in forked subprocess", seen on an
+        # H200), through NVML it does not.
+        nvml_check = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        try:
+            for name in COMPILE_MODULES:
+                try:
+                    importlib.import_module(name)
+                except ImportError:
+                    pass
+        finally:
+            if nvml_check is None:
+                del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+            else:
+                os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = nvml_check
 finally:
     gc.freeze()
     # When the server ends (its sweep's process closed): let the heap go as before, or Triton's
