@@ -34,10 +34,25 @@ MODULES = ("torch", "transformers", "transformers.models.bert.modeling_bert",
            "transformers.models.bert.tokenization_bert", "transformers.models.auto.modeling_auto",
            "transformers.models.auto.tokenization_auto", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
            "bertaccel.runs.job", "bertaccel.runs.launch", "bertaccel.train.loop")
-# What torch.compile imports on a run's first compile (Inductor, Triton): 1-4 s per compiled run
-# on an H200 host when each run imports it itself. Only for a sweep that compiles (the env var is
-# set by forkserver.start_early from the command line): it lengthens the preload the first run waits on.
+# What torch.compile imports on a run's first compile (Inductor, Triton): 0.8-0.9 s of a later
+# compiled run's start-up on an H200 host when each run imports it itself (2-4 s without
+# bytecode). Only for a sweep that compiles (the env var is set by forkserver.start_early from
+# the command line): it lengthens the preload the first run waits on.
 COMPILE_MODULES = ("torch._inductor.compile_fx", "torch._inductor.codecache", "triton")
+
+
+def _nvml_answers() -> bool:
+    """Whether torch can count GPUs through NVML here (so asking for them poisons no fork); a CPU
+    build never asks CUDA. Where NVML does not answer, the compiled runs import Inductor themselves."""
+    import torch
+
+    if torch.version.cuda is None:
+        return True
+    try:
+        return torch.cuda._device_count_nvml() >= 0
+    except Exception:  # noqa: BLE001 - a private helper of torch's: gone or failing, no preload
+        return False
+
 
 gc.disable()
 try:
@@ -46,7 +61,7 @@ try:
             importlib.import_module(name)
         except ImportError:  # as the forkserver does with a preload it cannot import: the run will say
             pass
-    if os.environ.get(PRELOAD_COMPILE_ENV) == "1":
+    if os.environ.get(PRELOAD_COMPILE_ENV) == "1" and _nvml_answers():
         # Inductor asks torch.cuda.is_available() as it imports: through the CUDA runtime that
         # poisons every later fork ("Cannot re-initialize CUDA in forked subprocess", seen on an
         # H200), through NVML it does not.
