@@ -9,7 +9,6 @@ Prints the predictions, the thesis' scores on them and the best configuration pe
 """
 from __future__ import annotations
 
-import os
 import sys
 
 if __name__ == "__main__":
@@ -22,11 +21,9 @@ if __name__ == "__main__" and "--probe" in sys.argv[1:] and not {"-h", "--help"}
     # fork from it, and its preload (the longest wait of a plan with probes, 13-14 s on an H100
     # host) then runs beside the imports and the grid's composition, as a sweep's does
     # (runs/forkserver.py start_early). Stopped at exit, also on bad input.
-    from bertaccel.runs.forkserver import PRELOAD_COMPILE_ENV, compiles, start_now
+    from bertaccel.runs.forkserver import start_now
 
-    if compiles(sys.argv[1:]):  # its compiled probes and fills, as the sweep's runs (start_early)
-        os.environ.setdefault(PRELOAD_COMPILE_ENV, "1")
-    start_now()
+    start_now(sys.argv[1:])  # (a grid that compiles: its probes and fills find Inductor imported)
 
 import argparse  # noqa: E402 (after the server's start)
 from pathlib import Path

@@ -102,17 +102,16 @@ def start_early(argv: Sequence[str]) -> Optional[int]:
     """Start the forkserver now, if the command line will use it (wants_forkserver); its pid, or
     None (start_now). A command line that compiles has the server import Inductor as well
     (preload.py; BERTACCEL_PRELOAD_COMPILE=0 in the environment keeps it out)."""
-    if not wants_forkserver(argv):
-        return None
+    return start_now(argv) if wants_forkserver(argv) else None
+
+
+def start_now(argv: Sequence[str] = ()) -> Optional[int]:
+    """Start the forkserver now, before the caller's own imports; its pid, or None. argv: the
+    command line, read for whether it compiles (then the server imports Inductor as well). The
+    server is stopped when this process exits: one still importing its preload (the command failed
+    before any run: bad input, Ctrl-C) would otherwise go on for seconds after."""
     if compiles(argv):
         os.environ.setdefault(PRELOAD_COMPILE_ENV, "1")
-    return start_now()
-
-
-def start_now() -> Optional[int]:
-    """Start the forkserver now, before the caller's own imports; its pid, or None. The server
-    is stopped when this process exits: one still importing its preload (the command failed
-    before any run: bad input, Ctrl-C) would otherwise go on for seconds after."""
     start_forkserver()
     pid = server_pid()
     if pid is not None:

@@ -65,19 +65,14 @@ try:
         # Inductor asks torch.cuda.is_available() as it imports: through the CUDA runtime that
         # poisons every later fork ("Cannot re-initialize CUDA in forked subprocess", seen on an
         # H200), through NVML it does not.
-        nvml_check = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
-        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-        try:
+        from hydra.core.utils import env_override  # (in already: train/compile_cache.py uses it too)
+
+        with env_override({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):
             for name in COMPILE_MODULES:
                 try:
                     importlib.import_module(name)
                 except ImportError:
                     pass
-        finally:
-            if nvml_check is None:
-                del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
-            else:
-                os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = nvml_check
 finally:
     gc.freeze()
     # When the server ends (its sweep's process closed): let the heap go as before, or Triton's
