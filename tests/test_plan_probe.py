@@ -225,6 +225,23 @@ def test_when_the_shared_probe_process_dies_each_is_probed_alone(compose_cfg, tm
     assert len(planner.walls.machine.later_process_s) == 2  # (one process each)
 
 
+def test_probes_sharing_a_process_read_their_data_once(compose_cfg, tmp_path):
+    from bertaccel.plan.probe_process import _read_data
+
+    cfg = compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}"])
+    read = {}
+    tokenizer, first_s = _read_data(cfg, read)
+    assert tokenizer.pad_token_id is not None and first_s > 0 and len(read) == 1
+    assert list((tmp_path / "cache").rglob("*")), "the first read fills the run's token cache"
+    # A later probe of the same data and tokenizer in the process: the first's tokenizer and time
+    again, again_s = _read_data(cfg, read)
+    assert again is tokenizer and again_s == first_s and len(read) == 1
+    # Other data (another subset): read and timed again
+    other = compose_cfg([*TINY[:3], "dataset.test_subset=32", TINY[4], f"cache_dir={tmp_path / 'cache'}"])
+    _, other_s = _read_data(other, read)
+    assert len(read) == 2 and other_s != first_s
+
+
 def test_without_a_gpu_the_probe_says_what_it_cannot_probe(compose_cfg, tmp_path):
     from bertaccel.plan.probe import Prober
     from bertaccel.model import hf_config

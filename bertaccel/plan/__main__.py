@@ -172,11 +172,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         saved = save_plan(grid.configs[0].cfg.cache_dir, grid.sweep_id, own, planner.walls.sweep_wall_s())
         print(f"plan saved for the sweep's runs: {saved} (each run of sweep {grid.sweep_id} logs its prediction)")
     if a.out is not None:
+        plots = _plots(preds, several)
         md = output.markdown(tables, notes, f"bertaccel plan: {grid.config_name}")
-        md += "\n## Plots\n\n" + "\n\n".join(f"![{p['title']}](plots/{p['stem']}.png)" for p in _plots(preds, several))
+        md += "\n## Plots\n\n" + "\n\n".join(f"![{p['title']}](plots/{p['stem']}.png)" for p in plots)
         try:
-            write_folder(a.out, "plan", {"plan.md": md + "\n", "plan.csv": output.to_csv(preds, several)},
-                         _plots(preds, several))
+            write_folder(a.out, "plan", {"plan.md": md + "\n", "plan.csv": output.to_csv(preds, several)}, plots)
         except OutputFolderError as e:  # --out changed since check_folder, or could not be written
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -111,27 +111,41 @@ def _loader(batches: List[List[int]], cfg: Any, rows: Optional[int], vocab: int,
                       **extra)
 
 
+def _read_data(cfg: Any, read: Dict[str, Tuple[Any, float]]) -> Tuple[Any, float]:
+    """(the tokenizer, seconds): the run's own data read and token cache (a hit: the plan
+    tokenized this data already), as a fresh run process does it; read: this process's earlier
+    reads, by data and tokenizer. A later probe of the same data in this process does not read it
+    again: the time is the first's (a run's, in its fresh process), and only the tokenizer's pad
+    id is used here."""
+    from bertaccel.data import load_raw, tokenize_cached
+    from bertaccel.model import load_tokenizer
+
+    key = repr((cfg.dataset, *(cfg.model.get(k) for k in ("source", "pretrained", "tokenizer_package")), cfg.cache_dir))
+    if key not in read:
+        t0 = time.perf_counter()
+        raw = load_raw(cfg.dataset, cfg.cache_dir)
+        tokenizer = load_tokenizer(cfg.model)
+        tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
+        read[key] = (tokenizer, time.perf_counter() - t0)
+    return read[key]
+
+
 def _probe_here(cfg: Any, data: Any, config: Any, device: torch.device, warm_only: bool,
-                shared: bool = False, start_from: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                shared: bool = False, start_from: Optional[Dict[str, Any]] = None,
+                read: Optional[Dict[str, Tuple[Any, float]]] = None) -> Dict[str, Any]:
     """The body of a probe process: what a run does up to its windows, then the probe's steps
     through the run's kind of loader, the lengths taking turns step by step (as a run's shuffled
     length groups change shape from one step to the next).
-    warm_only: the warm-up alone (one step), to time it against the cache an earlier probe filled."""
-    from bertaccel.data import load_raw, tokenize_cached
+    warm_only: the warm-up alone (one step), to time it against the cache an earlier probe filled.
+    start_from, read: this process's model tensors and data reads, shared by its probes."""
     from bertaccel.data.batches import PadCollator
-    from bertaccel.model import load_tokenizer
     from bertaccel.options.freezing import apply_freezing
     from bertaccel.train.step import uses_fixed_shapes
     from bertaccel.train.warmup import WarmupPlan, data_lengths
 
     from .work import eval_row_lengths, meta_model
 
-    t0 = time.perf_counter()
-    # The run's own data read and token cache (a hit: the plan tokenized this data already).
-    raw = load_raw(cfg.dataset, cfg.cache_dir)
-    tokenizer = load_tokenizer(cfg.model)
-    tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
-    data_s = time.perf_counter() - t0
+    tokenizer, data_s = _read_data(cfg, {} if read is None else read)
     c = _probe_cfg(cfg)
     multiple = max(1, int(c.train.pad_to_multiple_of))
     rows = int(c.train.batch_size) if uses_fixed_shapes(c) else None
@@ -186,13 +200,14 @@ def _worker(jobs: List[Dict[str, Any]], results: Any) -> None:
     # init alone: 0.9 s on a CPU) and reports the first's build time.
     weights: Dict[str, Dict[str, Any]] = {}
     builds: Dict[str, float] = {}
+    read: Dict[str, Tuple[Any, float]] = {}
     for i, job in enumerate(jobs):
         t0 = time.perf_counter()
         try:
             model = repr((job["cfg"]["model"], job["data"].num_labels, job["config"].vocab_size))
             # The first runs as in a fresh run process (nothing to reset); each later one is reset first.
             out = _probe_here(OmegaConf.create(job["cfg"]), job["data"], job["config"], torch.device(job["device"]),
-                              job["warm_only"], shared=i > 0, start_from=weights.setdefault(model, {}))
+                              job["warm_only"], shared=i > 0, start_from=weights.setdefault(model, {}), read=read)
             out["build_s"] = builds.setdefault(model, out["build_s"])
             outs.append(("ok", {**out, "own_s": time.perf_counter() - t0}))
         except Exception as e:  # noqa: BLE001 - said in the plan, one line
