@@ -64,14 +64,19 @@ def check_model(model_cfg: Any) -> Optional[str]:
     return f"{key}={package}: {why}" if why else None
 
 
+def tokenizer_source(model_cfg: Any) -> str:
+    """Where the model's tokenizer is loaded from: a hub id, or the directory of the package that
+    ships it (the model's own, or random_init's tokenizer_package)."""
+    if model_cfg.source == "hub":
+        return model_cfg.pretrained
+    return str(package_model_dir(model_cfg.pretrained if model_cfg.source == "package"
+                                 else model_cfg.tokenizer_package))
+
+
 def load_tokenizer(model_cfg: Any) -> Any:
     from transformers import AutoTokenizer
 
-    if model_cfg.source == "hub":
-        source = model_cfg.pretrained
-    else:
-        source = package_model_dir(model_cfg.pretrained if model_cfg.source == "package"
-                                   else model_cfg.tokenizer_package)
+    source = tokenizer_source(model_cfg)
     try:
         return AutoTokenizer.from_pretrained(str(source))
     except OSError as e:

@@ -118,9 +118,9 @@ def _read_data(cfg: Any, read: Dict[str, Tuple[Any, float]]) -> Tuple[Any, float
     again: the time is the first's (a run's, in its fresh process), and only the tokenizer's pad
     id is used here."""
     from bertaccel.data import load_raw, tokenize_cached
-    from bertaccel.model import load_tokenizer
+    from bertaccel.model import load_tokenizer, tokenizer_source
 
-    key = repr((cfg.dataset, *(cfg.model.get(k) for k in ("source", "pretrained", "tokenizer_package")), cfg.cache_dir))
+    key = repr((cfg.dataset, tokenizer_source(cfg.model), cfg.cache_dir))
     if key not in read:
         t0 = time.perf_counter()
         raw = load_raw(cfg.dataset, cfg.cache_dir)
