@@ -9,13 +9,15 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
+
+from bertaccel.data.cache import cached, entry_path
 
 SAMPLES_DIR = Path(__file__).resolve().parents[1] / "samples"  # bertaccel/samples
 
@@ -77,13 +79,38 @@ def read_csv_split(path: Path, text_columns: Sequence[str], label_column: str) -
                 label = row[label_column].strip()
                 if not label:
                     raise DataError(f"{path}: line {line_no} has an empty '{label_column}'")
+                value, problem = label_value(label)
+                if problem:
+                    raise DataError(f"{path}: line {line_no}, column '{label_column}': {problem}")
                 texts.append(" ".join(row[c] for c in text_columns))
-                labels.append(label)
+                labels.append(value)
     except (UnicodeDecodeError, csv.Error, OSError, EOFError) as e:
         raise DataError(f"{path}: not a readable UTF-8 CSV ({type(e).__name__}: {e})") from None
     if not texts:
         raise DataError(f"{path}: no data rows after the header (empty split)")
     return texts, labels
+
+
+def label_value(label: str) -> Tuple[str, Optional[str]]:
+    """(the class a label names, None) or (label, why it is refused). Text is a class name as it
+    stands; a number is a class id and must be a finite integer: NaN, inf, 1e400 (inf as a
+    float) and 2.5 are refused, as a NaN a spreadsheet or pandas wrote for a missing value
+    would otherwise become a class of its own. An integer is kept by its value (01, 1.0 and 1e0
+    are class 1), so one class is never split by how it was written."""
+    try:
+        return str(int(label)), None
+    except ValueError:
+        pass
+    try:
+        number = float(label)
+    except ValueError:
+        return label, None
+    if not math.isfinite(number):
+        return label, (f"label {label!r} is not a finite number (a missing value?); give every row "
+                       "a class name or an integer class id")
+    if not number.is_integer():
+        return label, f"label {label!r} is not an integer; a numeric label is a class id (0, 1, 2, ...)"
+    return str(int(number)), None
 
 
 def _label_order(values: Sequence[str]) -> List[str]:
@@ -133,7 +160,13 @@ def _read_hub(hub_id: str, text_columns: Sequence[str], label_column: str):
         if missing:
             raise DataError(f"hub dataset {hub_id}/{split}: missing column(s) {', '.join(missing)}; has {', '.join(cols)}")
         texts = [" ".join(parts) for parts in zip(*(ds[split][c] for c in text_columns))]
-        out.append((texts, [str(v) for v in ds[split][label_column]]))
+        labels = []
+        for row, raw_label in enumerate(ds[split][label_column]):
+            value, problem = label_value(str(raw_label).strip())
+            if problem:
+                raise DataError(f"hub dataset {hub_id}/{split}: row {row}, column '{label_column}': {problem}")
+            labels.append(value)
+        out.append((texts, labels))
     return out
 
 
@@ -183,14 +216,22 @@ def _read_files(train_path: Path, test_path: Path, text_columns: Sequence[str], 
     # (measured on this project's 2-core CI machine).
     digests = [file_digest(p) for p in (train_path, test_path)]
     key = hashlib.sha256(json.dumps([digests, list(text_columns), label_column]).encode()).hexdigest()[:24]
-    path = Path(os.path.expanduser(cache_dir)) / "raw" / f"{key}.pkl"
-    if path.is_file():
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    parsed = (read_csv_split(train_path, text_columns, label_column),
-              read_csv_split(test_path, text_columns, label_column))
-    write_atomic(path, lambda tmp: tmp.write_bytes(pickle.dumps(parsed, protocol=pickle.HIGHEST_PROTOCOL)))
+    parsed, _ = cached(entry_path(cache_dir, "raw", key, ".pkl"),
+                       lambda: (read_csv_split(train_path, text_columns, label_column),
+                                read_csv_split(test_path, text_columns, label_column)),
+                       lambda obj: pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), pickle.loads, _check_parsed)
     return parsed
+
+
+def _check_parsed(parsed: Any) -> None:
+    """Raises unless a cached parse is two splits of texts and labels that read_csv_split could
+    have returned (an entry of an older version may hold labels it did not check)."""
+    (tr_texts, tr_labels), (te_texts, te_labels) = parsed
+    for texts, labels in ((tr_texts, tr_labels), (te_texts, te_labels)):
+        if len(texts) != len(labels) or not texts:
+            raise ValueError(f"a split of {len(texts)} texts and {len(labels)} labels")
+        if not all(isinstance(t, str) for t in texts) or any(label_value(v) != (v, None) for v in labels):
+            raise ValueError("texts or labels this version reads otherwise (an entry of an older version?)")
 
 
 def file_digest(path: Path) -> str:
@@ -203,18 +244,3 @@ def file_digest(path: Path) -> str:
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({type(e).__name__}: {e.strerror or e})") from None
     return h.hexdigest()
-
-
-def write_atomic(path: Path, write) -> None:
-    """Write then rename: a killed run never leaves a truncated cache file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-

@@ -4,17 +4,17 @@ load the file. A split is stored flat (ids + offsets), two tensors instead of a 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 from torch.utils.data import Dataset
 
-from bertaccel.data.read import RawData, RawSplit, write_atomic
+from bertaccel.data.cache import cached, entry_path
+from bertaccel.data.read import RawData, RawSplit
 
 
 class TokenizedSplit(Dataset):
@@ -83,17 +83,35 @@ def tokenize_cached(raw: RawData, tokenizer: Any, max_length: int, cache_dir: st
     t0 = time.perf_counter()
     key = hashlib.sha256(json.dumps([split_fingerprint(raw.train), split_fingerprint(raw.test),
                                      tokenizer_fingerprint(tokenizer), max_length]).encode()).hexdigest()[:24]
-    path = Path(os.path.expanduser(cache_dir)) / "tokens" / f"{key}.pt"
-    if path.is_file():
-        blob = torch.load(path)
-        hit = True
-    else:
+
+    def build() -> Dict[str, Dict[str, torch.Tensor]]:
         blob = {}
         for name in ("train", "test"):
             s = _tokenize(getattr(raw, name), tokenizer, max_length)
             blob[name] = {"ids": s.ids, "offsets": s.offsets, "labels": s.labels}
-        write_atomic(path, lambda tmp: torch.save(blob, tmp))
-        hit = False
+        return blob
+
+    def check(blob: Any) -> None:
+        """Raises unless each split is ids + offsets + labels that agree with each other, with
+        the rows of the raw split and with the tokenizer's vocabulary."""
+        for name in ("train", "test"):
+            ids, offsets, labels = (blob[name][k] for k in ("ids", "offsets", "labels"))
+            rows = getattr(raw, name).labels
+            if offsets.ndim != 1 or len(offsets) != len(rows) + 1 or int(offsets[0]) != 0 \
+                    or int(offsets[-1]) != len(ids) or bool((offsets[1:] < offsets[:-1]).any()):
+                raise ValueError(f"{name}: offsets that do not cut {len(ids)} ids into {len(rows)} rows")
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(tokenizer)):
+                raise ValueError(f"{name}: token ids outside the tokenizer's vocabulary")
+            if not torch.equal(labels, torch.tensor(rows, dtype=torch.int64)):
+                raise ValueError(f"{name}: labels that are not the split's")
+
+    def dump(blob: Dict[str, Dict[str, torch.Tensor]]) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(blob, buffer)
+        return buffer.getvalue()
+
+    blob, hit = cached(entry_path(cache_dir, "tokens", key, ".pt"), build, dump,
+                       lambda payload: torch.load(io.BytesIO(payload)), check)
     splits = {n: TokenizedSplit(b["ids"], b["offsets"], b["labels"]) for n, b in blob.items()}
     return TokenizedData(splits["train"], splits["test"], hit, key, time.perf_counter() - t0)
 

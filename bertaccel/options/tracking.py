@@ -6,9 +6,13 @@ from typing import Any, Optional
 
 
 def check(cfg: Any) -> Optional[str]:
-    """Refuses an empty uri."""
+    """Refuses an empty uri and an empty experiment name. Any other name is kept as typed in
+    MLflow; one that looks like a path (`../x`, `/Users/me/exp`) gets a safe artifacts folder of
+    its own inside the store's mlartifacts/ (runs/tracking.py artifact_folder)."""
     if not cfg.tracking.uri:
         return "tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db"
+    if not str(cfg.tracking.experiment).strip():
+        return "tracking.experiment is empty: give an MLflow experiment name, e.g. tracking.experiment=bertaccel"
     return None
 
 

@@ -10,6 +10,8 @@ import functools
 import hashlib
 import json
 import logging
+import re
+import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
@@ -17,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.file_utils import local_file_uri_to_path
 from mlflow.utils.time import get_current_time_millis
 
 from bertaccel.store import sqlite_file, store_lock
@@ -67,15 +70,73 @@ def git_sha() -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
+def artifact_folder(experiment: str) -> str:
+    """The folder under mlartifacts/ for an experiment's artifacts: its name when that is one plain
+    folder name, else a folder made of the name's letters and digits and a hash of the name
+    (`../../x`, `/Users/me/exp` and `a/../../b` stay inside mlartifacts/; two names never share a
+    folder). The experiment keeps its name as typed in MLflow."""
+    if experiment not in ("", ".", "..") and not re.search(r"[/\\\x00-\x1f\x7f]", experiment) \
+            and len(experiment.encode()) <= 120:
+        return experiment
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment).strip("._-")[:60]
+    digest = hashlib.sha256(experiment.encode()).hexdigest()[:8]
+    return f"{slug}-{digest}" if slug else digest
+
+
 def _artifact_location(uri: str, experiment: str) -> Optional[str]:
     """Keep artifacts beside a SQLite store instead of in whatever directory the run started from."""
     db = sqlite_file(uri)
-    return None if db is None else (db.parent / "mlartifacts" / experiment).as_uri()
+    return None if db is None else (db.parent / "mlartifacts" / artifact_folder(experiment)).as_uri()
+
+
+def _moved_artifacts(uri: str, location: str) -> Optional[Path]:
+    """Where a SQLite store's experiment now keeps its artifacts, when the folder the store names
+    (an absolute file:// path) is gone because the store was moved with its mlartifacts folder:
+    the store's own mlartifacts/<that folder's name>. Also when that folder is gone with its
+    mlartifacts/ (a store moved without it): writing there would recreate the old project folder.
+    None when the named folder exists, or is not of that kind (a folder of the user's choosing)."""
+    db = sqlite_file(uri)
+    if db is None or not location.startswith("file:"):
+        return None
+    old = Path(local_file_uri_to_path(location))
+    here = db.parent / "mlartifacts" / old.name
+    if old == here or old.exists():
+        return None
+    return here if here.is_dir() or (old.parent.name == "mlartifacts" and not old.parent.exists()) else None
+
+
+def _follow_moved_store(uri: str, exp: Any) -> None:
+    """Points an experiment of a moved SQLite store, and its runs, at the store's own mlartifacts
+    folder (_moved_artifacts). MLflow keeps each run's artifact location as the absolute URI it
+    was given and has no call to change it: it is updated in the store's tables, so that new runs
+    write beside the store (not into a recreated old folder) and earlier runs' artifacts are
+    found again. Called under the store's lock."""
+    here = _moved_artifacts(uri, exp.artifact_location)
+    if here is None:
+        return
+    old, new = exp.artifact_location.rstrip("/"), here.as_uri()
+    con = sqlite3.connect(sqlite_file(uri), timeout=30)
+    try:
+        with con:  # one transaction: the experiment and its runs move together
+            con.execute("update experiments set artifact_location = ? where experiment_id = ? "
+                        "and artifact_location = ?", (new, int(exp.experiment_id), exp.artifact_location))
+            con.execute("update runs set artifact_uri = ? || substr(artifact_uri, ?) where experiment_id = ? "
+                        "and substr(artifact_uri, 1, ?) = ?", (new, len(old) + 1, int(exp.experiment_id),
+                                                               len(old) + 1, old + "/"))
+    except sqlite3.Error as e:  # a store that cannot be written fails on the run's own first write
+        logging.getLogger("bertaccel").warning(f"experiment {exp.name!r}: its artifacts folder is gone and the store "
+                                               f"cannot be pointed at {here} ({e})")
+        return
+    finally:
+        con.close()
+    logging.getLogger("bertaccel").info(f"experiment {exp.name!r}: its artifacts folder {local_file_uri_to_path(old)} is gone; the store's "
+             f"own {here} is used instead (the store was moved): its runs now point there")
 
 
 def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
     """The experiment's id, created when missing; either way it is marked model training
-    (EXPERIMENT_KIND): one an older version created is marked when the next run goes into it."""
+    (EXPERIMENT_KIND): one an older version created is marked when the next run goes into it.
+    The experiment of a SQLite store moved with its mlartifacts/ follows it (_follow_moved_store)."""
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
@@ -83,6 +144,7 @@ def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
                                             tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except MlflowException:  # created meanwhile by a parallel run
             exp = client.get_experiment_by_name(name)
+    _follow_moved_store(uri, exp)
     # A kind someone chose stays; none, or one MLflow's UI only guessed, is replaced.
     kind = exp.tags.get(EXPERIMENT_KIND_TAG, "")
     if not kind or kind.endswith("inferred") or kind == "no_inferred_type":
