@@ -5,13 +5,14 @@ values and combinations in its own module, through one `check(cfg) -> Optional[s
 the order of option_checks()."""
 from __future__ import annotations
 
+import difflib
 import math
-from dataclasses import MISSING
-from typing import Any, Callable, Collection, Iterator, Optional, Tuple
+from dataclasses import MISSING, is_dataclass
+from typing import Any, Callable, Collection, Iterator, Optional, Tuple, get_type_hints
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from bertaccel.config import ConfigError, schema_fields
+from bertaccel.config import ConfigError, RunConfig, schema_fields
 
 
 def _refuse(why: Optional[str]) -> None:
@@ -31,6 +32,41 @@ def _leaves(node: Any, key: str = "") -> Iterator[Tuple[str, Any]]:
             yield from _leaves(node[i], f"{key}[{i}]")
     else:
         yield key, node
+
+
+def unknown_setting(key: str) -> str:
+    """The one line for a key the schema does not have, given plainly (Hydra refuses it while it
+    composes: run.input_error) or added with `+` (Hydra adds it: check_known_keys): the same line."""
+    leaves = [k for k, _ in schema_fields()]
+    blocks = {k.rsplit(".", i)[0] for k in leaves for i in range(1, k.count(".") + 1)}  # train, optimizer ...
+    block, _, name = key.rpartition(".")
+    if block in blocks:  # a misspelt name in a real block (train.bacth_size): its names only
+        names = [k.rpartition(".")[2] for k in leaves if k.rpartition(".")[0] == block]
+        close = [f"{block}.{n}" for n in difflib.get_close_matches(name, names, n=1, cutoff=0.6)]
+    else:  # a misspelt block or top-level key (trian.epochs, precison)
+        close = difflib.get_close_matches(key, leaves + sorted(blocks), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return (f"{key} is not a setting of bertaccel{hint} (the settings: docs/reference/config.md, "
+            "or python -m bertaccel.run --cfg job)")
+
+
+def check_known_keys(cfg: Any) -> None:
+    """Every key of the composed config is one of the schema's. Hydra refuses an unknown key typed
+    plainly, but `+key=value` (and `++`) adds it to the struct config: the run would log it as a
+    param and train without it (+train.bacth_size=64 trained at the default batch size). Below a
+    field that is not a block of the schema (optimizer.impl, a Dict: the optimizer class's own
+    settings, which its check_built asks the class about), the keys are the user's."""
+    def walk(node: DictConfig, cls: type, prefix: str) -> None:
+        hints = get_type_hints(cls)
+        for k in node.keys():
+            key = f"{prefix}{k}"
+            if k not in hints:
+                raise ConfigError(unknown_setting(key))
+            if is_dataclass(hints[k]) and isinstance(node[k], DictConfig):
+                walk(node[k], hints[k], f"{key}.")
+
+    if isinstance(cfg, DictConfig):
+        walk(cfg, RunConfig, "")
 
 
 def _finite_everywhere(cfg: Any) -> None:
@@ -75,8 +111,10 @@ def validate(cfg: Any, leave: Collection[str] = ()) -> None:
     """Raise ConfigError with one line naming the first bad value and how to fix it.
     leave: the names ("optimizer.check_built") of checks not asked here, because the run's own
     process asks them first (runs/launch.py)."""
-    # Every number first: finite, then in its field's declared range; the options' checks can then
-    # compare, divide and combine values knowing each one is sane on its own.
+    # Every key first: one the schema lacks would be refused by nothing else. Then every number:
+    # finite, then in its field's declared range; the options' checks can then compare, divide
+    # and combine values knowing each one is sane on its own.
+    check_known_keys(cfg)
     _finite_everywhere(cfg)
     _declared_ranges(cfg)
     for check in option_checks():

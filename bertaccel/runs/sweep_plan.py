@@ -1,0 +1,172 @@
+"""A grid sweep's configurations, known before its store is opened (runs/progress.py's
+on_multirun_start asks plan_sweep, before the parent run):
+
+- a sweep with no configuration (`train.seed=range(1,1)`) is refused: one line, exit 2;
+- a sweep whose every configuration is bad input (`-m train.epochs=0 precision=fp32,bf16`, a key
+  the schema lacks) is refused the same way, as a single run with that input is: no store, no
+  parent run, no failed runs. When only some are bad, the sweep goes on and records each bad one
+  failed with its reason, at its turn (run.run_one);
+- a configuration given twice (same config_hash: `train.seed=1,1`) runs once, and the sweep's
+  log says so once; the sweep's counts are of its distinct configurations.
+
+The checks asked here are checks.validate's, less the two that are slow or not the input's own
+(the optimizer's build, which imports torch's compiler, and the store's, which the sweep asks
+next, once); each run asks them all again at its turn. The sweep configs composed here (as
+Hydra's launchers compose them: config_loader.load_sweep_config) are handed to bertaccel's
+launchers, which skip the repeats and compose nothing again. A search (hydra/sweeper=optuna_*)
+makes its trials one by one: nothing is planned for it.
+"""
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
+
+BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+# Not asked before the sweep (see the module's docstring): each run asks them at its turn.
+LEFT_TO_THE_RUNS = ("optimizer.check_built", "tracking.check_store")
+
+
+class SweepRefused(BaseException):
+    """The whole sweep refused before it starts: its one line (why), or the composition error
+    run.cli says in one line (error). A BaseException: raised from a Hydra callback, an Exception
+    would become a warning and the sweep would go on."""
+
+    def __init__(self, why: str = "", error: Optional[BaseException] = None) -> None:
+        super().__init__(why)
+        self.why, self.error = why, error
+
+
+@dataclass
+class PlannedJob:
+    idx: int  # as the sweeper numbers it: its place in the grid
+    overrides: List[str]
+    config: DictConfig  # the job's sweep config (hydra node included), as the launcher needs it
+    config_hash: str
+    refusal: Optional[str] = None  # bad input: the reason
+    repeat_of: Optional[int] = None  # the job of the same configuration that runs instead
+
+
+@dataclass
+class SweepPlan:
+    jobs: List[PlannedJob] = field(default_factory=list)
+    said: List[str] = field(default_factory=list)  # the repeats dropped, each said once
+
+    def distinct(self) -> List[PlannedJob]:
+        return [j for j in self.jobs if j.repeat_of is None]
+
+    def planned(self, idx: int, overrides: Sequence[str]) -> Optional[PlannedJob]:
+        """The job the sweeper launches as #idx with these overrides, if it is the one planned."""
+        job = self.jobs[idx] if 0 <= idx < len(self.jobs) else None
+        return job if job is not None and job.overrides == list(overrides) else None
+
+
+def grid_overrides(config: DictConfig) -> Optional[List[List[str]]]:
+    """The jobs' overrides in the order the basic sweeper launches them (its own split of
+    hydra.sweeper.params then the command line's overrides), or None for another sweeper."""
+    if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+        return None
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    parsed = parser.parse_overrides(params + list(config.hydra.overrides.task))
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
+    """Compose and check every configuration of a grid sweep (None: not a grid). Raises
+    SweepRefused for an empty sweep, one whose every configuration is refused, or one Hydra
+    cannot compose."""
+    from bertaccel.config import ConfigError
+    from bertaccel.options.checks import validate
+    from bertaccel.runs.record import cfg_hash
+
+    try:
+        grid = grid_overrides(config)
+        if grid is None:
+            return None
+        if not grid:
+            raise SweepRefused(f"the sweep has no configurations ({empty_axes(config)} gives no value); "
+                               "give every swept key at least one value")
+        loader = GlobalHydra.instance().config_loader()
+        plan = SweepPlan()
+        first: Dict[str, int] = {}
+        for idx, overrides in enumerate(grid):
+            sweep_cfg = loader.load_sweep_config(config, list(overrides))
+            task_cfg = _task_config(sweep_cfg)
+            job = PlannedJob(idx, list(overrides), sweep_cfg, cfg_hash(task_cfg))
+            job.repeat_of = first.setdefault(job.config_hash, idx)
+            if job.repeat_of == idx:
+                job.repeat_of = None
+                try:
+                    validate(task_cfg, leave=LEFT_TO_THE_RUNS)
+                except ConfigError as e:
+                    job.refusal = str(e)
+            plan.jobs.append(job)
+    except (HydraException, OmegaConfBaseException) as e:  # a job Hydra cannot compose: run.cli says it
+        raise SweepRefused(error=e) from e
+    plan.said = _repeats_said(config, plan)
+    distinct = plan.distinct()
+    if all(j.refusal for j in distinct):
+        reasons = Counter(j.refusal for j in distinct)
+        why = distinct[0].refusal
+        if len(distinct) > 1:
+            others = "the other configuration is" if len(distinct) == 2 else f"the other {len(distinct) - 1} configurations are"
+            why += (" (in every configuration of the sweep: nothing to run)" if len(reasons) == 1 else
+                    f" ({others} refused too: nothing to run)")
+        raise SweepRefused(why)
+    return plan
+
+
+def _task_config(sweep_cfg: DictConfig) -> DictConfig:
+    """The run's configuration: the job's sweep config without its hydra node (as run_job hands it)."""
+    cfg = copy.deepcopy(sweep_cfg)
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def empty_axes(config: DictConfig) -> str:
+    """The swept overrides that give no value (what makes a grid empty), as typed."""
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    empty = [o.input_line for o in OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
+             if o.is_sweep_override() and not _values(o)]
+    return ", ".join(empty) or "its sweep"
+
+
+def _values(override: Any) -> List[str]:
+    try:
+        return [str(v) for v in override.sweep_iterator()]
+    except Exception:  # noqa: BLE001 - a sweep Hydra cannot enumerate (interval): not a grid's
+        return ["?"]
+
+
+def _repeats_said(config: DictConfig, plan: SweepPlan) -> List[str]:
+    """One line per repeat: a value given more than once on one key (`train.seed=1 given twice:
+    run once`), or configurations that differ as typed but not as composed."""
+    said: List[str] = []
+    if not any(j.repeat_of is not None for j in plan.jobs):
+        return said
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    for o in OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task)):
+        if o.is_sweep_override():
+            for value, n in Counter(o.sweep_string_iterator() if o.is_discrete_sweep() else []).items():
+                if n > 1:
+                    times = "twice" if n == 2 else f"{n} times"
+                    said.append(f"{o.get_key_element()}={value} given {times}: run once")
+    for job in plan.jobs:
+        if job.repeat_of is not None and job.overrides != plan.jobs[job.repeat_of].overrides:
+            twin = plan.jobs[job.repeat_of].overrides
+            theirs = [o for o in twin if o not in job.overrides]
+            mine = [o for o in job.overrides if o not in twin]
+            line = f"{' '.join(theirs)} and {' '.join(mine)} are one configuration: run once"
+            if line not in said:
+                said.append(line)
+    return said
