@@ -9,6 +9,9 @@ Hydra calls it by name (no import of it from below), starts callbacks in order a
 reverse, so it reads the sweep's context after SweepProgress has opened the parent run and
 attaches the report before SweepProgress closes it and prints the summary.
 
+It covers every configuration of the sweep: the runs it ran and those it resumed from earlier
+runs or took from another sweep running them (tag in_sweep.<id>, runs/sweep.py adopt).
+
 It never fails the sweep: a report that cannot be built is the parent run's tag REASON_TAG (why),
 and a sweep without finished runs attaches nothing and says so there. Two sweep processes of the
 same command (one parent run) each attach the report as they end; the last one's covers every run.
@@ -25,8 +28,7 @@ from hydra.experimental.callback import Callback
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
-from bertaccel.runs.sweep import SweepContext, context_from_env
-from bertaccel.runs.tracking import search_runs
+from bertaccel.runs.sweep import SweepContext, context_from_env, sweep_runs
 from bertaccel.store import store_lock
 
 ARTIFACT_DIR = "report"  # on the parent run: report/report.html, report/report.md, report/plots/
@@ -36,9 +38,9 @@ REASON_CHARS = 500
 
 
 def finished_runs(uri: str, experiment: str, sweep_id: str) -> int:
-    """The sweep's configuration runs that finished (this time or in an earlier run of it)."""
-    runs = search_runs(uri, experiment, f"tags.sweep_id = '{sweep_id}' and tags.status = 'finished'")
-    return sum(r.data.tags.get("bertaccel.role") != "sweep" for r in runs)
+    """The sweep's configuration runs that finished: this time or in an earlier run of it, and
+    those it took from earlier runs or from another sweep (runs/sweep.py sweep_runs)."""
+    return len(sweep_runs(uri, experiment, sweep_id, "tags.status = 'finished'"))
 
 
 def build_report(uri: str, experiment: str, sweep_id: str, out: Path) -> Optional[str]:

@@ -273,10 +273,7 @@ def _why_none_finished(uri: str, experiment: str, sweep_id: Optional[str]) -> st
     """What the runs there ended as instead, and the most common reason per status."""
     from collections import Counter
 
-    from bertaccel.runs.tracking import search_runs
-
-    flt = tag_equals("sweep_id", sweep_id, "--sweep") if sweep_id else ""
-    runs = [r for r in search_runs(uri, experiment, flt) if r.data.tags.get("bertaccel.role") != "sweep"]
+    runs = _configuration_runs(uri, experiment, sweep_id, "")
     if not runs:
         return ": it has no runs"
     by_status = Counter(r.data.tags.get("status", "unknown") for r in runs)
@@ -288,18 +285,25 @@ def _why_none_finished(uri: str, experiment: str, sweep_id: Optional[str]) -> st
     return ": " + ", ".join(parts)
 
 
+def _configuration_runs(uri: str, experiment: str, sweep_id: Optional[str], flt: str) -> List[Any]:
+    """The configuration runs (not sweep parents, which hold no metrics) matching an MLflow filter:
+    of the experiment, or of one sweep, those it ran and those it took from earlier runs or from
+    another sweep (runs/sweep.py sweep_runs), through the shared query, under the store lock."""
+    from bertaccel.runs.sweep import sweep_runs
+    from bertaccel.runs.tracking import search_runs
+
+    if sweep_id:
+        tag_equals("sweep_id", sweep_id, "--sweep")  # (an id with both quotes, which no sweep has: one line)
+        return sweep_runs(uri, experiment, sweep_id, flt)
+    return [r for r in search_runs(uri, experiment, flt) if r.data.tags.get("bertaccel.role") != "sweep"]
+
+
 def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) -> List[Row]:
     from mlflow import MlflowClient
 
-    from bertaccel.runs.tracking import search_runs
-
     if MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment) is None:
         raise ReportInputError(f"--experiment {experiment}: no such experiment in {uri}")
-    flt = "tags.status = 'finished'"
-    if sweep_id:
-        flt += " and " + tag_equals("sweep_id", sweep_id, "--sweep")
-    runs = search_runs(uri, experiment, flt)  # the shared query, under the store lock
-    runs = [r for r in runs if r.data.tags.get("bertaccel.role") != "sweep"]  # parent runs hold no metrics
+    runs = _configuration_runs(uri, experiment, sweep_id, "tags.status = 'finished'")
     if not runs:
         where = f"sweep {sweep_id} of " if sweep_id else ""
         raise ReportInputError(f"no finished runs in {where}experiment {experiment} ({uri})"

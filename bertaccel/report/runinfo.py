@@ -19,21 +19,34 @@ def params_group_key(params: Mapping[str, str], where_roots: Iterable[str]) -> s
     """The configuration without its seed, from the logged params (runs logged before the
     config_key_noseed tag): every param but train.seed and where results go (where_roots)."""
     roots = set(where_roots)
-    kept = {k: v for k, v in params.items() if k != SEED_PARAM and k.split(".")[0] not in roots}
+    kept = {k: v for k, v in params.items() if k != SEED_PARAM and k.split(".")[0] not in roots and k not in roots}
     return "params:" + hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def group_keys(runs: Sequence[Any]) -> Tuple[List[str], str]:
-    """(one key per run, how the keys were made). The tag when every run has it; else every
-    key from params, so that runs logged before the tag and after it still group together."""
-    from bertaccel.runs.tracking import HASH_EXCLUDED_KEYS
+    """(one key per run, how the keys were made). The tag when every run has it, computed by one
+    identity version (tracking.IDENTITY_VERSION: the launcher's settings left out since 2); else
+    every key from params, so that runs logged before the tag (or its version) and after it still
+    group together. Runs that read other rows (their dataset digests, runs/datasets.py) are
+    never repeats of one configuration: where the runs' data differ, each key names its data."""
+    from bertaccel.runs.datasets import data_key
+    from bertaccel.runs.tracking import HASH_EXCLUDED_KEYS, IDENTITY_VERSION_TAG
 
     tags = [r.data.tags.get(GROUP_TAG) for r in runs]
-    if all(tags):
-        return list(tags), f"tag {GROUP_TAG} (config_hash without {SEED_PARAM})"
-    return ([params_group_key(r.data.params, HASH_EXCLUDED_KEYS) for r in runs],
-            f"params without {SEED_PARAM} and where results go ({sum(1 for t in tags if not t)} of {len(runs)} "
-            f"runs have no {GROUP_TAG} tag)")
+    versions = {r.data.tags.get(IDENTITY_VERSION_TAG, "1") for r in runs}
+    if all(tags) and len(versions) == 1:
+        keys, how = list(tags), f"tag {GROUP_TAG} (config_hash without {SEED_PARAM})"
+    else:
+        missing = sum(1 for t in tags if not t)
+        keys = [params_group_key(r.data.params, HASH_EXCLUDED_KEYS) for r in runs]
+        how = (f"params without {SEED_PARAM} and what is not a run's identity ("
+               + (f"{missing} of {len(runs)} runs have no {GROUP_TAG} tag)" if missing else
+                  f"the runs' {GROUP_TAG} tags are of {len(versions)} identity versions)"))
+    data = [data_key(r) for r in runs]
+    if len(set(data)) > 1:
+        keys = [f"{k} data:{d or 'unrecorded'}" for k, d in zip(keys, data)]
+        how += "; runs that read other rows apart (their dataset digests)"
+    return keys, how
 
 
 def energy_source_kind(source: str) -> str:

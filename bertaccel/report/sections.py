@@ -15,7 +15,8 @@ from .weights import STEPS, WeightMap
 Table = tuple  # (title, note, headers, rows of cells), as render.py
 SPECS = {"time_s": ".2f", "cost_usd": ".4g", "energy_kwh": ".5f", "occupancy_pct": ".2f", "accuracy": ".4f"}
 GROUPING = ("runs that differ only in train.seed are one configuration (MLflow: tag config_key_noseed, else the "
-            "params without train.seed; CSV: the group column, else the name)")
+            "params without train.seed, and runs that read other rows apart, labelled [their data's digest]; "
+            "CSV: the group column, else the name)")
 
 
 def _f(v: Optional[float], spec: str) -> str:

@@ -39,9 +39,11 @@ def _why(row: Row, column: str) -> str:
 
 def pairing_key(params: Mapping[str, str], where_roots: Iterable[str]) -> str:
     """Same key = same configuration except the compile choice. where_roots: the config keys that
-    say where results go (tracking.HASH_EXCLUDED_KEYS), left out with everything under them."""
+    are not a run's identity (tracking.HASH_EXCLUDED_KEYS): a root, left out with everything under
+    it, or one field."""
     roots = set(where_roots)
-    kept = {k: v for k, v in params.items() if k not in COMPILE_PARAMS and k.split(".")[0] not in roots}
+    kept = {k: v for k, v in params.items()
+            if k not in COMPILE_PARAMS and k.split(".")[0] not in roots and k not in roots}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:12]
 
 

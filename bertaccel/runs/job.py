@@ -98,7 +98,7 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
         # lock: of two sweeps on one store, one opens the run (its claim on the configuration),
         # the other finds it running and waits for it (launch.py).
         with store_lock(cfg.tracking.uri):
-            earlier = resumed(cfg, run_name)
+            earlier = resumed(cfg, run_name, raw)  # (the rows as read: resume compares their digests)
             if earlier is not None:
                 return earlier
             marks["looked up"] = time.time()

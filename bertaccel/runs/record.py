@@ -10,8 +10,9 @@ from typing import Any, Dict, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.config import MODEL_SHAPE_FIELDS
-from bertaccel.runs.sweep import context_from_env, previous_outcome, process_tags, scheduler_tags
-from bertaccel.runs.tracking import RunTracker, config_hash, flatten, git_sha
+from bertaccel.runs.sweep import RUNNING_ELSEWHERE, adopt, context_from_env, previous_outcome, process_tags, scheduler_tags
+from bertaccel.runs.tracking import (IDENTITY_VERSION, IDENTITY_VERSION_TAG, RunTracker, config_hash, flatten, git_sha,
+                                     legacy_config_hashes)
 
 
 @dataclass
@@ -51,7 +52,8 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
     # host, pid and its start let a later sweep tell a run whose process died (SIGKILL) from a
     # live one (runs/sweep.py previous_outcome): the running run is the claim on its configuration.
-    tags = {"config_hash": config_hash(resolved), "config_key_noseed": config_key_noseed(resolved), "git_sha": git_sha(), "status": "running",
+    tags = {"config_hash": config_hash(resolved), "config_key_noseed": config_key_noseed(resolved),
+            IDENTITY_VERSION_TAG: IDENTITY_VERSION, "git_sha": git_sha(), "status": "running",
             **process_tags(), **scheduler_tags(), **extra_tags}
     sweep = context_from_env()
     if sweep is not None:
@@ -60,13 +62,26 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
                       OmegaConf.to_yaml(OmegaConf.create(logged)))
 
 
-def resumed(cfg: DictConfig, run_name: str) -> Optional[Outcome]:
+def resumed(cfg: DictConfig, run_name: str, raw: Any = None) -> Optional[Outcome]:
     """In a sweep with sweep.resume: the outcome of an earlier run of this configuration, if
-    that means it is not run again (see runs/sweep.py previous_outcome)."""
-    if context_from_env() is None or not cfg.sweep.resume:
+    that means it is not run again (see runs/sweep.py previous_outcome). An earlier run is this
+    configuration's when its config_hash is this one's (or the one an older version gave it) and
+    it read the rows this run would read: raw, the data as read (job.execute), else read here.
+    An earlier run taken for the sweep is tagged as the sweep's (its report covers it)."""
+    from bertaccel.runs.datasets import current_digests, data_digests
+
+    sweep = context_from_env()
+    if sweep is None or not cfg.sweep.resume:
         return None
-    prev = previous_outcome(cfg.tracking.uri, cfg.tracking.experiment, cfg_hash(cfg), cfg.sweep.retry_failed)
-    return None if prev is None else Outcome(prev.status, run_name, prev.reason, prev.run_id, prev.metrics)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    data = data_digests(raw) if raw is not None else current_digests(cfg.dataset, cfg.cache_dir)
+    prev = previous_outcome(cfg.tracking.uri, cfg.tracking.experiment,
+                            [config_hash(resolved), *legacy_config_hashes(resolved)], cfg.sweep.retry_failed, data)
+    if prev is None:
+        return None
+    if prev.status != RUNNING_ELSEWHERE:
+        adopt(cfg.tracking.uri, prev.run_id, sweep.sweep_id, prev.status)
+    return Outcome(prev.status, run_name, prev.reason, prev.run_id, prev.metrics)
 
 
 def record_bad_input(cfg: DictConfig, choices: Mapping[str, str], run_name: str, reason: str,

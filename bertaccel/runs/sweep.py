@@ -4,7 +4,10 @@ A sweep's id is its config name plus a hash of what it varies and fixes (the com
 overrides and the sweeper's params), so running the same command again finds the same parent
 run and the configurations that already finished.
 
-Per configuration, `previous_outcome` looks at earlier runs with the same config_hash:
+Per configuration, `previous_outcome` looks at earlier runs with the same config_hash (or the
+hash an older version gave it: tracking.legacy_config_hashes) that read the same data (their
+dataset digests equal the ones the run would read now, runs/datasets.py; a run that recorded
+none, e.g. of a version before the digests, is taken as the same data, with a log line):
 finished -> not run again; failed/skipped -> not run again unless sweep.retry_failed; a run
 still marked "running" whose process is gone (same host, dead pid: e.g. a SIGKILLed sweep)
 is marked "interrupted" and the configuration runs again; one whose process is alive (another
@@ -17,11 +20,16 @@ start time (a pid the kernel reused for another program is not mistaken for the 
 
 Two identical sweeps share their parent run (same sweep id): each sweep process adds itself to
 the parent's `sweep_processes` tag, and the last one to end closes it.
+
+A sweep's configurations are the runs it opened (tag sweep_id) and the earlier runs it took
+instead of running them (resumed, or run by another sweep meanwhile): each of those gets the tag
+`in_sweep.<sweep id>` (adopt), so the sweep's report covers all of them (sweep_runs).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
@@ -31,13 +39,16 @@ import psutil
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
-from bertaccel.runs.tracking import experiment_id, search_runs
+from bertaccel.runs.tracking import LAUNCH_SETTINGS, experiment_id, search_runs
 from bertaccel.store import store_lock
+
+log = logging.getLogger("bertaccel")
 
 SWEEP_ENV = "BERTACCEL_SWEEP"  # JSON {sweep_id, parent_run_id, swept}: reaches jobs of other launchers too
 RUNNING_ELSEWHERE = "running_elsewhere"  # Previous / Outcome status: a live process runs this configuration
 RUN_NAME_CHARS = 250  # MLflow's store keeps this much of a run's name
 PROCESSES_TAG = "sweep_processes"  # on a parent run: the live sweep processes on it, host:pid:start
+MEMBER_TAG = "in_sweep."  # + sweep id, on an earlier run a sweep took for a configuration: how it counted it
 
 
 def process_tags(pid: Optional[int] = None) -> Dict[str, str]:
@@ -69,7 +80,10 @@ class SweepContext:
 
 
 def sweep_identity(config_name: str, overrides: Sequence[str]) -> str:
-    kept = sorted(o for o in overrides if not o.startswith(("tracking.", "hydra.", "sweep.")))
+    """The launcher's settings are not a run's identity (tracking.LAUNCH_SETTINGS), nor a sweep's:
+    the same sweep with launcher.runs_at_once=2 reopens its parent run."""
+    kept = sorted(o for o in overrides if not o.startswith(("tracking.", "hydra.", "sweep."))
+                  and o.split("=", 1)[0].lstrip("+~") not in LAUNCH_SETTINGS)
     digest = hashlib.sha256(json.dumps([config_name, kept]).encode()).hexdigest()[:10]
     return f"{config_name}-{digest}"
 
@@ -169,12 +183,35 @@ class Previous:
     metrics: Dict[str, float] = field(default_factory=dict)  # the earlier run's (the sweep's summary shows them)
 
 
-def previous_outcome(uri: str, experiment: str, config_hash: str, retry_failed: bool) -> Optional[Previous]:
-    """What earlier runs of this configuration mean for this sweep; None = run it."""
-    runs: List[Any] = search_runs(uri, experiment, f"tags.config_hash = '{config_hash}'")
-    runs = [r for r in runs if r.data.tags.get("bertaccel.role") != "sweep"]
+def _earlier_runs(uri: str, experiment: str, hashes: Sequence[str],
+                  data: Optional[Mapping[str, str]]) -> List[Any]:
+    """Configuration runs recorded under any of these config hashes, oldest first, but those that
+    read other data than `data` (split -> digest; None: not compared)."""
+    from bertaccel.runs.datasets import recorded_digests, same_data  # (torch: not at a sweep's start-up)
+
+    by_id: Dict[str, Any] = {}
+    for h in dict.fromkeys(hashes):
+        for r in search_runs(uri, experiment, f"tags.config_hash = '{h}'"):
+            if r.data.tags.get("bertaccel.role") != "sweep":
+                by_id[r.info.run_id] = r
+    runs = sorted(by_id.values(), key=lambda r: r.info.start_time or 0)
+    return [r for r in runs if same_data(recorded_digests(r), data) is not False]
+
+
+def previous_outcome(uri: str, experiment: str, hashes: Sequence[str], retry_failed: bool,
+                     data: Optional[Mapping[str, str]] = None) -> Optional[Previous]:
+    """What earlier runs of this configuration mean for this sweep; None = run it. hashes: its
+    config_hash first, then those older versions recorded for it (tracking.legacy_config_hashes).
+    data: the digests of the rows the run would read (datasets.current_digests), None where they
+    cannot be had (a hub dataset): an earlier run that read other rows is another configuration's."""
+    from bertaccel.runs.datasets import recorded_digests
+
+    runs = _earlier_runs(uri, experiment, hashes, data)
     for r in runs:
         if r.data.tags.get("status") == "finished":
+            if data and recorded_digests(r) is None:
+                log.info(f"run {r.info.run_id} recorded no dataset digests (a version before them): "
+                         "taken as trained on the data this run would read")
             return Previous("already_finished", r.info.run_id, f"already finished as run {r.info.run_id}",
                             dict(r.data.metrics))
     for r in runs:
@@ -201,6 +238,28 @@ def previous_outcome(uri: str, experiment: str, config_hash: str, retry_failed: 
                             f"{status} before as run {r.info.run_id} ({r.data.tags.get('reason', '')[:120]}); "
                             "sweep.retry_failed=true runs it again")
     return None
+
+
+def adopt(uri: str, run_id: str, sweep_id: str, status: str) -> None:
+    """An earlier run taken for one of a sweep's configurations (status: already_finished or
+    not_retried): tagged as the sweep's, so the sweep's report covers it (sweep_runs)."""
+    with store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        tags = client.get_run(run_id).data.tags
+        if tags.get("sweep_id") != sweep_id and tags.get(MEMBER_TAG + sweep_id) != status:
+            client.set_tag(run_id, MEMBER_TAG + sweep_id, status)
+
+
+def in_sweep(run: Any, sweep_id: str) -> bool:
+    """Whether a configuration run is one of a sweep's: opened by it, or adopted by it."""
+    tags = run.data.tags
+    return tags.get("bertaccel.role") != "sweep" and (tags.get("sweep_id") == sweep_id or MEMBER_TAG + sweep_id in tags)
+
+
+def sweep_runs(uri: str, experiment: str, sweep_id: str, filter_string: str = "") -> List[Any]:
+    """A sweep's configuration runs matching an MLflow filter: those it ran and those it took from
+    earlier runs or another sweep (parents of older versions have only the first: sweep_id)."""
+    return [r for r in search_runs(uri, experiment, filter_string) if in_sweep(r, sweep_id)]
 
 
 def scheduler_tags() -> Dict[str, str]:

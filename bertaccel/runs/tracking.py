@@ -26,11 +26,30 @@ from bertaccel.store import sqlite_file, store_lock
 
 INPUT_ATTEMPTS = 3  # log_inputs: a clash on a dataset's key is retried (RunTracker.log_inputs)
 
-# Values that say where results go, not what was run: left out of the config hash.
-# carbon: how co2e_kg is priced from the measured energy, not what is trained (a region change
-# neither re-runs a finished configuration nor splits its repeats).
-# search: what a trial returns to the sweeper, not what is trained.
-HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search")
+# What is not a run's identity (config_hash, config_key_noseed; the report's groups): a whole
+# config root or one dotted field. A run's identity is what determines its result.
+# - tracking, cache_dir, sweep: where results go and what a sweep does with earlier runs.
+# - carbon: how co2e_kg is priced from the measured energy, not what is trained (a region change
+#   neither re-runs a finished configuration nor splits its repeats).
+# - search: what a trial returns to the sweeper, not what is trained.
+# - launcher.runs_at_once, start_method: how many runs share the host and how a run's process
+#   starts; each run still gets fresh processes (and on a GPU host GPUs of its own).
+# - launcher.timeout_s, collective_timeout_s: watchdogs; a run they did not stop is the same run
+#   (one they stopped is failed, rerun with sweep.retry_failed=true).
+# Kept: launcher.name (inline runs share the sweep's process: compiled code, allocator and library
+# state carry from one run to the next, which changes what is measured), and all of telemetry
+# (enabled: energy and activity measured or null; interval_s: the samplers' period, their share of
+# the GIL and the energy's resolution; rapl_root: whether the CPU's energy can be read at all).
+LAUNCH_SETTINGS = ("launcher.runs_at_once", "launcher.start_method", "launcher.timeout_s",
+                   "launcher.collective_timeout_s")
+HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search", *LAUNCH_SETTINGS)
+# What versions before IDENTITY_VERSION left out: their config_hash tags are found by
+# legacy_config_hashes (runs/sweep.py previous_outcome), so their stores stay resumable.
+LEGACY_HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search")
+# A run's tag: the identity its config_hash and config_key_noseed follow. Runs without it were
+# recorded before: the report groups a mix of both by params (report/runinfo.py group_keys).
+IDENTITY_VERSION_TAG = "identity_version"
+IDENTITY_VERSION = "2"
 # The experiment's kind, as MLflow records it (its UI's kind selector writes this tag): model
 # training, not GenAI. MLflow 3.17's UI opens an experiment by its own GenAI / Model training switch
 # instead, whatever the tag says: ui_address is the page that opens on the runs.
@@ -52,10 +71,50 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
     return out
 
 
+def not_identity(key: str, excluded: Iterable[str] = HASH_EXCLUDED_KEYS) -> bool:
+    """Whether a dotted config key (a flattened param) is left out of a run's identity."""
+    return any(key == e or key.startswith(f"{e}.") for e in excluded)
+
+
+def _kept(tree: Mapping[str, Any], excluded: Iterable[str], prefix: str = "") -> Dict[str, Any]:
+    excluded = tuple(excluded)
+    out: Dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if not_identity(name, excluded):
+            continue
+        out[key] = _kept(value, excluded, f"{name}.") if isinstance(value, Mapping) else value
+    return out
+
+
+def _hash(resolved: Mapping[str, Any], excluded: Iterable[str]) -> str:
+    kept = _kept(resolved, excluded)
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def config_hash(resolved: Mapping[str, Any]) -> str:
     """Stable across processes and key order; same hash = same experiment configuration."""
-    kept = {k: v for k, v in resolved.items() if k not in HASH_EXCLUDED_KEYS}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return _hash(resolved, HASH_EXCLUDED_KEYS)
+
+
+def legacy_config_hash(resolved: Mapping[str, Any]) -> str:
+    """config_hash as versions before IDENTITY_VERSION computed it (launcher settings included)."""
+    return _hash(resolved, LEGACY_HASH_EXCLUDED_KEYS)
+
+
+def legacy_config_hashes(resolved: Mapping[str, Any]) -> List[str]:
+    """The config_hash an older version recorded for this configuration: with the launcher
+    settings as given now, and with their defaults (a sweep run before with the defaults, rerun
+    now with e.g. launcher.runs_at_once=2, as docs/scale.md recommends)."""
+    from bertaccel.config import LauncherConfig
+
+    defaults = LauncherConfig()
+    launcher = dict(resolved.get("launcher") or {})
+    for key in LAUNCH_SETTINGS:
+        name = key.split(".", 1)[1]
+        launcher[name] = getattr(defaults, name)
+    hashes = [legacy_config_hash(resolved), legacy_config_hash({**resolved, "launcher": launcher})]
+    return list(dict.fromkeys(hashes))
 
 
 def git_sha() -> str:

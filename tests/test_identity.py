@@ -1,0 +1,119 @@
+"""A run's identity is what determines its result (issue 42): the data it reads counts, the
+launcher's and watchdog's settings do not, runs an older version recorded stay resumable, and a
+sweep's report covers every configuration of the sweep, resumed ones included.
+
+Real sweeps of the tiny model in subprocesses, real SQLite stores and real CSV files."""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from bertaccel.data import load_raw
+from bertaccel.report import load_rows
+from bertaccel.runs.tracking import IDENTITY_VERSION_TAG, legacy_config_hash, search_runs
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=32", "train.batch_size=16",
+        "train.max_steps_per_epoch=2"]
+
+
+def _sweep(tmp_path: Path, args):
+    cmd = [sys.executable, "-m", "bertaccel.run", "-m", *args, f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+           f"cache_dir={tmp_path / 'cache'}"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _runs(tmp_path: Path):
+    return [r for r in search_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "bertaccel")
+            if r.data.tags.get("bertaccel.role") != "sweep"]
+
+
+def _parent(tmp_path: Path, sweep_out: str):
+    sweep_id = next(line.split("sweep id ")[1].split()[0] for line in sweep_out.splitlines() if "sweep id " in line)
+    (parent,) = [r for r in search_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "bertaccel")
+                 if r.data.tags.get("bertaccel.role") == "sweep" and r.data.tags["sweep_id"] == sweep_id]
+    return parent
+
+
+def _write_csv(path: Path, rows):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows(rows)
+
+
+def test_a_csv_whose_rows_changed_under_the_same_name_trains_again_and_is_not_a_repeat_of_the_old(tmp_path):
+    train, test = tmp_path / "train.csv", tmp_path / "test.csv"
+    # 80 train rows, of which dataset.train_subset=64 are read: what the run saw is the subset.
+    old_rows = [(f"old text number {i} about topic {i % 2}", i % 2) for i in range(80)]
+    _write_csv(train, old_rows)
+    _write_csv(test, [(f"test text {i} topic {i % 2}", i % 2) for i in range(40)])
+    args = ["train.seed=1", *TINY, "dataset=csv", f"dataset.train_path={train}", f"dataset.test_path={test}"]
+    _sweep(tmp_path, args)
+
+    # A row the subset leaves out changes: the run would read the same rows, so it is resumed.
+    ds = OmegaConf.create({"source": "csv", "train_path": str(train), "test_path": str(test), "text_columns": ["text"],
+                           "label_column": "label", "train_subset": 64, "test_subset": 32, "subset_seed": 0})
+    seen = set(load_raw(ds).train.texts)
+    unseen = next(i for i, (text, _) in enumerate(old_rows) if text not in seen)
+    _write_csv(train, [(t + " edited", y) if i == unseen else (t, y) for i, (t, y) in enumerate(old_rows)])
+    same = _sweep(tmp_path, args)
+    assert "already finished=1" in same.stdout and len(_runs(tmp_path)) == 1, same.stdout[-2000:]
+
+    # Every row replaced under the same file name: a run on other data, trained again.
+    _write_csv(train, [(f"new words {i} on subject {i % 2}", i % 2) for i in range(80)])
+    changed = _sweep(tmp_path, args)
+    assert "finished=1 " in changed.stdout and "already finished" not in changed.stdout, changed.stdout[-2000:]
+    runs = _runs(tmp_path)
+    assert [r.data.tags["status"] for r in runs] == ["finished", "finished"]
+    digests = [{d.dataset.digest for d in r.inputs.dataset_inputs} for r in runs]
+    assert digests[0] != digests[1]
+    # The sweep's report (and the whole store's) keeps the two apart: not two repeats of one configuration.
+    rows = load_rows(f"sqlite:///{tmp_path / 'mlflow.db'}", "bertaccel", _parent(tmp_path, changed.stdout)
+                     .data.tags["sweep_id"])
+    assert len(rows) == 2 and rows[0].group != rows[1].group
+
+
+def test_launcher_settings_are_not_identity_and_a_run_recorded_under_the_legacy_hash_is_resumed(tmp_path, compose_cfg):
+    _sweep(tmp_path, ["train.seed=1,2", *TINY])
+    runs = _runs(tmp_path)
+    assert len(runs) == 2
+    # As an older version recorded it: config_hash computed with the launcher's settings, no version tag.
+    one = next(r for r in runs if r.data.params["train.seed"] == "1")
+    resolved = OmegaConf.to_container(compose_cfg(["train.seed=1", *TINY]), resolve=True)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client.set_tag(one.info.run_id, "config_hash", legacy_config_hash(resolved))
+    client.delete_tag(one.info.run_id, IDENTITY_VERSION_TAG)
+
+    again = _sweep(tmp_path, ["train.seed=1,2", *TINY, "launcher.runs_at_once=2", "launcher.timeout_s=5000",
+                              "launcher.collective_timeout_s=100", "launcher.start_method=spawn"])
+    assert "finished=0 " in again.stdout and "already finished=2" in again.stdout, again.stdout[-2000:]
+    assert len(_runs(tmp_path)) == 2  # nothing trained twice
+    # ... and both sweeps' runs are one configuration per seed in the report.
+    rows = load_rows(f"sqlite:///{tmp_path / 'mlflow.db'}", "bertaccel")
+    assert len(rows) == 2 and rows[0].group == rows[1].group  # seeds 1 and 2: repeats of one configuration
+
+
+def test_a_sweep_that_resumed_configurations_reports_all_of_them(tmp_path):
+    _sweep(tmp_path, ["train.seed=1,2", *TINY])
+    more = _sweep(tmp_path, ["train.seed=1,2,3", *TINY])
+    assert "finished=1 " in more.stdout and "already finished=2" in more.stdout, more.stdout[-2000:]
+    parent = _parent(tmp_path, more.stdout)
+    assert parent.data.tags["status"] == "finished (3 of 3 runs finished)"
+    rows = load_rows(f"sqlite:///{tmp_path / 'mlflow.db'}", "bertaccel", parent.data.tags["sweep_id"])
+    assert sorted(r.seed for r in rows) == ["1", "2", "3"]
+    # The report attached to the parent run is of the same three runs.
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    md = Path(client.download_artifacts(parent.info.run_id, "report/report.md", str(tmp_path))).read_text()
+    assert "Adopt 'train.seed=3'" not in md
+    for seed in ("1", "2", "3"):
+        assert f"train.seed={seed}" in md
+
