@@ -15,21 +15,20 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
-import sqlite3
 import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 from urllib.parse import urlparse
 
 import psutil
 from hydra.core.utils import env_override
 
 from bertaccel.config import ConfigError
+from bertaccel.store_file import sqlite_state  # noqa: F401 - what a store's file holds (one home: store_file.py)
 
 CHECK_TIMEOUT_S = 5.0  # how long the store check waits on a tracking server
-SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 CREATING = ".creating-"  # infix of a store being built beside its target: <db>.creating-<pid>
 
 
@@ -40,61 +39,26 @@ def sqlite_file(uri: str) -> Optional[Path]:
     return Path(uri[len("sqlite:///"):]).expanduser().resolve()
 
 
-def _head_revision() -> Optional[str]:
-    """The schema version this MLflow writes (its newest migration), None if it cannot say."""
-    try:
-        from mlflow.store.db.utils import _get_latest_schema_revision
-
-        return _get_latest_schema_revision()
-    except Exception:  # noqa: BLE001 - a private MLflow helper: without it, any version passes
+def _read_only(db: Path) -> Optional[str]:
+    """Why a run cannot write the store at `db` (it exists), or None. os.access says what this
+    process may do: a read-only mount (EROFS) stops root too, a mode without write bits does not."""
+    lock = db.with_name(db.name + ".lock")
+    if not os.access(db, os.W_OK):
+        what = f"{db} is read-only"
+    elif not os.access(db.parent, os.W_OK | os.X_OK):
+        what = f"{db.parent} is read-only (SQLite writes its journal beside the store, bertaccel its lock file)"
+    elif lock.exists() and not os.access(lock, os.W_OK):
+        what = f"{lock} (the store's lock file) is read-only"
+    else:
         return None
-
-
-def sqlite_state(db: Path) -> Tuple[str, str]:
-    """What the file of a sqlite:/// store holds, read without writing (a read-only connection):
-    (kind, detail). kind: missing | directory | not_file | empty | not_sqlite | foreign |
-    half_created | old_schema | ok. An empty or half-created store holds no runs: nothing is lost
-    by building it anew."""
-    if not db.exists():
-        return "missing", ""
-    if db.is_dir():
-        return "directory", ""
-    if not db.is_file():
-        return "not_file", ""
-    if db.stat().st_size == 0:
-        return "empty", ""
-    try:
-        with open(db, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
-    except OSError as e:
-        return "not_file", e.strerror or str(e)
-    if head != SQLITE_MAGIC:
-        return "not_sqlite", repr(head[:8])
-    try:
-        con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=30)
-        try:
-            tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
-            runs = con.execute("select count(*) from runs").fetchone()[0] if "runs" in tables else 0
-            version = (con.execute("select version_num from alembic_version").fetchone() or [None])[0] \
-                if "alembic_version" in tables else None
-        finally:
-            con.close()
-    except sqlite3.DatabaseError as e:  # "file is not a database": a damaged file
-        return "not_sqlite", str(e)
-    if not tables:
-        return "empty", ""
-    if "experiments" not in tables and "alembic_version" not in tables:
-        return "foreign", ", ".join(sorted(tables)[:5])
-    head_rev = _head_revision()
-    if version is not None and (head_rev is None or version == head_rev) and "runs" in tables:
-        return "ok", ""
-    if runs == 0:
-        return "half_created", f"schema {version or 'none'}, {len(tables)} tables, no runs"
-    return "old_schema", f"schema {version}, this MLflow writes {head_rev}"
+    return (f"{what}: a run writes its results into the store; give a store you can write, e.g. a copy "
+            f"of it in a folder you can write (cp {db} DIR/ and tracking.uri=sqlite:///DIR/{db.name})")
 
 
 def _sqlite_problem(uri: str, db: Path, create: bool) -> Optional[str]:
     kind, detail = sqlite_state(db)
+    if kind in ("ok", "empty", "half_created") and create:
+        return _read_only(db)  # (a run builds an empty or half-created store there: repair_store)
     if kind == "ok":
         return None
     if kind == "missing":
@@ -104,26 +68,30 @@ def _sqlite_problem(uri: str, db: Path, create: bool) -> Optional[str]:
         if not parent.is_dir():
             return f"{parent} is a file, so {db} cannot be created; give a path in a folder"
         if not os.access(parent, os.W_OK | os.X_OK):
-            return f"cannot create {db}: {parent} is not writable; give a path in a folder you can write"
+            return f"cannot create {db}: {parent} is read-only; give a path in a folder you can write"
         return None
     if kind == "directory":
         return f"{db} is a directory, not a database file; give a file in it, e.g. sqlite:///{db / 'mlflow.db'}"
     if kind == "not_file":
         return f"{db} is not a regular file{f' ({detail})' if detail else ''}; give a database file path"
     if kind in ("empty", "half_created"):
-        if create:
-            return None  # a run builds the store there (ensure_store)
         what = ("an empty file" if kind == "empty" else
-                f"a store left half-created by a run stopped while MLflow made its tables ({detail})")
+                f"a half-created or empty MLflow store ({detail}, nothing in them but what MLflow makes "
+                "itself: a run stopped while MLflow made its tables leaves one)")
         return f"{db} is {what}, not an MLflow store with runs; any bertaccel.run on it makes it a store"
     if kind == "not_sqlite":
         return (f"{db} is not an MLflow store (not a SQLite database: {detail}); give the store your runs "
                 "wrote to, or a new file name")
+    if kind == "locked":
+        return (f"{db} is locked {detail}: another client holds a write transaction on this store (it is "
+                "in use, not broken); let it finish or stop it, then run again")
     if kind == "foreign":
         return (f"{db} is a SQLite database of something else (tables {detail}), not an MLflow store; "
-                "give another file name")
-    return (f"{db} was written by another MLflow version ({detail}); back it up, then "
-            f"`mlflow db upgrade {uri}`")
+                "bertaccel leaves it as it is: give another file name")
+    if kind == "new_schema":
+        return (f"{db} was written by a newer MLflow ({detail}); use that MLflow version "
+                "(pip install -U mlflow), or give another file name")
+    return f"{db} is an MLflow store of {detail}; back it up, then `mlflow db upgrade {uri}`"
 
 
 def server_problem(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> Optional[str]:
@@ -226,8 +194,55 @@ def _build_store(db: Path) -> None:
 _held = threading.local()
 
 
+def _missing_folders(folder: Path) -> List[Path]:
+    """The folders from `folder` up that do not exist yet, deepest first."""
+    missing: List[Path] = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _open_lock(lock: Path, shared: bool) -> Tuple[Optional[int], bool]:
+    """(descriptor of the lock file, whether this call created it). A reader (shared) that can
+    neither create nor open it for writing opens it read-only (flock needs no write access), and
+    gets None where it cannot open it at all: a read-only folder that holds no lock file."""
+    try:
+        return os.open(lock, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o666), True
+    except FileExistsError:
+        pass
+    except OSError:
+        if not shared:
+            raise
+    try:
+        return os.open(lock, os.O_WRONLY | os.O_APPEND), False
+    except OSError:
+        if not shared:
+            raise
+    try:
+        return os.open(lock, os.O_RDONLY), False
+    except OSError:
+        return None, False
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def _exclusive_now(fd: int) -> bool:
+    """Whether this holder has the lock file to itself now (a reader that shares it does not)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
 @contextmanager
-def store_lock(uri: str) -> Iterator[None]:
+def store_lock(uri: str, shared: bool = False) -> Iterator[None]:
     """Serialize access to one SQLite store across processes, and make sure the store exists.
 
     SQLite allows one writer at a time and MLflow's retries give up under contention, so
@@ -236,38 +251,82 @@ def store_lock(uri: str) -> Iterator[None]:
     another process (a separate open of the lock file). The first holder after the file is gone
     or empty builds the store (_build_store). Other stores (a tracking server) serialize
     themselves: no lock.
+
+    shared: a read (report, plan, a run's look-ups) of a store that exists: a shared flock, so
+    readers do not wait on each other, only on writers. Where the reader cannot open the lock
+    file at all (a read-only folder without one, or one it may not read) it reads without it.
+    That is safe: every bertaccel writer creates and holds the lock file before it writes, so
+    where none exists and none can be made, no bertaccel writer is writing; another client's
+    writes are SQLite's own business (its file locks make each read see a whole transaction;
+    a writer holding it past the busy timeout is a locked store, store_file.py).
+
+    A lock file this call created is removed again, holding it exclusively, when no store came
+    of it (a run refused or stopped before the store was made leaves neither; so is a folder it
+    made for the store) or when the call only read (report and plan leave nothing beside the
+    store; one another process holds stays). That is safe because every holder checks, once it
+    holds the lock, that the lock file it holds is still the one at the path, and takes the new
+    one otherwise. A lock file beside a store is harmless: empty, never read, and its flock
+    ends with its holder's process, a killed one's too.
     """
-    if not uri.startswith("sqlite:///") or getattr(_held, "depth", 0):
-        _held.depth = getattr(_held, "depth", 0) + 1
+    depth = getattr(_held, "depth", 0)
+    if not uri.startswith("sqlite:///") or depth:
+        if depth and not shared and getattr(_held, "shared", False):
+            raise RuntimeError("store_lock: a write inside a shared (read) hold of the store lock")
+        _held.depth = depth + 1
         try:
             yield
         finally:
             _held.depth -= 1
         return
     db = sqlite_file(uri)
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        _held.depth = 1
+    shared = shared and db.is_file() and db.stat().st_size > 0  # (a store to build takes the exclusive lock)
+    lock = db.with_name(db.name + ".lock")
+    made = [] if shared else _missing_folders(db.parent)
+    while True:
+        if not shared:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        fd, created = _open_lock(lock, shared)
+        if fd is None:
+            break
         try:
-            # (a stat per call; the table read only while the file is missing or empty)
-            if not (db.is_file() and db.stat().st_size > 0):
-                _build_store(db)
-            yield
-        finally:
-            _held.depth = 0
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, lock):
+            break
+        os.close(fd)  # its maker removed it meanwhile (no store came of it): lock the one there now
+    _held.depth, _held.shared = 1, shared
+    try:
+        # (a stat per call; the table read only while the file is missing or empty)
+        if not shared and not (db.is_file() and db.stat().st_size > 0):
+            _build_store(db)
+        yield
+    finally:
+        _held.depth, _held.shared = 0, False
+        if fd is not None:
+            try:
+                if created and (shared or not db.exists()) and _exclusive_now(fd):
+                    lock.unlink(missing_ok=True)
+                    for folder in made:  # (deepest first; one something else was put in stays)
+                        try:
+                            folder.rmdir()
+                        except OSError:
+                            break
+            finally:
+                os.close(fd)  # (closing releases the flock)
 
 
 def repair_store(uri: str) -> None:
-    """Rebuild a half-created sqlite:/// store (no runs in it: nothing is lost) before a run or a
-    sweep uses it; a missing or empty one is built by the first store_lock."""
+    """Rebuild a half-created sqlite:/// store (provably MLflow's, with nothing in it: store_file.py)
+    or an SQLite file without tables before a run or a sweep uses it; a missing or 0-byte one is
+    built by the first store_lock. Nothing else is ever built over: the checks refuse it first."""
     db = sqlite_file(uri)
     if db is None:
         return
-    if sqlite_state(db)[0] == "half_created":
+    if sqlite_state(db)[0] in ("half_created", "empty"):
         with store_lock(uri):
-            if sqlite_state(db)[0] == "half_created":  # (another process may have built it meanwhile)
+            if sqlite_state(db)[0] in ("half_created", "empty"):  # (another process may have built it meanwhile)
                 _build_store(db)
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":
+    from bertaccel.report.stop import while_starting
+
+    while_starting()  # Ctrl-C during the imports below: one line (report/stop.py)
     from bertaccel.runs.bytecode import cache_bytecode
 
     cache_bytecode()  # before the heavy imports (runs/bytecode.py)
@@ -31,6 +34,7 @@ from typing import List, Optional
 
 from ..report.args import OneLineParser
 from ..report.folder import OutputFolderError, check_folder, write_folder
+from ..report.stop import held, run
 from .calibrate import DEFAULT_MFU, POWER_UTILISATION
 
 SCALING = (f"--hardware: each configuration re-priced on the profile: achieved FLOP/s from runs on that hardware "
@@ -117,7 +121,8 @@ def _notes(grid, planner, preds, scored, probed: bool, targets: List[str]) -> Li
     return notes
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, written: Optional[List[str]] = None) -> int:
+    """written: what was written so far is appended to it (report/stop.py says it on Ctrl-C)."""
     from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -126,6 +131,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .grid import PlanInputError, expand
     from .predict import Planner
 
+    written = [] if written is None else written
     a = _args(argv)
     try:
         if a.out is not None:
@@ -169,14 +175,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     if grid.configs:
         from .saved import save_plan
 
-        saved = save_plan(grid.configs[0].cfg.cache_dir, grid.sweep_id, own, planner.walls.sweep_wall_s())
+        with held():  # (whole or not begun: a Ctrl-C meanwhile is taken after it)
+            saved = save_plan(grid.configs[0].cfg.cache_dir, grid.sweep_id, own, planner.walls.sweep_wall_s())
+            written.append(f"the saved plan {saved}")
         print(f"plan saved for the sweep's runs: {saved} (each run of sweep {grid.sweep_id} logs its prediction)")
     if a.out is not None:
         plots = _plots(preds, several)
         md = output.markdown(tables, notes, f"bertaccel plan: {grid.config_name}")
         md += "\n## Plots\n\n" + "\n\n".join(f"![{p['title']}](plots/{p['stem']}.png)" for p in plots)
         try:
-            write_folder(a.out, "plan", {"plan.md": md + "\n", "plan.csv": output.to_csv(preds, several)}, plots)
+            with held():
+                write_folder(a.out, "plan", {"plan.md": md + "\n", "plan.csv": output.to_csv(preds, several)}, plots)
+                written.append(f"the plan {a.out}")
         except OutputFolderError as e:  # --out changed since check_folder, or could not be written
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -185,4 +195,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -9,9 +9,16 @@ with the answer (the winner per strategy against a baseline, render.py / summary
 """
 from __future__ import annotations
 
-import argparse
 import sys
+
+if __name__ == "__main__":
+    from .stop import while_starting
+
+    while_starting()  # Ctrl-C during the imports below: one line (report/stop.py)
+
+import argparse  # noqa: E402 (after the start-up signal handlers)
 from pathlib import Path
+from typing import List, Optional
 
 from . import load_rows
 from .args import OneLineParser
@@ -25,6 +32,7 @@ from .predicted import add_to_report as add_predicted
 from .render import build, to_html, to_markdown, unequal_work
 from .scoring import STRATEGIES, parse_weights, score_rows
 from .search_front import add_to_report as add_search_front
+from .stop import held, run
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view
 
 # The numbers of the command line, checked as a CSV's are: finite and in range.
@@ -79,7 +87,9 @@ def _check_store(uri: str) -> None:
         raise ReportInputError(f"--uri {uri}: {why}{hint}")
 
 
-def main(argv=None) -> int:
+def main(argv=None, written: Optional[List[str]] = None) -> int:
+    """written: what was written so far is appended to it (report/stop.py says it on Ctrl-C)."""
+    written = [] if written is None else written
     a = _args(argv)
     try:
         check_folder(a.out, "report")  # before any work: a bad --out costs nothing
@@ -135,8 +145,10 @@ def main(argv=None) -> int:
         add_predicted(report, a.uri, a.experiment, measured)
         console += add_search_front(report, a.uri, a.experiment, measured, a.sweep)  # report/search_front.py
     try:
-        write_folder(a.out, "report", {"report.md": to_markdown(report), "report.html": to_html(report)},
-                     report.plots)
+        with held():  # (a Ctrl-C meanwhile is taken once the folder is in place and recorded)
+            write_folder(a.out, "report", {"report.md": to_markdown(report), "report.html": to_html(report)},
+                         report.plots)
+            written.append(f"the report {a.out}")
     except ValueError as e:  # --out changed since check_folder, or could not be written: nothing changed
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -151,4 +163,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

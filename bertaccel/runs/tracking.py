@@ -316,13 +316,14 @@ def finish_run(uri: str, run_id: str, status: str, reason: Optional[str] = None)
 
 
 def experiment_id_of(uri: str, run_id: str) -> str:
-    with store_lock(uri):
+    with store_lock(uri, shared=True):
         return MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
 
 
 def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]:
-    """Runs of an experiment matching an MLflow filter ([] when the experiment does not exist)."""
-    with store_lock(uri):
+    """Runs of an experiment matching an MLflow filter ([] when the experiment does not exist).
+    A read: a shared lock (report and plan read a store in a read-only folder, store_lock)."""
+    with store_lock(uri, shared=True):
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
