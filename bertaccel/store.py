@@ -8,7 +8,8 @@ seconds (launcher.timeout_s, Ctrl-C, SIGKILL) left a file that every later run a
 refused ("table spans already exists", "out-of-date database schema"), for good. Here a new
 store is built in a file beside the target and renamed into place (rename is atomic on POSIX),
 so the store file is either absent or complete; a half-created store left by an older version
-(no runs in it) is rebuilt the same way by the next run.
+is rebuilt the same way by the next run, and only a file that is provably that (MLflow's own
+tables holding nothing: store_file.py): a file bertaccel did not make is refused, never rebuilt.
 """
 from __future__ import annotations
 
