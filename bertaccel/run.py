@@ -2,10 +2,13 @@
 studies: `-m --config-name <study>`, bertaccel/sweeps/ found by name).
 
 Single run: bad input prints one line and exits 2 (an unknown option or a value of the wrong type
-on the command line too: Hydra's composition errors are caught here, and the run's output
-directory is not left behind); a skipped or failed run exits 1.
+on the command line too: Hydra's composition errors are caught here), and what Hydra's job set-up
+wrote to the run's output directory is taken back, nothing else (runs/run_dir.py); a skipped or
+failed run exits 1.
 Multirun: every configuration is recorded (bad ones as failed, with the reason) and the sweep
-goes on; the exit status is non-zero only when no run finished (runs/progress.py says it).
+goes on; the exit status is non-zero only when no run finished (runs/progress.py says it). A sweep
+with no configuration, or bad input in every one, is one line and exit 2 before its store is
+opened (runs/sweep_plan.py).
 SIGINT / SIGTERM (interrupt.py): the current run is recorded interrupted, a sweep's parent run
 is closed, one line is printed, exit 130 / 143.
 """
@@ -54,10 +57,8 @@ if __name__ == "__main__":
     # torch._dynamo's import for the optimizer's check after them.
     gc.disable()
 
-import shutil  # noqa: E402 (after the start-up signal handlers)
-import time  # noqa: E402
+import time  # noqa: E402 (after the start-up signal handlers)
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import hydra
@@ -65,17 +66,20 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from bertaccel.config import CONF_DIR, GROUPS, ConfigError, register_configs
 from bertaccel.data import DataError
+from bertaccel.options.checks import unknown_setting
 from bertaccel.options.search import trial_result, uses_search
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.interrupt import install as install_signal_handlers
 from bertaccel.runs.launch import launch
 from bertaccel.runs.record import group_choices, record_bad_input, run_label
+from bertaccel.runs.run_dir import Refused
 from bertaccel.runs.startup import MAIN_COMPOSE, Mark, job_marks, mark_main, process_started_at
 from bertaccel.runs.sweep import context_from_env, interrupt_parent, set_env
+from bertaccel.runs.sweep_plan import SweepRefused
 
 register_configs()
 
@@ -119,28 +123,12 @@ def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = N
     except (ConfigError, DataError) as e:
         if not info.multirun:
             print(f"error: {e}", file=sys.stderr)
-            discard_run_dir()
-            sys.exit(2)
+            # Handed to the frame (runs/progress.py on_run_end), which takes back what Hydra's job
+            # set-up wrote to the output directory, and only that (runs/run_dir.py), then exits 2.
+            raise Refused(str(e)) from None
         outcome = record_bad_input(cfg, info.choices, info.name, f"bad input: {e}")
         print(f"error in run {info.name}: {e}", file=sys.stderr)
     return outcome
-
-
-def discard_run_dir() -> None:
-    """A single run refused for bad input leaves nothing behind: Hydra made its output directory
-    (outputs/<date>/<time>, with .hydra/ and the job's log) before the task ran. Only what Hydra
-    wrote there is removed, then the directories it made, while empty, up to the working dir."""
-    try:
-        hc = HydraConfig.get()
-        out = Path(hc.runtime.output_dir).resolve()
-        shutil.rmtree(out / ".hydra", ignore_errors=True)
-        (out / f"{hc.job.name}.log").unlink(missing_ok=True)
-        cwd = Path.cwd().resolve()
-        while out != cwd and cwd in out.parents and not any(out.iterdir()):
-            out.rmdir()
-            out = out.parent
-    except (OSError, ValueError):
-        pass  # a directory the user pointed hydra.run.dir at and filled: left as it is
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
@@ -178,6 +166,10 @@ def input_error(e: Exception) -> str:
         return f"{group}={option} is not an option of {group}; choose one of: {', '.join(options)}"
     if isinstance(e, OverrideParseException):
         return f"cannot read the override '{e.override}': {e.message.splitlines()[0]}"
+    unknown = getattr(e.__cause__, "full_key", None)
+    if (isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)) and unknown
+            and str(e).startswith("Could not override") and not unknown.startswith("hydra.")):
+        return unknown_setting(unknown)  # (the same line as for `+key=...`: options/checks.py)
     parts = []
     for x in (e, e.__cause__):
         if x is not None:
@@ -219,6 +211,15 @@ def cli() -> None:
         main()
     except Interrupted as e:
         sys.exit(interrupted(e))
+    except SweepRefused as e:  # (before the sweep's store: runs/sweep_plan.py)
+        if user_full_error and e.error is not None:
+            raise e.error
+        print(f"error: {e.why or input_error(e.error)}", file=sys.stderr)
+        sys.exit(2)
+    except Refused:
+        # (its line is printed; here only without bertaccel's frame among Hydra's callbacks, e.g. a
+        # primary config of the user's own: nothing is undone then, nothing is deleted)
+        sys.exit(2)
     except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as e:
         if user_full_error:
             raise

@@ -16,13 +16,15 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Set
+from typing import Any, List, Optional, Sequence, Set, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
 from bertaccel.options.search import parent_tags, uses_search
+from bertaccel.runs import run_dir
 from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
+from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
 from bertaccel.runs.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
 from bertaccel.runs.tracking import experiment_id_of, ui_address
 from bertaccel.store import exit_if_store_unusable, repair_store
@@ -70,6 +72,7 @@ class SweepState:
     uri: str = ""
     ui: str = ""  # the MLflow UI's address of the sweep's runs (tracking.ui_address)
     pid: int = 0  # the launching process (a submitit job's process has a copy of this state)
+    plan: Optional[SweepPlan] = None  # a grid's configurations, composed and checked (runs/sweep_plan.py)
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -110,13 +113,41 @@ class SweepState:
         return 0 if self.count("finished") + self.count("already_finished") > 0 else 1
 
 
+def planned_jobs(hydra_context: Any, job_overrides: Sequence[Sequence[str]],
+                 initial_job_idx: int) -> List[Tuple[int, List[str], Any]]:
+    """What a launcher launches of the sweeper's jobs: (index, overrides, the sweep config the
+    frame composed for it or None), the repeats of a configuration left out (runs/sweep_plan.py)."""
+    frames = [c for c in hydra_context.callbacks.callbacks if isinstance(c, SweepProgress)]
+    plan = frames[0].state.plan if frames else None
+    jobs = []
+    for i, overrides in enumerate(job_overrides):
+        idx = initial_job_idx + i
+        planned = plan.planned(idx, overrides) if plan is not None else None
+        if planned is None or planned.repeat_of is None:
+            jobs.append((idx, list(overrides), planned.config if planned is not None else None))
+    return jobs
+
+
 class SweepProgress(Callback):
     """The sweep's frame. Hydra makes one instance per multirun and calls it in the launching
     process (bertaccel's launcher runs every job's Hydra side there, also with runs_at_once > 1),
-    so the sweep's bookkeeping is this instance's, not module state shared between sweeps."""
+    so the sweep's bookkeeping is this instance's, not module state shared between sweeps.
+    A single run's frame too, for one thing: what its output directory held before Hydra's job
+    set-up wrote there, put back when the run is refused for bad input (runs/run_dir.py)."""
 
     def __init__(self) -> None:
         self.state = SweepState()
+        self.before: Optional[run_dir.Before] = None
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        self.before = run_dir.before_job(config)
+
+    def on_run_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
+        if job_return is not None and isinstance(getattr(job_return, "_return_value", None), run_dir.Refused):
+            run_dir.undo(self.before)
+            # (raised here, not left to Hydra: it would print "Error executing job ..." first;
+            # SystemExit passes Hydra's callback wrapper, which turns exceptions into warnings)
+            raise SystemExit(2)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         mark_main(MAIN_PARENT_RUN)  # (Hydra has composed the sweep's config: the first run's start-up)
@@ -138,6 +169,15 @@ class SweepProgress(Callback):
         searching = uses_search(config.hydra)
         if searching:  # a search runs its n_trials, not the grid
             state.total = int(config.hydra.sweeper.n_trials)
+            if state.total < 1:
+                raise SweepRefused(f"hydra.sweeper.n_trials={state.total}: a search needs at least one trial")
+        else:
+            # Before the store and the parent run: an empty sweep, or one whose every configuration
+            # is bad input, is one line and exit 2 with nothing written, as a single run is; a
+            # configuration given twice is counted and run once.
+            state.plan = plan_sweep(config)
+            if state.plan is not None:
+                state.total = len(state.plan.distinct())
         state.uri = config.tracking.uri
         exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
         repair_store(state.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
@@ -152,6 +192,8 @@ class SweepProgress(Callback):
         set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
         state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
+        for line in state.plan.said if state.plan is not None else ():
+            print(f"[sweep] {line}", flush=True)
         mark_main(MAIN_SWEEP_START)
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:

@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
@@ -84,6 +84,7 @@ class BertaccelLauncher(Launcher):
         self.config: Optional[DictConfig] = None
         self.task_function: Optional[TaskFunction] = None
         self.hydra_context: Optional[HydraContext] = None
+        self._planned: Dict[int, DictConfig] = {}  # job index -> its sweep config, composed by the sweep's frame
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
@@ -98,14 +99,22 @@ class BertaccelLauncher(Launcher):
             from bertaccel.runs.forkserver import start_forkserver
 
             start_forkserver()  # from this, the main thread: see its docstring
-        jobs = [(initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
+        from bertaccel.runs.progress import planned_jobs
+
+        # A configuration given twice runs once; the sweep's frame composed each job's config
+        # already (runs/sweep_plan.py): _sweep_config takes it instead of composing it again.
+        planned = planned_jobs(self.hydra_context, job_overrides, initial_job_idx)
+        self._planned = {idx: cfg for idx, _, cfg in planned if cfg is not None}
+        jobs = [(idx, overrides) for idx, overrides, _ in planned]
         if at_once <= 1:
             return [self._run(idx, overrides, self.task_function) for idx, overrides in jobs]
         return self._concurrently(jobs, at_once)
 
     def _sweep_config(self, idx: int, overrides: List[str]) -> DictConfig:
         log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        cfg = self._planned.pop(idx, None)  # (taken once: a job run again is composed again)
+        if cfg is None:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         with open_dict(cfg):
             cfg.hydra.job.id = idx
             cfg.hydra.job.num = idx

@@ -79,8 +79,9 @@ class _BertaccelSubmitit:
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         returns: Dict[int, JobReturn] = {}
         groups: Dict[str, List[Tuple[int, List[str], DictConfig, Dict[str, Any]]]] = {}
-        for i, overrides in enumerate(job_overrides):
-            idx, overrides = initial_job_idx + i, list(overrides)
+        from bertaccel.runs.progress import planned_jobs
+
+        for idx, overrides, _ in planned_jobs(self.hydra_context, job_overrides, initial_job_idx):  # (a repeat: once)
             sweep_cfg = self._sweep_config(idx, overrides)
             params = OmegaConf.to_container(sweep_cfg.hydra.launcher, resolve=True)
             params.pop("_target_", None)
