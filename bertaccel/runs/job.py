@@ -36,6 +36,7 @@ from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
 from bertaccel.runs.record import Outcome, RankTracker, open_tracker, resumed
 from bertaccel.runs.startup import Mark, startup_phases
+from bertaccel.runs.store_failure import close_or_name, failed
 from bertaccel.runs.tracking import RunTracker
 from bertaccel.store import store_lock
 from bertaccel.train.batch_fit import cpu_refusal, fitted_batch
@@ -150,6 +151,9 @@ def _run(cfg: DictConfig, run_name: str, started: Tuple[float, str, List[Mark]],
         e.run_id, e.run_name = outcome.run_id, run_name
         raise
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the sweep goes on
+        store = failed(e, cfg.tracking.uri, cfg.tracking.experiment)
+        if store is not None:  # not the run's own: the store or the disk, the sweep stops (store_failure.py)
+            raise store.leaving(close_or_name(cfg.tracking.uri, [(outcome.run_id, run_name)], store.reason)) from None
         log.error(f"run {run_name} failed:\n{traceback.format_exc()}")
         return _end(tracker, outcome, "failed", _first_line(e))
 

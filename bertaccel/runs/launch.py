@@ -23,8 +23,9 @@ A launching process killed outright (SIGKILL) cannot stop anything: each worker 
 once it is gone, marks its run interrupted and exits (_die_with_launcher).
 
 One finished run per configuration, also with two sweeps on one store: a configuration another
-live process is running is waited for, then taken as already finished or run again
-(runs/sweep.py previous_outcome, job.execute's claim).
+live process is running is waited for (or put off, in the sweep launcher's first pass), then taken
+as already finished or run again (runs/claims.py, runs/sweep.py previous_outcome, job.execute's
+claim). The store or its disk failing under a run stops the sweep (runs/store_failure.py).
 """
 from __future__ import annotations
 
@@ -39,16 +40,19 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import psutil
 from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.distributed import Rank
 from bertaccel.runs import interrupt
+from bertaccel.runs.claims import second_turn, wait_for_others
 from bertaccel.runs.forkserver import start_forkserver
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
                                     PROCESS_SPAWN, Mark, fork_marks, process_started_at, resume_collector, stamp)
+from bertaccel.runs.store_failure import (StoreFailed, close_or_name, failed, quiet_store_errors,
+                                         refuse_deleted_experiment)
 from bertaccel.runs.sweep import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")
@@ -57,7 +61,6 @@ POLL_S = 0.2          # how often the launcher looks at its workers
 STRAGGLER_GRACE_S = 60.0  # how long the other ranks may take to exit once rank 0 has its outcome
 LAUNCH_TAG = "launch_id"
 TERMINATE_GRACE_S = 10.0  # an interrupted run's workers get this long to exit before SIGKILL
-CLAIM_POLL_S = 2.0  # how often a sweep waiting on another sweep's run of a configuration looks again
 WATCH_S = 0.5  # how often a worker looks whether its launching process is still there
 
 
@@ -96,6 +99,19 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     (ConfigError, DataError) is raised here, in the caller's process, before anything starts.
     devices: the GPUs the job's processes may see (the sweep launcher's share for this run).
     startup: the job's start-up marks so far (runs/startup.py)."""
+    quiet_store_errors()
+    try:
+        return _launch(cfg, choices, run_name, started_at, started_source, devices, startup)
+    except Exception as e:
+        stop = failed(e, cfg.tracking.uri, cfg.tracking.experiment)
+        if stop is None:
+            raise
+        raise stop from None
+
+
+def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
+            started_source: str, devices: Optional[Sequence[str]], startup: Sequence[Mark]) -> Any:
+    started_at, started_source, startup = second_turn(started_at, started_source, list(startup))
     startup = stamp(startup, LAUNCH_CHECKS)
     from bertaccel.options.checks import validate
     from bertaccel.options.hardware import check_gpu_count, resolve_device
@@ -110,6 +126,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
         # longest part of a sweep's first-run start-up once the forkserver preloads beside it.
         validate(cfg, leave=() if cfg.launcher.name == "inline" else ("optimizer.check_built",))
         check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
+        refuse_deleted_experiment(cfg.tracking.uri, cfg.tracking.experiment)
         repair_store(cfg.tracking.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
         # Needs the hub and it is unreachable (probed once per sweep): skipped now, not after
         # each run's process waited on connection retries.
@@ -124,7 +141,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
         # A resumed sweep starts no process for a finished run, and none for a configuration that
         # another sweep on this store runs now: it waits for that run's end, then takes its outcome
         # (or runs it, if that run did not finish and its process is gone).
-        earlier = _wait_for_others(cfg, run_name, resumed)
+        earlier = wait_for_others(cfg, run_name, resumed)
         if earlier is not None:
             return earlier
         if cfg.launcher.name == "inline":
@@ -143,20 +160,6 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
             return outcome
 
 
-def _wait_for_others(cfg: DictConfig, run_name: str, resumed: Callable[..., Any]) -> Any:
-    """resumed()'s outcome, once no other live process runs this configuration."""
-    told = False
-    while True:
-        earlier = resumed(cfg, run_name)
-        if earlier is None or earlier.status != RUNNING_ELSEWHERE:
-            return earlier
-        if not told:
-            log.info(f"run {run_name}: {earlier.reason}; waiting for it to end")
-            told = True
-        interrupt.STOP.wait(CLAIM_POLL_S)  # (a signal in the main thread raises Interrupted here)
-        interrupt.check()
-
-
 def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: int, timeout_s: float) -> None:
     """One process of a job (torch.multiprocessing entry point: module level, picklable)."""
     # This process's start (the fork, or the spawn) and its first line of ours: the start-up's
@@ -164,6 +167,7 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     started_at = process_started_at()
     startup = [*job.startup, *fork_marks(started_at), (PROCESS_SETUP, started_at), (PROCESS_IMPORTS, time.time())]
     interrupt.in_worker()  # Ctrl-C reaches the whole process group: the launcher stops this process
+    quiet_store_errors()
     _die_with_launcher(job)
     # Hydra configured logging in the launching process only; rank 0 speaks for the job, on
     # stdout as Hydra's console handler does (stderr stays for errors: "error: ..." one-liners).
@@ -203,6 +207,12 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
         # Bad input, found before anything was written (a malformed CSV): back to the caller,
         # who decides between "one line, exit 2" and "record it and go on", as inline.
         outcome = BadInput(e)
+    except StoreFailed as e:  # the store failed under the run: the launcher stops the sweep
+        outcome = e
+    except Exception as e:
+        outcome = failed(e, job.cfg["tracking"]["uri"], job.cfg["tracking"]["experiment"])
+        if outcome is None:
+            raise  # (a run's own failure that execute did not record: the launcher records it)
     results.put((local_rank, outcome))
 
 
@@ -285,6 +295,8 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     main = outcomes.get(0)
     if isinstance(main, BadInput):
         raise main.error
+    if isinstance(main, StoreFailed):
+        raise _close_after(job, cfg, main)
     if failure is None and main is not None:
         return main
     failure = failure or "no outcome from rank 0 (its process ended without one)"
@@ -356,6 +368,19 @@ def _death(e: Any, world: int) -> str:
     if getattr(e, "signal_name", None):
         return f"{who} died from signal {e.signal_name} (pid {e.error_pid})"
     return f"{who} exited with code {e.exit_code} (pid {e.error_pid})"
+
+
+def _close_after(job: Job, cfg: DictConfig, failure: StoreFailed) -> StoreFailed:
+    """The store failed under the job: its run, if its process opened one and could not close it,
+    closed as failed with the reason, or named as left open where the store takes no write."""
+    from bertaccel.runs.tracking import search_runs
+
+    try:
+        runs = search_runs(cfg.tracking.uri, cfg.tracking.experiment, f"tags.{LAUNCH_TAG} = '{job.launch_id}'")
+    except Exception:  # noqa: BLE001 - a store that cannot be read: the run's process named what it knew
+        return failure
+    open_runs = [(r.info.run_id, job.run_name) for r in runs if r.data.tags.get("status") == "running"]
+    return failure.leaving(close_or_name(cfg.tracking.uri, open_runs, failure.reason))
 
 
 def _record_failure(job: Job, cfg: DictConfig, reason: str, main: Any, status: str = "failed") -> Any:
