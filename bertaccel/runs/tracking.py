@@ -322,7 +322,11 @@ def experiment_id_of(uri: str, run_id: str) -> str:
 
 def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]:
     """Runs of an experiment matching an MLflow filter ([] when the experiment does not exist).
-    A read: a shared lock (report and plan read a store in a read-only folder, store_lock)."""
+    A read: a shared lock (report and plan read a store in a read-only folder, store_lock), and
+    no store made where there is none (a run stopped before its store was made leaves none)."""
+    db = sqlite_file(uri)
+    if db is not None and not (db.is_file() and db.stat().st_size > 0):
+        return []
     with store_lock(uri, shared=True):
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(experiment)
