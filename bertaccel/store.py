@@ -31,6 +31,10 @@ from bertaccel.store_file import sqlite_state  # noqa: F401 - what a store's fil
 
 CHECK_TIMEOUT_S = 5.0  # how long the store check waits on a tracking server
 CREATING = ".creating-"  # infix of a store being built beside its target: <db>.creating-<pid>
+# "<db file> <device>:<inode>": the store a sweep writes to (keep_store), set in the environment, so
+# its run processes see it too. While set, store_lock neither makes a store where it went nor
+# writes to another file put in its place: it raises StoreLost.
+KEEP_ENV = "BERTACCEL_STORE_KEPT"
 
 
 def sqlite_file(uri: str) -> Optional[Path]:
@@ -192,6 +196,41 @@ def _build_store(db: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+class StoreLost(Exception):
+    """The store a sweep writes to was deleted or replaced while it ran (keep_store)."""
+
+
+def _identity(db: Path) -> str:
+    st = db.stat()
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def keep_store(uri: Optional[str]) -> None:
+    """From now on (None: no longer), in this process and the processes it starts, the sqlite:///
+    store of `uri` must stay the file it is now: a sweep's runs and its parent run are in it, and
+    a new empty store made in its place (what store_lock does for a missing file) would take the
+    rest of the sweep without a word."""
+    db = sqlite_file(uri) if uri else None
+    if db is not None and db.is_file():
+        os.environ[KEEP_ENV] = f"{db} {_identity(db)}"
+    else:
+        os.environ.pop(KEEP_ENV, None)
+
+
+def check_kept(db: Path) -> None:
+    """StoreLost if `db` is the store keep_store keeps and it is gone or another file now."""
+    kept, _, identity = os.environ.get(KEEP_ENV, "").rpartition(" ")
+    if kept != str(db):
+        return
+    if not db.exists():
+        raise StoreLost(f"the store {db} was deleted while the sweep ran; a new one is not made in its place (the "
+                        "sweep's runs are not in it): put the file back, or give another tracking.uri=, then run the "
+                        "same command again")
+    if _identity(db) != identity:
+        raise StoreLost(f"the store {db} was replaced by another file while the sweep ran; nothing more is written "
+                        "to it: if it is the store you mean, run the same command again (it resumes there)")
+
+
 _held = threading.local()
 
 
@@ -280,6 +319,7 @@ def store_lock(uri: str, shared: bool = False) -> Iterator[None]:
             _held.depth -= 1
         return
     db = sqlite_file(uri)
+    check_kept(db)  # (before the folder is made: one deleted with the store is not made again either)
     shared = shared and db.is_file() and db.stat().st_size > 0  # (a store to build takes the exclusive lock)
     lock = db.with_name(db.name + ".lock")
     made = [] if shared else _missing_folders(db.parent)
@@ -299,6 +339,7 @@ def store_lock(uri: str, shared: bool = False) -> Iterator[None]:
         os.close(fd)  # its maker removed it meanwhile (no store came of it): lock the one there now
     _held.depth, _held.shared = 1, shared
     try:
+        check_kept(db)
         # (a stat per call; the table read only while the file is missing or empty)
         if not shared and not (db.is_file() and db.stat().st_size > 0):
             _build_store(db)

@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.file_utils import local_file_uri_to_path
 from mlflow.utils.time import get_current_time_millis
 
-from bertaccel.store import sqlite_file, store_lock
+from bertaccel.store import check_kept, sqlite_file, store_lock
 
 INPUT_ATTEMPTS = 3  # log_inputs: a clash on a dataset's key is retried (RunTracker.log_inputs)
 
@@ -326,6 +326,7 @@ def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]
     no store made where there is none (a run stopped before its store was made leaves none)."""
     db = sqlite_file(uri)
     if db is not None and not (db.is_file() and db.stat().st_size > 0):
+        check_kept(db)  # (a sweep's store deleted under it is StoreLost, not "no runs yet")
         return []
     with store_lock(uri, shared=True):
         client = MlflowClient(tracking_uri=uri)
