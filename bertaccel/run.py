@@ -74,6 +74,8 @@ from bertaccel.options.checks import unknown_setting
 from bertaccel.options.search import trial_result, uses_search
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.interrupt import install as install_signal_handlers
+from bertaccel.runs.store_failure import StoreFailed
+from bertaccel.runs.store_failure import stopped as store_stopped
 from bertaccel.runs.launch import launch
 from bertaccel.runs.record import group_choices, record_bad_input, run_label
 from bertaccel.runs.run_dir import Refused
@@ -220,6 +222,8 @@ def cli() -> None:
         # (its line is printed; here only without bertaccel's frame among Hydra's callbacks, e.g. a
         # primary config of the user's own: nothing is undone then, nothing is deleted)
         sys.exit(2)
+    except StoreFailed as e:  # the store or its disk failed under a run: one line (runs/store_failure.py)
+        sys.exit(store_stopped(e))
     except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as e:
         if user_full_error:
             raise

@@ -27,6 +27,7 @@ from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
 from bertaccel.runs.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
 from bertaccel.runs.tracking import experiment_id_of, ui_address
+from bertaccel.runs.store_failure import exit_if_experiment_deleted
 from bertaccel.store import exit_if_store_unusable, repair_store
 
 # interrupted: a submitit job killed from outside (its run is marked so and runs again next time)
@@ -180,6 +181,7 @@ class SweepProgress(Callback):
                 state.total = len(state.plan.distinct())
         state.uri = config.tracking.uri
         exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
+        exit_if_experiment_deleted(state.uri, config.tracking.experiment)  # (in MLflow's trash: the same)
         repair_store(state.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
         # A search's sampler, seed, n_trials and objectives are Hydra-side settings, not task
         # overrides: they join its identity, so a search is not the grid of the same study and two

@@ -40,7 +40,7 @@ from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
 from bertaccel.runs.tracking import LAUNCH_SETTINGS, experiment_id, search_runs
-from bertaccel.store import store_lock
+from bertaccel.store import keep_store, store_lock
 
 log = logging.getLogger("bertaccel")
 
@@ -163,16 +163,17 @@ def close_parent(uri: str, run_id: str, counts: Mapping[str, int]) -> None:
         client.set_terminated(run_id, "FINISHED")
 
 
-def interrupt_parent(uri: str, run_id: str, reason: str) -> None:
+def interrupt_parent(uri: str, run_id: str, reason: str, status: str = "interrupted") -> None:
     """A sweep stopped by SIGINT / SIGTERM: its parent run ends KILLED, status=interrupted (unless
     another sweep process of the same command is still on it). The same command later reopens it
-    and runs what did not finish (open_parent, previous_outcome)."""
+    and runs what did not finish (open_parent, previous_outcome). status "failed": a sweep its
+    store stopped (runs/store_failure.py), FAILED."""
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
         if _leave_parent(client, run_id):
             return
-        client.log_batch(run_id, tags=[RunTag("status", "interrupted"), RunTag("reason", reason)])
-        client.set_terminated(run_id, "KILLED")
+        client.log_batch(run_id, tags=[RunTag("status", status), RunTag("reason", reason)])
+        client.set_terminated(run_id, "FAILED" if status == "failed" else "KILLED")
 
 
 @dataclass
@@ -287,3 +288,4 @@ def set_env(ctx: Optional[SweepContext]) -> None:
     else:
         os.environ[SWEEP_ENV] = json.dumps({"sweep_id": ctx.sweep_id, "parent_run_id": ctx.parent_run_id,
                                             "swept": sorted(ctx.swept), "uri": ctx.uri})
+    keep_store(None if ctx is None else ctx.uri)  # the sweep's store is not made again if it goes (store.py)

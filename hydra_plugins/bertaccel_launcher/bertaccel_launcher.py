@@ -107,7 +107,19 @@ class BertaccelLauncher(Launcher):
         self._planned = {idx: cfg for idx, _, cfg in planned if cfg is not None}
         jobs = [(idx, overrides) for idx, overrides, _ in planned]
         if at_once <= 1:
-            return [self._run(idx, overrides, self.task_function) for idx, overrides in jobs]
+            # A job whose configuration another live sweep runs now is put off in its first turn
+            # and run after the others, waiting for that sweep if it must (runs/claims.py).
+            from bertaccel.runs.claims import deferred, job_turn
+
+            rets = []
+            for idx, overrides in jobs:
+                with job_turn(first=True):
+                    rets.append(self._run(idx, overrides, self.task_function))
+            for i, r in enumerate(rets):
+                if deferred(r):
+                    with job_turn(first=False):
+                        rets[i] = self._run(*jobs[i], self.task_function)
+            return rets
         return self._concurrently(jobs, at_once)
 
     def _sweep_config(self, idx: int, overrides: List[str]) -> DictConfig:
@@ -128,13 +140,14 @@ class BertaccelLauncher(Launcher):
 
     def _concurrently(self, jobs: List[Any], at_once: int) -> List[JobReturn]:
         from bertaccel.run import job_info, run_one
+        from bertaccel.runs.claims import deferred, job_turn
 
         gpus = visible_gpus()
         pool = GpuPool(gpus) if gpus else None
         hydra_side = threading.Lock()  # Hydra's job set-up and tear-down: one job at a time
 
-        def one(idx: int, overrides: List[str]) -> JobReturn:
-            with hydra_side:
+        def one(idx: int, overrides: List[str], first: bool = True) -> JobReturn:
+            with hydra_side, job_turn(first):  # (a job put off runs again after the others: runs/claims.py)
                 sweep_cfg = self._sweep_config(idx, overrides)
                 info = job_info(sweep_cfg.hydra)
                 need = int(sweep_cfg.num_gpus)
@@ -166,4 +179,13 @@ class BertaccelLauncher(Launcher):
                  + (f" on GPUs {','.join(gpus)}" if gpus else " (no GPUs: they share this host's CPUs)"))
         with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="bertaccel-job") as ex:
             futures = [ex.submit(one, idx, overrides) for idx, overrides in jobs]
-            return [f.result() for f in futures]
+            try:
+                rets = [f.result() for f in futures]
+                futures = {i: ex.submit(one, *jobs[i], False) for i, r in enumerate(rets) if deferred(r)}
+                for i, f in futures.items():
+                    rets[i] = f.result()
+                return rets
+            except BaseException:  # (a signal, a failed store: the jobs not started yet are not started)
+                for f in (futures.values() if isinstance(futures, dict) else futures):
+                    f.cancel()
+                raise
