@@ -27,6 +27,7 @@ import psutil
 from hydra.core.utils import env_override
 
 from bertaccel.config import ConfigError
+from bertaccel.store_file import flock_saying_who
 from bertaccel.store_file import sqlite_state  # noqa: F401 - what a store's file holds (one home: store_file.py)
 
 CHECK_TIMEOUT_S = 5.0  # how long the store check waits on a tracking server
@@ -330,7 +331,7 @@ def store_lock(uri: str, shared: bool = False) -> Iterator[None]:
         if fd is None:
             break
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            flock_saying_who(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, lock)
         except BaseException:
             os.close(fd)
             raise

@@ -13,10 +13,12 @@ registered models but no runs.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import sqlite3
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Tuple
@@ -71,25 +73,29 @@ def mlflow_schema() -> Optional[Tuple[Dict[str, FrozenSet[str]], Dict[str, Froze
         return None
 
 
-def _lockers(db: Path) -> List[int]:
-    """The pids holding a POSIX lock (SQLite's own) on the file, from /proc/locks (Linux); [] when
-    the system does not say. Waiters ("->") are not holders."""
-    st = db.stat()
+def _lockers(db: Path, kind: str = "POSIX") -> List[int]:
+    """The pids holding a lock of `kind` on the file, from /proc/locks (Linux): POSIX, SQLite's own
+    locks; FLOCK, bertaccel's store lock file. [] when the system does not say. Waiters ("->")
+    are not holders."""
+    try:
+        st = db.stat()
+    except OSError:
+        return []
     key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
         return []
     return sorted({int(f[4]) for f in (line.split() for line in lines)
-                   if len(f) > 5 and f[1] == "POSIX" and f[5] == key})
+                   if len(f) > 5 and f[1] == kind and f[5] == key})
 
 
-def holders(db: Path) -> str:
-    """Who holds the store locked ("pid 12 (sqlite3 app.db)", ...): the processes with a lock on
-    it, else those that have it open, besides this process; "another process" when the system
-    does not say."""
-    pids = [p for p in _lockers(db) if p != os.getpid()]
-    if not pids:
+def holders(db: Path, kind: str = "POSIX") -> str:
+    """Who holds the store locked ("pid 12 (sqlite3 app.db)", ...): the processes with a lock of
+    `kind` on it, else those that have it open, besides this process; "another process" when the
+    system does not say. A stopped holder (Ctrl-Z) is said to be stopped, with what ends the wait."""
+    pids = [p for p in _lockers(db, kind) if p != os.getpid()]
+    if not pids and kind == "POSIX":  # (every waiter has the lock file open too: not asked for FLOCK)
         for p in psutil.process_iter(["pid"]):
             try:
                 if p.info["pid"] != os.getpid() and any(Path(f.path) == db for f in p.open_files()):
@@ -99,10 +105,46 @@ def holders(db: Path) -> str:
     named = []
     for pid in pids[:3]:
         try:
-            named.append(f"pid {pid} ({' '.join(' '.join(psutil.Process(pid).cmdline()).split())[:60]})")
+            proc = psutil.Process(pid)
+            stopped = proc.status() == psutil.STATUS_STOPPED
+            named.append(f"pid {pid} ({' '.join(' '.join(proc.cmdline()).split())[:60]})"
+                         + (f", which is stopped (Ctrl-Z?): `kill -CONT {pid}` (or `fg` in its terminal) or end it"
+                            if stopped else ""))
         except psutil.Error:
             named.append(f"pid {pid}")
     return ", ".join(named) if named else "another process"
+
+
+SAY_WAIT_AFTER_S = 2.0  # a wait on the store's lock file this long is said, naming its holder
+
+
+def flock_saying_who(fd: int, mode: int, lock: Path) -> None:
+    """fcntl.flock(fd, mode), and while it waits longer than SAY_WAIT_AFTER_S, one line on stderr
+    naming who holds the lock file, again whenever that changes. Why: a process stopped with
+    Ctrl-Z while it holds the store's lock (it does while it opens or closes a run) holds up every
+    bertaccel process on that store, and a silent wait looks like a hang. The wait itself stays
+    the kernel's blocking flock (fair, no polling); a thread only watches, and only once the lock
+    was found taken."""
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    got = threading.Event()
+
+    def say() -> None:
+        said = None
+        while not got.wait(SAY_WAIT_AFTER_S if said is None else 1.0):
+            who = holders(lock, "FLOCK")
+            if who != said:
+                print(f"waiting for the store's lock {lock}: held by {who}", file=sys.stderr, flush=True)
+                said = who
+
+    threading.Thread(target=say, name="bertaccel-store-lock-wait", daemon=True).start()
+    try:
+        fcntl.flock(fd, mode)
+    finally:
+        got.set()
 
 
 def _tables(con: sqlite3.Connection) -> Dict[str, List[str]]:

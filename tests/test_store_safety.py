@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
 import shutil
 import signal
 import sqlite3
@@ -346,3 +347,40 @@ def test_a_store_another_client_locks_is_waited_for_then_called_locked(store, tm
     assert f"waiting up to 30 s: {store} is locked by pid {short_hold.pid}" in rep_err, rep_err[-3000:]
     shutil.rmtree(tmp_path / "report")
     assert _digests(tmp_path) == before
+
+
+# A process stopped (Ctrl-Z) while it holds the store's lock file: the others say who holds it.
+
+_HOLD_LOCK = ("import fcntl, sys, time\n"
+              "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")
+_TAKE_LOCK = ("import sys\nfrom bertaccel.store import store_lock\n"
+              "with store_lock(sys.argv[1]):\n    print('got the lock', flush=True)")
+
+
+def test_a_wait_on_a_stopped_holder_of_the_store_lock_names_it_and_ends_when_it_goes_on(store, tmp_path):
+    """The real store_lock in a process of its own, waiting on a real holder of the lock file
+    that is SIGSTOPped: within seconds one line names the holder's pid and that it is stopped;
+    once the holder goes on and ends, the waiter gets the lock."""
+    db = _copy_store(store, tmp_path / "s")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(db.with_name(db.name + ".lock"))],
+                              stdout=subprocess.PIPE, text=True)
+    waiter = None
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        os.kill(holder.pid, signal.SIGSTOP)
+        waiter = subprocess.Popen([sys.executable, "-c", _TAKE_LOCK, f"sqlite:///{db}"], env=ENV,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([waiter.stderr], [], [], 30)  # (it says it after 2 s of waiting)
+        line = waiter.stderr.readline() if ready else "(nothing said in 30 s)"
+        assert f"held by pid {holder.pid}" in line and "stopped (Ctrl-Z?)" in line \
+            and f"kill -CONT {holder.pid}" in line, line
+        assert waiter.poll() is None  # still waiting: the stopped process holds the lock
+        os.kill(holder.pid, signal.SIGCONT)
+        holder.kill()  # (the holder ends: its lock goes with it)
+        out, err = waiter.communicate(timeout=60)
+        assert waiter.returncode == 0 and out.strip() == "got the lock", err
+    finally:
+        os.kill(holder.pid, signal.SIGCONT) if holder.poll() is None else None
+        holder.kill()
+        if waiter is not None and waiter.poll() is None:
+            waiter.kill()
