@@ -100,7 +100,7 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
         first: Dict[str, int] = {}
         for idx, overrides in enumerate(grid):
             sweep_cfg = loader.load_sweep_config(config, list(overrides))
-            task_cfg = _task_config(sweep_cfg)
+            task_cfg = task_config(sweep_cfg)
             job = PlannedJob(idx, list(overrides), sweep_cfg, cfg_hash(task_cfg))
             job.repeat_of = first.setdefault(job.config_hash, idx)
             if job.repeat_of == idx:
@@ -125,8 +125,9 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
     return plan
 
 
-def _task_config(sweep_cfg: DictConfig) -> DictConfig:
-    """The run's configuration: the job's sweep config without its hydra node (as run_job hands it)."""
+def task_config(sweep_cfg: DictConfig) -> DictConfig:
+    """The run's configuration: the job's sweep config without its hydra node (as run_job hands it);
+    every launcher's one home for it."""
     cfg = copy.deepcopy(sweep_cfg)
     with read_write(cfg), open_dict(cfg):
         del cfg["hydra"]

@@ -23,7 +23,6 @@ callback: parent run, "run k of N" lines, summary, exit status) lives:
 """
 # No `from __future__ import annotations` (see bertaccel_launcher.py). bertaccel is imported
 # lazily: Hydra imports every plugin module of the environment at start-up, for any app.
-import copy
 import logging
 import sys
 from pathlib import Path
@@ -33,7 +32,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher import config as plugin_config
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +53,6 @@ def resources_problem(cfg: DictConfig, params: Dict[str, Any]) -> Optional[str]:
         return (f"num_gpus={cfg.num_gpus} but its job asks for {key}={gpus}; use "
                 "hydra/launcher=slurm_ddp (a job's GPUs follow num_gpus) or num_gpus<=" + str(gpus))
     return None
-
-
-def _task_config(sweep_cfg: DictConfig) -> DictConfig:
-    """The configuration the run gets (run_job hands the task the job's config without hydra)."""
-    cfg = copy.deepcopy(sweep_cfg)
-    with read_write(cfg), open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
 
 
 def _last_line(error: BaseException) -> str:
@@ -121,8 +112,9 @@ class _BertaccelSubmitit:
         from bertaccel.options.checks import validate
         from bertaccel.run import job_info
         from bertaccel.runs.record import record_bad_input, resumed
+        from bertaccel.runs.sweep_plan import task_config
 
-        cfg = _task_config(sweep_cfg)
+        cfg = task_config(sweep_cfg)
         info = job_info(sweep_cfg.hydra)
         try:
             validate(cfg)
@@ -198,9 +190,10 @@ class _BertaccelSubmitit:
         from bertaccel.run import job_info
         from bertaccel.runs.record import Outcome, cfg_hash
         from bertaccel.runs.sweep import context_from_env
+        from bertaccel.runs.sweep_plan import task_config
         from bertaccel.runs.tracking import finish_run, search_runs
 
-        cfg = _task_config(sweep_cfg)
+        cfg = task_config(sweep_cfg)
         info = job_info(sweep_cfg.hydra)
         log.warning(f"run {info.name}: {reason}")
         found = f"tags.config_hash = '{cfg_hash(cfg)}' and tags.status = 'running'"
