@@ -117,3 +117,25 @@ def test_a_sweep_that_resumed_configurations_reports_all_of_them(tmp_path):
     for seed in ("1", "2", "3"):
         assert f"train.seed={seed}" in md
 
+
+
+def test_two_sweeps_at_once_sharing_a_configuration_each_report_all_three(tmp_path):
+    """Two different sweeps started together that share train.seed=3, first in both: one runs it,
+    the other puts it off, runs its own two, then takes the finished run. Each sweep's report covers
+    its three configurations (before, each reported 2 of its 3: the shared run carried one
+    sweep_id tag)."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmds = [[sys.executable, "-m", "bertaccel.run", "-m", seeds, *TINY, f"tracking.uri={store}",
+             f"cache_dir={tmp_path / 'cache'}"] for seeds in ("train.seed=3,1,2", "train.seed=3,4,5")]
+    procs = [subprocess.Popen(c, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c in cmds]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    finished = [r.data.params["train.seed"] for r in _runs(tmp_path) if r.data.tags.get("status") == "finished"]
+    assert sorted(finished) == ["1", "2", "3", "4", "5"]  # (the shared configuration ran once)
+    for (out, _), seeds in zip(outs, (["1", "2", "3"], ["3", "4", "5"])):
+        parent = _parent(tmp_path, out)
+        assert parent.data.tags["status"] == "finished (3 of 3 runs finished)", parent.data.tags
+        rows = load_rows(store, "bertaccel", parent.data.tags["sweep_id"])
+        assert sorted(r.seed for r in rows) == seeds
