@@ -122,8 +122,13 @@ def test_a_disk_filling_mid_sweep_is_one_line_naming_the_cause_and_what_is_left_
     (line,) = _said(err)
     assert "database or disk is full" in line or "No space left on device" in line, line
     assert str(small_disk) in line and "free space" in line, line
-    # A full disk takes no write: the runs it opened are named, for the next sweep to close.
-    assert "left open" in line and "train.seed=1" in line and "parent run" in line, line
+    # Whether a full disk still takes the closing writes depends on the room SQLite finds in pages
+    # the file already has (seen both ways on one box): the runs it opened are then recorded
+    # interrupted, else named, for the next sweep to close. Either way the rerun below sees the same.
+    if "left open" in line:
+        assert "train.seed=1" in line and "parent run" in line, line
+    else:
+        assert "recorded interrupted with this reason" in line, line
     assert "Background on this error" not in line and "Traceback" not in err
     assert _group_gone(proc.pid, 30)
     filler.unlink()

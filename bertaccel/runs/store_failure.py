@@ -183,14 +183,19 @@ def failed(e: BaseException, uri: str, experiment: str) -> Optional[StoreFailed]
 
 
 def close_or_name(uri: str, runs: Sequence[Tuple[str, str]], reason: str) -> List[str]:
-    """Close each (run id, run name) as failed with the reason; those the store does not take
-    the write for, named for the one line ("run NAME (mlflow run id ID)")."""
+    """Close each (run id, run name) as interrupted with the reason; those the store does not take
+    the write for, named for the one line ("run NAME (mlflow run id ID)"). Interrupted, not
+    failed: the run did not fail on its own, and the same command runs it again once the store is
+    usable (a failed configuration is re-run only with sweep.retry_failed=true); a run left open
+    ends the same way, marked interrupted by the next sweep when it finds its process gone. Which
+    of the two happens depends on whether SQLite still finds room for the write (a full disk may
+    still take a write into pages the file already has)."""
     from bertaccel.runs.tracking import finish_run
 
     left = []
     for run_id, name in runs:
         try:
-            finish_run(uri, run_id, "failed", reason)
+            finish_run(uri, run_id, "interrupted", reason)
         except Exception:  # noqa: BLE001 - the store fails: the run is named instead
             left.append(f"run {name} (mlflow run id {run_id})")
     return left
@@ -213,5 +218,8 @@ def stopped(e: StoreFailed) -> int:
     if left and e.kind != GONE:  # (a store that went holds nothing left open)
         text += (f"; left open, as the store took no write to them: {', '.join(left)}; the same command closes them "
                  "once it runs again")
+    elif sweep is not None and e.kind != GONE:
+        text += ("; the run it had open is recorded interrupted with this reason and the sweep's parent run failed: "
+                 "the same command runs it again")
     print(f"\nerror: {text}", file=sys.stderr, flush=True)
     return 1
