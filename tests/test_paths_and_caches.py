@@ -82,13 +82,21 @@ def _tiny_data(tmp_path: Path):
     return cfg, tok
 
 
-def test_an_empty_entry_and_a_flipped_bit_that_still_loads_are_caught(tmp_path, caplog):
+def _tokens_cached(tmp_path: Path):
+    """The tiny data read and tokenized once into tmp_path/cache: (cfg, tokenizer, cache folder,
+    the raw data, the tokenized data, its token cache entry)."""
     cfg, tok = _tiny_data(tmp_path)
-    cache = str(tmp_path / "cache")
-    raw = load_raw(cfg, cache)
-    good = tokenize_cached(raw, tok, 16, cache)
-    (entry,) = list((tmp_path / "cache" / "tokens").glob("*.pt"))
-    (raw_entry,) = list((tmp_path / "cache" / "raw").glob("*.pkl"))
+    cache = tmp_path / "cache"
+    raw = load_raw(cfg, str(cache))
+    good = tokenize_cached(raw, tok, 16, str(cache))
+    (entry,) = list((cache / "tokens").glob("*.pt"))
+    return cfg, tok, cache, raw, good, entry
+
+
+def test_an_empty_entry_and_a_flipped_bit_that_still_loads_are_caught(tmp_path, caplog):
+    cfg, tok, folder, raw, good, entry = _tokens_cached(tmp_path)
+    cache = str(folder)
+    (raw_entry,) = list((folder / "raw").glob("*.pkl"))
     raw_entry.write_bytes(b"")
     assert load_raw(cfg, cache).train.texts == raw.train.texts
     assert f"cache entry {raw_entry} is unreadable (empty file): rebuilt" in caplog.text
@@ -106,11 +114,7 @@ def test_an_empty_entry_and_a_flipped_bit_that_still_loads_are_caught(tmp_path, 
 
 
 def test_an_entry_that_cannot_be_removed_is_one_line_and_the_data_is_read_afresh(tmp_path, caplog):
-    cfg, tok = _tiny_data(tmp_path)
-    cache = tmp_path / "cache"
-    raw = load_raw(cfg, str(cache))
-    good = tokenize_cached(raw, tok, 16, str(cache))
-    (entry,) = list((cache / "tokens").glob("*.pt"))
+    cfg, tok, cache, raw, good, entry = _tokens_cached(tmp_path)
     # Something that is not bertaccel's entry in its place (a directory with a file of the
     # user's): never removed, the run goes on with its data tokenized afresh.
     entry.unlink()
@@ -123,11 +127,7 @@ def test_an_entry_that_cannot_be_removed_is_one_line_and_the_data_is_read_afresh
 
 
 def test_a_damaged_entry_in_a_read_only_cache_dir_is_one_line_and_the_run_goes_on(tmp_path, caplog):
-    cfg, tok = _tiny_data(tmp_path)
-    cache = tmp_path / "cache"
-    raw = load_raw(cfg, str(cache))
-    good = tokenize_cached(raw, tok, 16, str(cache))
-    (entry,) = list((cache / "tokens").glob("*.pt"))
+    cfg, tok, cache, raw, good, entry = _tokens_cached(tmp_path)
     _garbage(entry)
     ro = tmp_path / "ro"
     ro.mkdir()

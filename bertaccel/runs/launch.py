@@ -51,7 +51,7 @@ from bertaccel.runs.claims import second_turn, wait_for_others
 from bertaccel.runs.forkserver import start_forkserver
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
                                     PROCESS_SPAWN, Mark, fork_marks, process_started_at, resume_collector, stamp)
-from bertaccel.runs.store_failure import (StoreFailed, close_or_name, failed, quiet_store_errors,
+from bertaccel.runs.store_failure import (StoreFailed, close_left_open, failed, quiet_store_errors,
                                          refuse_deleted_experiment)
 from bertaccel.runs.sweep import RUNNING_ELSEWHERE
 
@@ -296,7 +296,8 @@ def _in_processes(job: Job, cfg: DictConfig) -> Any:
     if isinstance(main, BadInput):
         raise main.error
     if isinstance(main, StoreFailed):
-        raise _close_after(job, cfg, main)
+        raise close_left_open(cfg.tracking.uri, cfg.tracking.experiment,
+                              f"tags.{LAUNCH_TAG} = '{job.launch_id}'", job.run_name, main)
     if failure is None and main is not None:
         return main
     failure = failure or "no outcome from rank 0 (its process ended without one)"
@@ -368,19 +369,6 @@ def _death(e: Any, world: int) -> str:
     if getattr(e, "signal_name", None):
         return f"{who} died from signal {e.signal_name} (pid {e.error_pid})"
     return f"{who} exited with code {e.exit_code} (pid {e.error_pid})"
-
-
-def _close_after(job: Job, cfg: DictConfig, failure: StoreFailed) -> StoreFailed:
-    """The store failed under the job: its run, if its process opened one and could not close it,
-    closed as failed with the reason, or named as left open where the store takes no write."""
-    from bertaccel.runs.tracking import search_runs
-
-    try:
-        runs = search_runs(cfg.tracking.uri, cfg.tracking.experiment, f"tags.{LAUNCH_TAG} = '{job.launch_id}'")
-    except Exception:  # noqa: BLE001 - a store that cannot be read: the run's process named what it knew
-        return failure
-    open_runs = [(r.info.run_id, job.run_name) for r in runs if r.data.tags.get("status") == "running"]
-    return failure.leaving(close_or_name(cfg.tracking.uri, open_runs, failure.reason))
 
 
 def _record_failure(job: Job, cfg: DictConfig, reason: str, main: Any, status: str = "failed") -> Any:

@@ -201,6 +201,20 @@ def close_or_name(uri: str, runs: Sequence[Tuple[str, str]], reason: str) -> Lis
     return left
 
 
+def close_left_open(uri: str, experiment: str, job_filter: str, run_name: str, failure: StoreFailed) -> StoreFailed:
+    """The store failed under a job (launch.py: its process sent `failure`): the job's run (found
+    by `job_filter`), if its process opened one and could not close it, closed as close_or_name
+    does, or named in the failure as left open where the store takes no write."""
+    from bertaccel.runs.tracking import search_runs
+
+    try:
+        runs = search_runs(uri, experiment, job_filter)
+    except Exception:  # noqa: BLE001 - a store that cannot be read: the run's process named what it knew
+        return failure
+    open_runs = [(r.info.run_id, run_name) for r in runs if r.data.tags.get("status") == "running"]
+    return failure.leaving(close_or_name(uri, open_runs, failure.reason))
+
+
 def stopped(e: StoreFailed) -> int:
     """run.cli: a run or a sweep its store stopped. The sweep's parent run is closed as failed if
     the store takes it; one line says the cause, what to do, and what is left open; exit status 1."""
