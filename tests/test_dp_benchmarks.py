@@ -28,11 +28,18 @@ def test_allreduce_bw_refuses_one_rank():
 
 def test_ddp_plain_measures_one_and_two_ranks():
     proc = _run("benchmarks/ddp_plain.py", "--device", "cpu", "--tiny", "--gpus", "2", "--batch", "4", "--seq", "32",
-                "--steps", "3", "--warmup", "1")
+                "--steps", "3", "--warmup", "1", "--repeats", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
     assert [r[1].strip() for r in rows] == ["1", "2"]
-    assert rows[0][4].strip() == "1.000x"
+    assert rows[0][5].strip() == "1.000x"
     for r in rows:
         assert float(r[2]) > 0 and float(r[3]) > 0
-        assert r[5].strip().startswith("null")  # no NVML on a CPU: null with its reason, never 0
+        low, high = (float(x) for x in r[4].split("-"))  # the two windows' samples/s around their median
+        assert low <= float(r[3]) <= high
+        assert r[7].strip().startswith("null")  # no NVML on a CPU: null with its reason, never 0
+
+
+def test_ddp_plain_refuses_a_bad_rank_list():
+    proc = _run("benchmarks/ddp_plain.py", "--device", "cpu", "--tiny", "--gpus", "2,x")
+    assert proc.returncode == 2 and "must be positive integers" in proc.stderr

@@ -136,6 +136,71 @@ def estimate_backward(layers: Sequence[LayerTimes], overhead_ms: float) -> Backw
     return BackwardEstimate(layers=tuple(timeline), backward_ms=previous_ms)
 
 
+def estimate_backward_ranks(ranks: Sequence[Sequence[LayerTimes]], starts_ms: Sequence[float],
+                            overhead_ms: float) -> BackwardEstimate:
+    """The thesis' estimate with every rank in it: an all-reduce is one collective all ranks enter.
+
+    The thesis' recurrence has one GPU's compute: it holds when every rank is as fast as the one
+    timed. A collective starts only when the last rank's gradient is ready, so a rank whose
+    backward starts later (a longer forward, a host that launched late) or whose layer is
+    slower holds up every all-reduce after it, and the timed rank waits at its last one:
+        T_comm_start(l) = max(max over ranks r of T_compute_r(l), T_done(l - 1))
+    with each rank's compute chain as in estimate_backward, started at starts_ms[r] (all ranks
+    on one clock, e.g. from a common forward start). One rank, started at 0: estimate_backward.
+
+    ranks: per rank, the layers in backward order (the same names in the same order on every
+        rank; the comm times of ranks[0] are used: the collective's duration is one number).
+    starts_ms: when each rank's backward starts, on the common clock.
+    Returns the timeline of rank 0 (ranks[0]), in ms from its own backward start.
+    """
+    overhead_ms = _check_time("overhead_ms", overhead_ms)
+    ranks = [tuple(r) for r in ranks]
+    if not ranks:
+        raise ValueError("ranks is empty: at least one rank's layers are needed")
+    if len(starts_ms) != len(ranks):
+        raise ValueError(f"starts_ms has {len(starts_ms)} entries for {len(ranks)} ranks")
+    starts = [_check_finite(f"starts_ms[{i}]", s) for i, s in enumerate(starts_ms)]
+    names = [layer.name for layer in ranks[0]]
+    for i, layers in enumerate(ranks):
+        if not layers:
+            raise ValueError(f"rank {i} has no layers: the backward needs at least one layer")
+        if any(not isinstance(layer, LayerTimes) for layer in layers):
+            raise TypeError(f"rank {i}'s layers must hold LayerTimes")
+        if [layer.name for layer in layers] != names:
+            raise ValueError(f"rank {i}'s layers {[x.name for x in layers]} differ from rank 0's {names}")
+
+    origin = starts[0]
+    # Each rank's compute chain does not depend on communication (the thesis' assumption).
+    ends = []
+    for layers, start in zip(ranks, starts):
+        t, chain = start, []
+        for layer in layers:
+            chain.append((t, t + layer.compute_ms))
+            t = t + layer.compute_ms + overhead_ms
+        ends.append(chain)
+    timeline = []
+    previous_ms = origin  # the channel is idle when the timed rank's backward starts
+    for j, layer in enumerate(ranks[0]):
+        start_ms, compute_end_ms = ends[0][j]
+        ready_ms = max(chain[j][1] for chain in ends)  # the last rank's gradient of this layer
+        comm_start_ms = max(ready_ms, previous_ms)
+        comm_done_ms = comm_start_ms + layer.comm_ms
+        timeline.append(LayerTimeline(layer.name, start_ms - origin, compute_end_ms - origin,
+                                      comm_start_ms - origin, comm_done_ms - origin))
+        previous_ms = comm_done_ms
+    return BackwardEstimate(layers=tuple(timeline), backward_ms=previous_ms - origin)
+
+
+def _check_finite(what: str, value: object) -> float:
+    """A point in time: a real number (not a bool), finite; it may be negative."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be finite, got {value}")
+    return value
+
+
 def error_pct(predicted_ms: float, measured_ms: float) -> float:
     """Relative error of a prediction in percent of the measurement, as a magnitude
     (the thesis' "error of 0.35%"): |predicted - measured| / measured * 100."""

@@ -31,6 +31,7 @@ from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tok
 from bertaccel.options.checks import validate
 from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from bertaccel.plan.hook import log_prediction
+from bertaccel.runs.cuda_free_imports import run_process_cuda_check
 from bertaccel.runs.datasets import dataset_inputs
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
@@ -73,6 +74,8 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     validate(cfg)
     device = resolve_device(cfg.train.device)
     check_gpu_count(cfg.num_gpus, device)
+    if device.type == "cuda" and (why := run_process_cuda_check()):
+        raise ConfigError(why)
     if cfg.train.batch_size == "auto" and device.type != "cuda":
         raise ConfigError(cpu_refusal(device))
     if rank is not None and device.type == "cuda":

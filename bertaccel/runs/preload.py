@@ -2,8 +2,9 @@
 importing this module is its whole job, so nothing else imports it.
 
 The heavy imports of a run: torch, transformers' BERT and auto classes with their tokenizers,
-MLflow with its SQL store, bertaccel's run code. None of them touches CUDA at import, so forked
-runs still start without a CUDA context. MLflow imports its SQL store (SQLAlchemy, alembic) only
+MLflow with its SQL store, bertaccel's run code. None of them may open a CUDA context, so forked
+runs still start without one (a library they pull in that asks the GPU at import is answered
+through NVML: runs/cuda_free_imports.py). MLflow imports its SQL store (SQLAlchemy, alembic) only
 when a run first opens a sqlite:// store: 0.6 s per run on a CI core, 1.3-1.7 s on an H200 host,
 unless the server has it already.
 
@@ -24,6 +25,7 @@ import os
 import time
 
 from bertaccel.runs.bytecode import cache_bytecode
+from bertaccel.runs.cuda_free_imports import triton_check_without_cuda
 from bertaccel.runs.forkserver import PRELOAD_COMPILE_ENV
 
 # The server writes the bytecode cache its sweep's process set up (runs/bytecode.py), or its
@@ -56,11 +58,14 @@ def _nvml_answers() -> bool:
 
 gc.disable()
 try:
-    for name in MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # as the forkserver does with a preload it cannot import: the run will say
-            pass
+    # A library transformers imports may ask Triton about the GPU through the CUDA runtime (torchao
+    # does): answered from NVML here, or the server's context poisons every fork (cuda_free_imports).
+    with triton_check_without_cuda():
+        for name in MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # as the forkserver does with a preload it cannot import: the run will say
+                pass
     if os.environ.get(PRELOAD_COMPILE_ENV) == "1" and _nvml_answers():
         # Inductor asks torch.cuda.is_available() as it imports: through the CUDA runtime that
         # poisons every later fork ("Cannot re-initialize CUDA in forked subprocess", seen on an

@@ -146,17 +146,26 @@ def log_backprop(tracker: Any, timing: Any, metrics: Dict[str, Any], device: tor
     table as an artifact (bertaccel.predict_dp reads it)."""
     values = {"backward_measured_ms": timing.measured_backward_ms,
               "backward_predicted_ms": timing.predicted_backward_ms,
-              "backward_estimate_error_pct": timing.error_pct}
+              "backward_estimate_error_pct": timing.error_pct,
+              "backward_predicted_thesis_ms": timing.predicted_thesis_ms,
+              "backward_thesis_error_pct": timing.thesis_error_pct}
     tracker.log_metrics(values)
     metrics.update(values)
     clock = "CUDA events" if device.type == "cuda" else "time.perf_counter"
+    thesis = ("backprop_estimator.estimate_backward (seed 004 section 3.5.2) over rank 0's per-layer compute "
+              "(gradient-ready hooks) and comm (standalone all-reduce of each layer's gradient bytes, "
+              f"world_size={timing.world_size})")
+    model = thesis if not timing.buckets else (
+        f"backprop_estimator.estimate_backward_ranks over DDP's {len(timing.buckets)} gradient buckets: every "
+        f"rank's bucket-ready marks from its own backward start (ranks started together), standalone all-reduce "
+        f"of each bucket's bytes, world_size={timing.world_size}; median over the passes")
     tracker.set_tags({
         "backward_measured_ms_source": (f"layer_timing: median of {timing.steps} backward passes after training, "
                                         f"start of backward to the end of DDP's last all-reduce ({clock})"),
-        "backward_predicted_ms_source": ("backprop_estimator.estimate_backward (seed 004 section 3.5.2) over "
-                                         "per-layer compute (gradient-ready hooks) and comm (standalone all-reduce "
-                                         f"of each layer's gradient bytes, world_size={timing.world_size})"),
+        "backward_predicted_ms_source": model,
         "backward_estimate_error_pct_source": "|predicted - measured| / measured x 100",
+        "backward_predicted_thesis_ms_source": thesis,
+        "backward_thesis_error_pct_source": "|thesis' estimate - measured| / measured x 100",
     })
     with tempfile.TemporaryDirectory(prefix="bertaccel-layers-") as d:
         (Path(d) / "layer_timing.json").write_text(json.dumps(timing.to_json(), indent=1))

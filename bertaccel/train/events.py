@@ -315,7 +315,7 @@ class LayerTiming(Callback):
             return F.cross_entropy(logits.float(), batch["labels"], ignore_index=IGNORE_INDEX)
 
         run.result.backprop = layer_timing.measure(run.model, timing_loss, run.train_loader, run.device,
-                                                   LAYER_TIMING_STEPS)
+                                                   LAYER_TIMING_STEPS, parallel=run.parallel)
 
 
 class Profiler(Callback):
