@@ -5,7 +5,9 @@ at its first CUDA call ("Cannot re-initialize CUDA in forked subprocess"). None 
 libraries opens one by itself, but one that transformers pulls in can: transformers' modeling
 code imports its quantizers, the torchao quantizer imports torchao when it is installed, and
 torchao's MX kernels ask torch.utils._triton.has_triton() and torch.cuda.get_device_capability()
-at import, both of which read the GPU's properties through the CUDA runtime. Seen on a 4 x H200 host with torchao 0.18 in the wheelhouse
+at import, both of which read the GPU's properties through the CUDA runtime, after
+torch.cuda.is_available(), which (unless torch is told to count through NVML) calls
+cudaGetDeviceCount: that alone marks every later fork bad, with no context opened. Seen on a 4 x H200 host with torchao 0.18 in the wheelhouse
 (2026-11-26): every run of a sweep failed that way, 1 GPU or 4.
 
 NVML opens no context and knows the compute capability: triton_check_without_cuda() answers
@@ -18,8 +20,13 @@ context anyway says so in one line, with the way around it, instead of CUDA's me
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Tuple
+
+
+# torch.cuda.is_available() / device_count() count GPUs through NVML when this is "1" (torch's own switch).
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
 def nvml_capability() -> Optional[Tuple[int, int]]:
@@ -59,9 +66,10 @@ def has_triton_from_nvml(capability: Optional[Callable[[], Optional[Tuple[int, i
 @contextmanager
 def triton_check_without_cuda(capability: Optional[Callable[[], Optional[Tuple[int, int]]]] = None,
                               cuda_build: Optional[bool] = None) -> Iterator[Optional[bool]]:
-    """While inside, the two questions libraries ask the GPU at import are answered from NVML:
+    """While inside, the questions libraries ask the GPU at import are answered from NVML:
     torch.utils._triton.has_triton() and torch.cuda.get_device_capability() (torchao asks both;
-    every GPU of the host is taken to be the first one's kind). Yields has_triton's answer, or
+    every GPU of the host is taken to be the first one's kind), and torch.cuda.is_available()
+    through torch's own NVML switch. Yields has_triton's answer, or
     None where NVML cannot answer and nothing was replaced."""
     import torch
     import torch.utils._triton as triton_utils
@@ -74,6 +82,10 @@ def triton_check_without_cuda(capability: Optional[Callable[[], Optional[Tuple[i
         return
     answer = has_triton_from_nvml(lambda: cap)
     originals = (triton_utils.has_triton, torch.cuda.get_device_capability)
+    # torch.cuda.is_available() (torchao asks it first) counts GPUs through the CUDA runtime, which
+    # marks every later fork bad even with no context opened, unless torch is told to ask NVML.
+    env_before = os.environ.get(NVML_CHECK_ENV)
+    os.environ[NVML_CHECK_ENV] = "1"
 
     def has_triton() -> bool:
         return bool(answer)
@@ -86,6 +98,10 @@ def triton_check_without_cuda(capability: Optional[Callable[[], Optional[Tuple[i
         yield answer
     finally:
         triton_utils.has_triton, torch.cuda.get_device_capability = originals
+        if env_before is None:
+            os.environ.pop(NVML_CHECK_ENV, None)
+        else:
+            os.environ[NVML_CHECK_ENV] = env_before
 
 
 def run_process_cuda_check() -> Optional[str]:
