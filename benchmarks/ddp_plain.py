@@ -3,6 +3,7 @@
     python benchmarks/ddp_plain.py --gpus 1,2,4 [--repeats 3] [--batch 128] [--seq 128] [--steps 50] \
         [--data .devdata/imdb/train.csv.gz]
     python benchmarks/ddp_plain.py --device cpu --tiny --gpus 2     # gloo: checks the script
+    [--encoder fused]                  # bertaccel's fused layer in the same plain loop
 
 BertForSequenceClassification (BERT-base shape, random init), bf16 autocast + sdpa + fused
 AdamW, per-rank fixed B x S batches of real text already on the device (each rank its own rows),
@@ -53,7 +54,17 @@ def _worker(rank: int, world: int, port: int, args, queue) -> None:
         texts, raw = read_rows(args.data, [c for c in csv_header(args.data) if c != "label"], "label")
         labels, _, names = encode_labels(raw, raw, args.data)
         texts, labels = shuffled_subset(texts, labels, None, seed=1000 + rank)  # each rank its own rows
-        model = random_bert(bert_config(args.tiny, len(tokenizer), len(names)), "sdpa").to(device)
+        model = random_bert(bert_config(args.tiny, len(tokenizer), len(names)), "sdpa")
+        if args.encoder == "fused":  # bertaccel's fused layer (encoder=fused attention=sdpa), nothing else of ours
+            from types import SimpleNamespace
+
+            from bertaccel.encoder.swap import fuse_encoder
+
+            # sdpa's core is torch's varlen flash kernel, CUDA only; on the CPU (a check of the
+            # script, TRITON_INTERPRET=1) our Triton core stands in.
+            fuse_encoder(model, SimpleNamespace(packed=True, fused_kernels=True),
+                         SimpleNamespace(swap=None if cuda else "triton", hf_implementation="sdpa"))
+        model = model.to(device)
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if cuda else None) \
             if world > 1 else model
         opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=cuda)
@@ -117,6 +128,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--encoder", default="hf", choices=("hf", "fused"),
+                    help="fused: bertaccel's fused encoder layer in the same plain loop (the reference for encoder=fused)")
     ap.add_argument("--repeats", type=int, default=1, help="timed windows per rank count (its spread)")
     ap.add_argument("--data", default=str(Path(__file__).resolve().parent.parent / "bertaccel/samples/ag_news/train.csv.gz"))
     ap.add_argument("--tiny", action="store_true", help="a 2-layer 32-wide BERT (CPU checks of the script)")
@@ -136,7 +149,7 @@ def main(argv=None) -> int:
             return 2
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     rows = {n: measure(n, args) for n in worlds}
-    print(f"plain DDP, per-rank batch {args.batch} x {args.seq}, {args.steps} steps after {args.warmup}, "
+    print(f"plain DDP, encoder {args.encoder}, per-rank batch {args.batch} x {args.seq}, {args.steps} steps after {args.warmup}, "
           f"{args.repeats} timed window(s) per rank count; "
           f"{torch.cuda.get_device_name(0) if args.device == 'cuda' else 'CPU (gloo)'}, torch {torch.__version__}\n")
     print(table(rows, args.batch * args.steps))

@@ -39,12 +39,16 @@ def _samples(n):
 
 
 def _step(model, step_model, windows_for_rank, no_sync=None):
-    """One SGD step over this rank's window; returns the new weights."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    """Two SGD steps (momentum: the second depends on the first's gradients) over this rank's
+    window, gradients set to None between them as the loop does; returns the new weights. Under
+    DDP each .grad is a view of its all-reduce bucket (gradient_as_bucket_view)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     kwargs = {} if no_sync is None else {"no_sync": no_sync}
-    accumulate_window(step_model, windows_for_rank, Precision("fp32", torch.device("cpu")), torch.device("cpu"),
-                      **kwargs)
-    opt.step()
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        accumulate_window(step_model, windows_for_rank, Precision("fp32", torch.device("cpu")), torch.device("cpu"),
+                          **kwargs)
+        opt.step()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
@@ -173,6 +177,11 @@ def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path)
     row2 = next(line for line in table.splitlines() if line.startswith("| 2 |")).split("|")
     assert float(row2[2]) > 0 and float(row2[3]) == pytest.approx(two.data.metrics["step_time_ms"], abs=0.01)
     assert next(line for line in table.splitlines() if line.startswith("| 4 |")).split("|")[3].strip() == "-"
+    # anchored on the run's own measured step: one rank adds nothing to it, more ranks add all-reduce time
+    rows = {int(line.split("|")[1]): float(line.split("|")[2])
+            for line in predict(uri, one_id, 1.0, [1, 2, 4], 0.0).splitlines() if line[:3] in ("| 1", "| 2", "| 4")}
+    assert rows[1] == pytest.approx(by_world["1"].data.metrics["step_time_ms"], abs=0.01)
+    assert rows[1] < rows[2] < rows[4]
     slow = float(next(line for line in predict(uri, one_id, 0.001, [2], 0.0).splitlines()
                       if line.startswith("| 2 |")).split("|")[2])
     assert slow > float(row2[2])  # less bandwidth, longer step

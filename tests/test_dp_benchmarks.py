@@ -1,4 +1,5 @@
 """The data-parallel benchmark scripts run end to end on the CPU (2 gloo processes)."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -6,8 +7,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _run(*args):
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+def _run(*args, env_extra=None):
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env_extra or {})})
 
 
 def test_allreduce_bw_checks_the_sum_and_reports_busbw():
@@ -43,3 +45,13 @@ def test_ddp_plain_measures_one_and_two_ranks():
 def test_ddp_plain_refuses_a_bad_rank_list():
     proc = _run("benchmarks/ddp_plain.py", "--device", "cpu", "--tiny", "--gpus", "2,x")
     assert proc.returncode == 2 and "must be positive integers" in proc.stderr
+
+
+def test_ddp_plain_runs_the_fused_encoder_in_its_plain_loop():
+    # The reference for encoder=fused: our layer inside the same plain loop (Triton interpreted here).
+    proc = _run("benchmarks/ddp_plain.py", "--device", "cpu", "--tiny", "--gpus", "2", "--batch", "4", "--seq", "32",
+                "--steps", "2", "--warmup", "1", "--encoder", "fused", env_extra={"TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "encoder fused" in proc.stdout
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert [r[1].strip() for r in rows] == ["1", "2"] and all(float(r[3]) > 0 for r in rows)
