@@ -8,6 +8,7 @@ import random
 import pytest
 
 from bertaccel.measure.backprop_estimator import (THESIS_OVERHEAD_MS, BackwardEstimate, LayerTimes, error_pct,
+                                                  estimate_backward_ranks,
                                                   estimate_backward, predict_step_ms, ring_allreduce_ms)
 
 # Tables 4.11 (2 GPUs) and 4.12 (4 GPUs) of the thesis (seed 004, section 4.5.3), transcribed
@@ -275,3 +276,57 @@ def test_predict_step_rejects_bad_input():
         predict_step_ms([math.nan], [1e6], 10.0, 2, forward_ms=1.0, optimizer_ms=1.0)
     with pytest.raises(ValueError, match="bus_bandwidth_gb_s must be a positive finite number"):
         predict_step_ms([1.0], [1e6], 0.0, 2, forward_ms=1.0, optimizer_ms=1.0)
+
+
+# --- every rank in the recurrence (estimate_backward_ranks) ---
+
+def test_one_rank_started_at_zero_is_the_thesis_estimate():
+    rng = random.Random(3)
+    for _ in range(50):
+        layers = [LayerTimes(f"l{i}", rng.uniform(0, 5), rng.uniform(0, 5)) for i in range(rng.randint(1, 8))]
+        overhead = rng.uniform(0, 1)
+        one = estimate_backward_ranks([layers], [0.0], overhead)
+        assert one == estimate_backward(layers, overhead)
+        # the timed rank's own clock: a start of 7 on the common clock changes nothing for one rank
+        assert estimate_backward_ranks([layers], [7.0], overhead).backward_ms == pytest.approx(one.backward_ms)
+
+
+def test_hand_worked_a_straggler_holds_every_all_reduce_after_it():
+    # Two layers, comm 1 ms each, no overhead. Rank 0 starts its backward at 0, rank 1 at 3
+    # (a longer forward); rank 1's layer b is also slower.
+    #   a: rank 0 ready 2, rank 1 ready 3 + 2 = 5 -> all-reduce 5 -> 6
+    #   b: rank 0 ready 2 + 1 = 3, rank 1 ready 5 + 4 = 9 -> all-reduce 9 -> 10
+    # Rank 0's backward: 10 ms from its own start; the thesis' estimate from rank 0 alone: 4.
+    r0 = [LayerTimes("a", 2, 1), LayerTimes("b", 1, 1)]
+    r1 = [LayerTimes("a", 2, 1), LayerTimes("b", 4, 1)]
+    est = estimate_backward_ranks([r0, r1], [0.0, 3.0], 0.0)
+    rows = [(l.start_ms, l.compute_end_ms, l.comm_start_ms, l.comm_done_ms) for l in est.layers]
+    assert rows == [(0.0, 2.0, 5.0, 6.0), (2.0, 3.0, 9.0, 10.0)]
+    assert est.backward_ms == 10.0 and est.exposed_comm_ms == 7.0
+    assert estimate_backward(r0, 0.0).backward_ms == 4.0
+    # seen from rank 1 (listed first), the same collectives end at 10 - 3 = 7 of its own clock
+    assert estimate_backward_ranks([r1, r0], [3.0, 0.0], 0.0).backward_ms == 7.0
+
+
+def test_a_faster_rank_changes_nothing_and_a_slower_one_only_adds():
+    rng = random.Random(5)
+    for _ in range(50):
+        base = [LayerTimes(f"l{i}", rng.uniform(0.1, 5), rng.uniform(0, 2)) for i in range(rng.randint(1, 8))]
+        alone = estimate_backward(base, 0.1).backward_ms
+        faster = [LayerTimes(x.name, x.compute_ms * 0.5, x.comm_ms) for x in base]
+        slower = [LayerTimes(x.name, x.compute_ms * 1.5, x.comm_ms) for x in base]
+        assert estimate_backward_ranks([base, faster], [0.0, 0.0], 0.1).backward_ms == pytest.approx(alone)
+        assert estimate_backward_ranks([base, slower], [0.0, 0.0], 0.1).backward_ms >= alone
+        assert estimate_backward_ranks([base, base], [0.0, rng.uniform(0, 3)], 0.1).backward_ms >= alone
+
+
+@pytest.mark.parametrize("ranks, starts, message", [
+    ([], [], "ranks is empty"),
+    ([[LayerTimes("a", 1, 1)]], [0.0, 1.0], "starts_ms has 2 entries for 1 ranks"),
+    ([[LayerTimes("a", 1, 1)], []], [0.0, 0.0], "rank 1 has no layers"),
+    ([[LayerTimes("a", 1, 1)], [LayerTimes("b", 1, 1)]], [0.0, 0.0], "differ from rank 0's"),
+    ([[LayerTimes("a", 1, 1)]], [float("nan")], "must be finite"),
+])
+def test_ranks_estimate_rejects_bad_input(ranks, starts, message):
+    with pytest.raises(ValueError, match=message):
+        estimate_backward_ranks(ranks, starts, 0.0)

@@ -159,12 +159,21 @@ def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path)
     for world, run in by_world.items():
         m = run.data.metrics
         assert m["backward_measured_ms"] > 0 and m["backward_predicted_ms"] > 0, m
-        assert run.data.tags["backward_predicted_ms_source"].startswith("backprop_estimator")
+        assert run.data.tags["backward_predicted_ms_source"].startswith("backprop_estimator.estimate_backward")
         table = json.loads(Path(client.download_artifacts(run.info.run_id, "layer_timing/layer_timing.json",
                                                           str(tmp_path))).read_text())
         assert [x["name"] for x in table["layers"]] == ["head", "encoder.1", "encoder.0", "embeddings"]
         comm = [x["comm_ms"] for x in table["layers"]]
         assert all(c > 0 for c in comm) if world == "2" else all(c == 0 for c in comm)
+        assert m["backward_predicted_thesis_ms"] > 0 and "backward_thesis_error_pct" in m
+        assert len(table["predicted_by_pass_ms"]) == len(table["measured_by_pass_ms"]) == table["steps"]
+        if world == "2":  # DDP's buckets, each with both ranks' ready marks, the model over them
+            assert table["buckets"] and all(len(b["ready_ms_by_rank"]) == 2 and b["comm_ms"] > 0
+                                            for b in table["buckets"])
+            assert {n for b in table["buckets"] for n in b["layers"]} == {"head", "encoder.1", "encoder.0", "embeddings"}
+            assert sum(b["grad_bytes"] for b in table["buckets"]) == sum(x["grad_bytes"] for x in table["layers"])
+            assert len(table["forward_ms_by_rank"]) == 2
+            assert run.data.tags["backward_predicted_ms_source"].startswith("backprop_estimator.estimate_backward_ranks")
         if world == "1":  # no communication: the estimate is the sum of the layers' compute
             total = sum(x["compute_ms"] for x in table["layers"])
             assert abs(m["backward_predicted_ms"] - total) < 1e-6 and total <= m["backward_measured_ms"] * 1.2  # medians of parts vs of totals

@@ -261,8 +261,9 @@ def measure(model: torch.nn.Module, step: Callable[[Dict[str, torch.Tensor]], to
                 "ready_ms_by_rank": [statistics.median(p["buckets"][i]["ready_ms"] for p in rank_passes)
                                      for rank_passes in every_rank],
                 "done_ms": statistics.median(p["buckets"][i]["done_ms"] for p in passes)})
-    else:
-        per_pass = [thesis]
+    else:  # one rank: the thesis' recurrence over each pass's own layer times
+        per_pass = [estimate_backward([LayerTimes(x.name, c, x.comm_ms) for x, c in zip(layers, p["layer_compute_ms"])],
+                                      0.0).backward_ms for p in passes]
         predicted = thesis
     return BackpropTiming(
         layers, measured, predicted, error_pct(predicted, measured), distributed.world_size(), len(passes),
