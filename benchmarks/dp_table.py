@@ -4,7 +4,9 @@
 
 Groups the finished runs by their configuration without num_gpus (so encoder=hf and
 encoder=fused each get their own 1 / 2 / 4 GPU rows) and prints, per run: samples/s over the
-training windows, scaling against the same configuration's 1-GPU run, the median step, and the
+training windows, scaling against the same configuration's 1-GPU run, the median step (and the
+mean, train_time_s / steps, last: where it is far above the median, slow steps cost the
+throughput that the median does not show; the run's step_ms series says which), and the
 layer_timing=true estimate: measured backward, the model's prediction and error
 (estimate_backward_ranks over DDP's buckets), and the thesis' per-layer estimate and its error.
 --buckets adds, per multi-rank run, its DDP buckets: bytes, standalone all-reduce time, each
@@ -47,8 +49,8 @@ def main(argv=None) -> int:
     for r in runs:
         groups[_config_without_gpus(r)].append(r)
     print("| configuration | GPUs | samples/s | scaling | median ms/step | backward measured ms | model ms | "
-          "model error % | thesis ms | thesis error % | test acc |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "model error % | thesis ms | thesis error % | test acc | mean ms/step |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     detail = []
     for config, members in sorted(groups.items()):
         members.sort(key=lambda r: int(r.data.tags.get("world_size", "1")))
@@ -61,7 +63,8 @@ def main(argv=None) -> int:
             print(f"| {config} | {world} | {_fmt(rate, '.0f')} | {scaling} | {_fmt(m.get('step_time_ms'), '.2f')} | "
                   f"{_fmt(m.get('backward_measured_ms'), '.2f')} | {_fmt(m.get('backward_predicted_ms'), '.2f')} | "
                   f"{_fmt(m.get('backward_estimate_error_pct'), '.1f')} | {_fmt(m.get('backward_predicted_thesis_ms'), '.2f')} | "
-                  f"{_fmt(m.get('backward_thesis_error_pct'), '.1f')} | {_fmt(m.get('test_accuracy'), '.4f')} |")
+                  f"{_fmt(m.get('backward_thesis_error_pct'), '.1f')} | {_fmt(m.get('test_accuracy'), '.4f')} | "
+                  f"{_fmt(m.get('step_time_mean_ms'), '.2f')} |")
             if args.buckets and world > 1 and "backward_measured_ms" in m:
                 detail.append((config, world, r))
     for config, world, r in detail:

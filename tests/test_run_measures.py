@@ -36,6 +36,11 @@ def test_profiled_cpu_run_records_measures_sources_and_profile_artifacts(cli):
     assert tags["occupancy_pct_source"] == "null: no GPU: this run is on the CPU"
     assert "mfu" not in m and "peak_tflops_fp32" in tags["mfu_source"]
     assert ("energy_kwh" in m) == ("samples_per_kwh" in m) == ("co2e_kg" in m)
+    # The mean step beside the median, and every step's time as a series (which steps were slow)
+    assert m["step_time_mean_ms"] == pytest.approx(1000 * m["train_time_s"] / m["optimizer_steps"])
+    series = MlflowClient(cli.store).get_metric_history(run.info.run_id, "step_ms")
+    assert [x.step for x in series] == list(range(steps)) and all(x.value > 0 for x in series)
+    assert tags["step_ms_source"] and tags["step_time_mean_ms_source"].startswith("train_time_s / optimizer steps")
     # FLOPs and tokens are measured here; the profile shares add up to one.
     assert m["model_flops"] > 0 and m["padded_tokens"] >= m["real_tokens"] > 0
     assert sum(m[f"profile_{c}_share"] for c in CATEGORIES) == pytest.approx(1.0)

@@ -269,6 +269,7 @@ def _fill_record(cfg: DictConfig, tracker: Any, trained: _Trained, data: Any, ra
                                     "(job.execute / train), runs/startup.py: the phases sum to startup_overhead_s"),
     })
     tracker.log_series("lr", result.lr_per_step)
+    tracker.log_series("step_ms", [t for e in result.epochs for t in e.step_ms])  # which steps were slow
     if result.accumulation_k:
         log_accumulation(tracker, result, metrics)
     if result.backprop is not None:
