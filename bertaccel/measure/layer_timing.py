@@ -165,11 +165,7 @@ def _timed_pass(step: Callable[[Dict[str, torch.Tensor]], torch.Tensor], batch: 
                 groups: Sequence[Tuple[str, List[torch.nn.Parameter]]], device: torch.device,
                 buckets: Optional[_BucketMarks]) -> Dict[str, Any]:
     """One forward+backward, every rank starting it together; times in ms from the pass's start."""
-    distributed.start_together(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # the host leaves the all-reduce when every rank has
     marks = _Marks(device)
-    t0 = marks.now()
     handles = []
     for name, params in groups:
         for p in params:
@@ -179,6 +175,12 @@ def _timed_pass(step: Callable[[Dict[str, torch.Tensor]], torch.Tensor], batch: 
     if buckets is not None:
         buckets.marks, buckets.buckets = marks, []
     try:
+        # Every rank starts here together (the hooks are in place first: their set-up is not
+        # counted as a rank's forward).
+        distributed.start_together(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the host leaves the all-reduce when every rank has
+        t0 = marks.now()
         loss = step(batch)
         marks.start = marks.now()
         loss.backward()
