@@ -43,13 +43,19 @@ from typing import Sequence, Tuple
 THESIS_OVERHEAD_MS = 0.09
 
 
-def _check_time(what: str, value: object) -> float:
-    """A duration (or a byte count): a real number (not a bool), finite and not negative."""
+def _check_finite(what: str, value: object) -> float:
+    """A point in time: a real number (not a bool), finite; it may be negative."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{what} must be a number, got {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{what} must be finite, got {value}")
+    return value
+
+
+def _check_time(what: str, value: object) -> float:
+    """A duration (or a byte count): a point in time (_check_finite) that is not negative."""
+    value = _check_finite(what, value)
     if value < 0:
         raise ValueError(f"{what} must not be negative, got {value}")
     return value
@@ -189,16 +195,6 @@ def estimate_backward_ranks(ranks: Sequence[Sequence[LayerTimes]], starts_ms: Se
                                       comm_start_ms - origin, comm_done_ms - origin))
         previous_ms = comm_done_ms
     return BackwardEstimate(layers=tuple(timeline), backward_ms=previous_ms - origin)
-
-
-def _check_finite(what: str, value: object) -> float:
-    """A point in time: a real number (not a bool), finite; it may be negative."""
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{what} must be finite, got {value}")
-    return value
 
 
 def error_pct(predicted_ms: float, measured_ms: float) -> float:
