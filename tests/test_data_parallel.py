@@ -196,3 +196,23 @@ def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path)
     assert slow > float(row2[2])  # less bandwidth, longer step
     with pytest.raises(PredictError, match="predict from a num_gpus=1 run"):
         predict(uri, two_id, 1.0, [2], 0.0)
+
+    # benchmarks/dp_table.py reads the same store: one row per rank count of the configuration,
+    # the 2-rank run's scaling and estimate as logged, and its buckets with both ranks' marks
+    table = subprocess.run([sys.executable, str(Path(__file__).resolve().parent.parent / "benchmarks" / "dp_table.py"),
+                            "--uri", uri, "--buckets"], capture_output=True, text=True, timeout=300)
+    assert table.returncode == 0, table.stderr[-2000:]
+    rows = {r[2].strip(): r for r in (line.split("|") for line in table.stdout.splitlines())
+            if len(r) > 12 and r[2].strip() in ("1", "2")}
+    assert set(rows) == {"1", "2"} and rows["1"][4].strip() == "1.000x"
+    m2 = two.data.metrics
+    assert rows["2"][4].strip() == f"{m2['throughput_samples_s'] / by_world['1'].data.metrics['throughput_samples_s']:.3f}x"
+    assert float(rows["2"][8]) == pytest.approx(m2["backward_estimate_error_pct"], abs=0.05)
+    assert float(rows["2"][12]) == pytest.approx(m2["step_time_mean_ms"], abs=0.005)
+    assert ", 2 GPUs: forward ms by rank [" in table.stdout
+    buckets = json.loads(Path(client.download_artifacts(two_id, "layer_timing/layer_timing.json",
+                                                         str(tmp_path / "b"))).read_text())["buckets"]
+    header = table.stdout.index("| bucket | layers |")
+    bucket_rows = [line.split("|") for line in table.stdout[header:].splitlines()[2:] if line.startswith("| ")]
+    assert [r[2].strip() for r in bucket_rows] == [" ".join(b["layers"]) for b in buckets]
+    assert all(len(r[5].split(" / ")) == 2 for r in bucket_rows)  # both ranks' ready marks
