@@ -196,7 +196,7 @@ def _timed_pass(step: Callable[[Dict[str, torch.Tensor]], torch.Tensor], batch: 
     out: Dict[str, Any] = {
         "forward_ms": marks.ms(t0, marks.start),
         "backward_ms": marks.ms(marks.start, marks.end),
-        "layer_compute_ms": [ready[0]] + [max(0.0, b - a) for a, b in zip(ready, ready[1:])],
+        "layer_compute_ms": _intervals(ready),
     }
     if buckets is not None:
         out["buckets"] = [{"index": b["index"], "layers": b["layers"], "grad_bytes": b["grad_bytes"],
@@ -205,15 +205,21 @@ def _timed_pass(step: Callable[[Dict[str, torch.Tensor]], torch.Tensor], batch: 
     return out
 
 
+def _intervals(ready_ms: Sequence[float]) -> List[float]:
+    """Each piece's compute from the ready marks (ms from the backward's start), in order: the
+    first from the start, each later one from the mark before it (never negative)."""
+    return [ready_ms[0]] + [max(0.0, b - a) for a, b in zip(ready_ms, ready_ms[1:])]
+
+
 def _bucket_estimate(passes: Sequence[Sequence[Dict[str, Any]]], comm_ms: Sequence[float]) -> List[float]:
     """estimate_backward_ranks over DDP's buckets for each pass: passes[k][r] is rank r's record
-    of pass k. A bucket's compute on a rank is the time from its previous bucket's ready mark."""
+    of pass k. A bucket's compute on a rank is the time from its previous bucket's ready mark
+    (_intervals, as a layer's)."""
     out = []
     for ranks in passes:
         chains, starts = [], []
         for rec in ranks:
-            ready = [b["ready_ms"] for b in rec["buckets"]]
-            compute = [ready[0]] + [max(0.0, b - a) for a, b in zip(ready, ready[1:])]
+            compute = _intervals([b["ready_ms"] for b in rec["buckets"]])
             chains.append([LayerTimes(f"bucket{i}", c, comm) for i, (c, comm) in enumerate(zip(compute, comm_ms))])
             starts.append(rec["forward_ms"])
         out.append(estimate_backward_ranks(chains, starts, 0.0).backward_ms)
