@@ -159,6 +159,24 @@ def test_no_repeats_is_warned_with_the_runner_up_and_repeats_say_ties(tmp_path):
     answer = _answer((tmp_path / "rep2" / "report.md").read_text())
     assert "no repeats" not in answer
     assert "tied over repeats with b (95% intervals overlap): the repeats cannot tell them apart" in answer
+    # The answer names configurations, never a seed, and its changes are of means over repeats: the
+    # baseline (the slowest run, b's seed 3) stands for b's three runs, 11.5 s against a's 11.0 s.
+    md = (tmp_path / "rep2" / "report.md").read_text()
+    assert ("**A tie: 'a (3 runs)' leads under all 7 strategies on the mean: 1.05x the baseline's speed, but its "
+            "repeats cannot tell it from 'b' (95% intervals overlap).**") in md
+    assert "the baseline is its configuration, 'b (3 runs)'" in md
+    assert _row(answer, "all 7 strategies")[1:3] == ["a (3 runs)", "1.05x"]
+    assert "train.seed=" not in _row(answer, "all 7 strategies")[1] and "Adopt" not in md
+
+    # One configuration's three seeds: nothing to adopt, whichever seed happened to be fastest.
+    one = _store(tmp_path / "one")
+    for seed, t in enumerate((12.0, 10.0, 11.0), 1):
+        _run(one, f"a,train.seed={seed}", {}, t, tags={"config_key_noseed": "a"}, params={"train.seed": str(seed)})
+    r = _cli(["--uri", one.uri, "--out", "rep3"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "rep3" / "report.md").read_text()
+    assert "Nothing to choose between: every run is one configuration, 'a (3 runs)'" in md
+    assert "Adopt" not in md
 
 
 @pytest.mark.parametrize("given", [None, "precision=bf16"])
@@ -212,5 +230,5 @@ def test_weights_given_are_the_question_the_answer_answers(tmp_path):
     assert _row(answer, "money")[1:6] == ["frugal", "1.33x", "-75.0 %", "-75.0 %", "-1.00 pts"]
     # speed: fast, 2x, energy -25 %, cost -50 %, accuracy -2 pts.
     assert _row(answer, "speed")[1:6] == ["fast", "2.00x", "-25.0 %", "-50.0 %", "-2.00 pts"]
-    assert "The weights decide: 2 runs win under different strategies ('frugal', 'fast')" in answer
+    assert "The weights decide: 2 configurations win under different strategies ('frugal', 'fast')" in answer
     assert "| balance |" in md.split("## Scores (thesis Table 5.4 form)")[1]

@@ -171,7 +171,9 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     base = choose_baseline(rows, baseline)
     ans = answer(rows, scored, base, repeat_stats(rows, scored), view)
     rep.tables.append(answer_table(ans, rows, lab))
-    rep.lead = [headline(ans, rows), f"Baseline: {base.why}."]
+    repeats = (f" Changes are of means over repeats: the baseline is its configuration, '{ans.base_name}'."
+               if base.index is not None and ans.base_name != rows[base.index].name else "")
+    rep.lead = [headline(ans, rows), f"Baseline: {base.why}.{repeats}"]
     rep.lead_warnings = ans.warnings
     chart = answer_chart(ans, rows)
     if view is not None and view.basis.projected:

@@ -25,11 +25,13 @@ CHANGED = ("time_s", "energy_kwh", "cost_usd")
 class Winner:
     label: str                          # the strategy, or the strategies that rank alike
     strategies: List[str]
-    index: Optional[int]                # row index; None = no run eligible
+    index: Optional[int]                # row index (with repeats, the group's first run); None = none eligible
+    name: str = ""                      # what to adopt: the run's name, or with repeats its configuration's
     ratio: Dict[str, Optional[float]] = field(default_factory=dict)  # column -> run / baseline (per sample if so)
     accuracy_pts: Optional[float] = None  # accuracy change in percentage points
     why: Dict[str, str] = field(default_factory=dict)      # column -> why its change is null
     runner_up: str = ""                 # 'name (+3.1 %)': the next score, where there are no repeats
+    tied_with: List[str] = field(default_factory=list)  # configurations its repeats cannot tell from it
     warnings: List[str] = field(default_factory=list)
 
     @property
@@ -48,19 +50,42 @@ class Answer:
     per_sample: bool                    # runs trained different amounts: changes are per sample
     winners: List[Winner]
     warnings: List[str]                 # warnings that hold for every winner (mixed runs, no repeats)
+    base_name: str = ""                 # the baseline as the answer names it (with repeats, its configuration)
+    configurations: int = 0             # configurations among the rows (repeats of one count once)
 
 
-def _ratio(base: Row, run: Row, column: str, per_sample: bool) -> Tuple[Optional[float], str]:
-    """run's column over the baseline's, per sample when the runs trained different amounts."""
-    b, r = base.get(column), run.get(column)
-    if b is None:
-        return None, f"baseline's {column} null: {base.extra.get(column, 'not measured')}"
-    if r is None:
-        return None, f"{column} null: {run.extra.get(column, 'not measured')}"
+def _value(row: Row, column: str, per_sample: bool) -> Tuple[Optional[float], str]:
+    """row's column, per sample when the runs trained different amounts; null with why."""
+    v = row.get(column)
+    if v is None:
+        return None, f"{column} null: {row.extra.get(column, 'not measured')}"
     if per_sample:
-        if not base.train_samples or not run.train_samples:
+        if not row.train_samples:
             return None, "train_samples unknown, and the runs trained different amounts"
-        b, r = b / base.train_samples, r / run.train_samples
+        v = v / row.train_samples
+    return v, ""
+
+
+def _mean(rows: Sequence[Row], members: Sequence[int], column: str, per_sample: bool) -> Tuple[Optional[float], str]:
+    """The mean of column over a configuration's runs (one run without repeats); null when a run lacks it."""
+    values = []
+    for i in members:
+        v, why = _value(rows[i], column, per_sample)
+        if v is None:
+            return None, why
+        values.append(v)
+    return sum(values) / len(values), ""
+
+
+def _ratio(rows: Sequence[Row], base: Sequence[int], run: Sequence[int], column: str,
+           per_sample: bool) -> Tuple[Optional[float], str]:
+    """The winner's column over the baseline's (each a mean over its repeats)."""
+    b, why = _mean(rows, base, column, per_sample)
+    if b is None:
+        return None, f"baseline's {why}"
+    r, why = _mean(rows, run, column, per_sample)
+    if r is None:
+        return None, why
     if b == 0:
         return None, f"baseline's {column} is 0"
     return r / b, ""
@@ -110,39 +135,56 @@ def _lines(scored: Scored) -> List[Tuple[str, List[str], Optional[int]]]:
     return [(s, [s], scored.best[s]) for s in mine] if mine else scored.best_lines()
 
 
+def _named(rows: Sequence[Row], st: RepeatStats, i: int) -> Tuple[str, List[int]]:
+    """What the answer calls row i and the runs it stands for: with repeats, its configuration
+    (a seed is never a thing to adopt) and all of that configuration's runs; else the run."""
+    if not st.repeated:
+        return rows[i].name, [i]
+    g = next(g for g in st.groups if i in g.members)
+    n = len(g.members)
+    return (f"{g.label} ({n} runs)" if n > 1 else g.label), list(g.members)
+
+
 def answer(rows: Sequence[Row], scored: Scored, base: Baseline, st: RepeatStats,
            view: Optional[TimeView] = None) -> Answer:
-    """rows: the scored rows (view.rows with a view)."""
+    """rows: the scored rows (view.rows with a view). With repeats, each strategy's winner is the
+    configuration of best mean score (repeats.py) and every change is of means over repeats."""
     known = {r.train_samples for r in rows if r.train_samples is not None}
     per_sample = len(known) > 1
+    base_name, base_runs = _named(rows, st, base.index) if base.index is not None else ("", [])
     winners = []
     for label, group, b in _lines(scored):
+        if st.repeated:
+            k = st.best.get(group[0])
+            b = None if k is None else st.groups[k].members[0]
         w = Winner(label, group, b)
         winners.append(w)
         if b is None:
             continue
+        w.name, runs = _named(rows, st, b)
         if base.index is not None:
             for col in CHANGED:
-                w.ratio[col], why = _ratio(rows[base.index], rows[b], col, per_sample)
+                w.ratio[col], why = _ratio(rows, base_runs, runs, col, per_sample)
                 if why:
                     w.why[col] = why
-            ba, ra = rows[base.index].accuracy, rows[b].accuracy
+            ba, why_b = _mean(rows, base_runs, "accuracy", False)
+            ra, why_r = _mean(rows, runs, "accuracy", False)
             w.accuracy_pts = None if ba is None or ra is None else (ra - ba) * 100
             if w.accuracy_pts is None:
-                who, row = ("baseline's ", rows[base.index]) if ba is None else ("", rows[b])
-                w.why["accuracy"] = f"{who}accuracy null: {row.extra.get('accuracy', 'not measured')}"
-        warm = warmup_warning(view, b)
+                w.why["accuracy"] = f"baseline's {why_b}" if ba is None else why_r
+        warm = next((x for x in (warmup_warning(view, i) for i in runs) if x), None)
         if warm:
             w.warnings.append(warm)
         if st.repeated:
-            k = st.best.get(group[0])
             tied = st.tied.get(group[0], [])
-            if k is not None and tied:
+            w.tied_with = [st.groups[t].label for t in tied]
+            if tied:
                 w.warnings.append("tied over repeats with " + ", ".join(st.groups[t].label for t in tied)
                                   + " (95% intervals overlap): the repeats cannot tell them apart")
         else:
             w.runner_up = _runner_up(scored, group[0], b, rows)
-    return Answer(base, per_sample, winners, general_warnings(rows, st))
+    configurations = len(st.groups) if st.repeated else len(rows)
+    return Answer(base, per_sample, winners, general_warnings(rows, st), base_name, configurations)
 
 
 def general_warnings(rows: Sequence[Row], st: RepeatStats) -> List[str]:
@@ -173,7 +215,7 @@ def answer_table(ans: Answer, rows: Sequence[Row], label) -> tuple:
         s = w.speedup
         speed = f"null ({w.why.get('time_s', 'no baseline')})" if s is None else f"{s:.2f}x"
         acc = f"null ({w.why.get('accuracy', 'no baseline')})" if w.accuracy_pts is None else f"{w.accuracy_pts:+.2f} pts"
-        cells.append([w.label, rows[w.index].name, speed, _change(w, "energy_kwh"), _change(w, "cost_usd"), acc,
+        cells.append([w.label, w.name, speed, _change(w, "energy_kwh"), _change(w, "cost_usd"), acc,
                       w.runner_up, "; ".join(w.warnings)])
     note = (f"speed-up = the baseline's {label('time_s')} / the winner's{unit}; energy and cost change = the "
             f"winner's / the baseline's - 1{unit}; accuracy change in percentage points; a warning beside a winner "
@@ -183,16 +225,22 @@ def answer_table(ans: Answer, rows: Sequence[Row], label) -> tuple:
 
 
 def headline(ans: Answer, rows: Sequence[Row]) -> str:
-    """One sentence: the run to adopt when every strategy agrees, else that the weights decide."""
+    """One sentence: the configuration to adopt when every strategy agrees, else that the weights decide."""
     named = [w for w in ans.winners if w.index is not None]
     if not named:
         return "No run is eligible to win under any strategy (see the scores' notes)."
-    picks = list(dict.fromkeys(w.index for w in named))
+    if ans.configurations == 1:
+        return (f"Nothing to choose between: every run is one configuration, '{named[0].name}' (repeats differ "
+                "only in their seed); its spread is in the repeats' table.")
+    picks = list(dict.fromkeys(w.name for w in named))
     if len(picks) == 1:
         w = named[0]
         whom = "every strategy" if len(named) == len(ans.winners) and len(ans.winners) > 1 else w.label
         s = w.speedup
         buys = "" if s is None else f": {s:.2f}x the baseline's speed"
-        return f"Adopt '{rows[picks[0]].name}', best under {whom}{buys}."
-    return (f"The weights decide: {len(picks)} runs win under different strategies ("
-            + ", ".join(f"'{rows[i].name}'" for i in picks) + ").")
+        if w.tied_with:  # a lead inside the repeats' spread is not a reason to adopt
+            return (f"A tie: '{picks[0]}' leads under {whom} on the mean{buys}, but its repeats cannot tell it "
+                    "from " + ", ".join(f"'{t}'" for t in w.tied_with) + " (95% intervals overlap).")
+        return f"Adopt '{picks[0]}', best under {whom}{buys}."
+    return (f"The weights decide: {len(picks)} configurations win under different strategies ("
+            + ", ".join(f"'{p}'" for p in picks) + ").")

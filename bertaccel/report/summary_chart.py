@@ -18,7 +18,7 @@ BAR_HEIGHT = 0.25
 
 def _tooltip(w: List[Winner], rows: Sequence[Row], per_sample: bool) -> str:
     first = w[0]
-    lines = [rows[first.index].name, "wins: " + ", ".join(x.label for x in w)]
+    lines = [first.name, "wins: " + ", ".join(x.label for x in w)]
     s = first.speedup
     lines.append("speed-up: " + ("null" if s is None else f"{s:.2f}x") + (" (per sample)" if per_sample else ""))
     for col, name, _ in BARS:
@@ -63,14 +63,14 @@ def answer_chart(ans: Answer, rows: Sequence[Row]) -> Optional[Dict]:
             tips[gid] = tip
             drawn += 1
         a = ws[0].accuracy_pts
-        labels.append(textwrap.shorten(rows[i].name, 38) + "\n" + ("accuracy null" if a is None
+        labels.append(textwrap.shorten(ws[0].name, 38) + "\n" + ("accuracy null" if a is None
                                                                    else f"accuracy {a:+.2f} pts"))
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(by_run)), labels, fontsize=8)
     ax.invert_yaxis()
     unit = " per sample" if ans.per_sample else ""
     ax.set_xlabel(f"change against the baseline{unit}, % (lower is better; 0 = the baseline)")
-    ax.set_title(textwrap.shorten(f"Winners against {rows[ans.baseline.index].name}", 90), fontsize=10)
+    ax.set_title(textwrap.shorten(f"Winners against {ans.base_name}", 90), fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     ax.margins(x=0.15)  # room for the value labels at the bars' ends
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # off the bars
