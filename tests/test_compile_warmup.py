@@ -39,6 +39,9 @@ def test_compiled_run_compiles_nothing_inside_its_window(compose_cfg, tmp_path):
     assert result.compiled_anything and result.compile_time_s > 0
     assert result.compile_graphs >= 2  # at least a training graph and an evaluation graph
     assert result.recompiles_in_window == 0
+    # The warm-up covered the evaluation's shapes too: nothing compiled inside eval_time_s.
+    assert f"eval 32 rows x {len(plan.eval_lengths)} lengths" in result.compile_time_source
+    assert result.compiles_in_eval == 0
     assert result.step_time_ms is not None and result.step_time_ms > 0
     assert result.samples == 96  # filler rows of the short last batch are not samples
 
@@ -57,6 +60,10 @@ def test_without_the_warmup_the_window_counts_its_compiles(compose_cfg, tmp_path
     # tells a missed shape apart from a CUDA-graph re-recording.
     warning = next(m for m in lines if "inside the training window" in m)
     assert f"{result.recompiles_in_window} dynamo graphs" in warning
+    # Nor were the evaluation's shapes: its compiles are counted and said apart from the window's.
+    assert result.compiles_in_eval >= 1
+    warning = next(m for m in lines if "inside the evaluation" in m)
+    assert f"{result.compiles_in_eval} dynamo graphs" in warning and "eval_time_s includes compilation" in warning
 
 
 def test_eager_run_compiles_nothing(compose_cfg, tmp_path):
@@ -64,7 +71,7 @@ def test_eager_run_compiles_nothing(compose_cfg, tmp_path):
     result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=plan)
     assert not result.compiled_anything and result.compile_time_s == 0.0
     assert "nothing compiled" in result.compile_time_source
-    assert result.recompiles_in_window == 0
+    assert result.recompiles_in_window == 0 and result.compiles_in_eval == 0
 
 
 def test_cache_key_changes_with_torch_triton_and_device():

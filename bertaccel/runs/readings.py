@@ -85,6 +85,7 @@ def run_metrics(cfg: DictConfig, result: Any, data: Any, raw: Any, peak_gib: Opt
         "compile_graphs": result.compile_graphs,
         "compile_time_s": result.compile_time_s,
         "recompiles_in_window": result.recompiles_in_window,
+        "compiles_in_eval": result.compiles_in_eval,
         "step_time_ms": result.step_time_ms,
         # The mean beside the median: throughput sees every step and the window's edges, the median
         # none of the slow ones (data-parallel runs on 4 H200s: mean 22 ms above a 53 ms median).
@@ -117,6 +118,8 @@ def run_metric_sources(cfg: DictConfig, result: Any, peak_source: str, price: Op
         "compile_time_s_source": result.compile_time_source,
         "recompiles_in_window_source": ("dynamo graphs + our Triton kernel variants + CUDA-graph "
                                         "recordings counted before and after each training window"),
+        "compiles_in_eval_source": ("the same compile events counted before and after each evaluation (the warm-up "
+                                    "covers the evaluation shapes: any here are in eval_time_s)"),
         "step_time_ms_source": steady_source(device),
         "step_time_mean_ms_source": ("train_time_s / optimizer steps: every step and the training windows' edges"
                                      if result.optimizer_steps else "null: no optimizer step"),

@@ -174,6 +174,7 @@ class Window:
         self.start_unix = self.end_unix = 0.0
         self.train_time_s = self.eval_time_s = self.test_accuracy = 0.0
         self.compiles_in_window = 0
+        self.compiles_in_eval = 0
         self._t0 = 0.0
         self._mean_loss: Tuple[int, float] = (-1, math.nan)  # (at step, value)
         self._epoch_loss: Optional[float] = None
@@ -221,7 +222,8 @@ class Window:
         return EpochStats(self.epoch, self.epoch_loss(), self.test_accuracy, self.trainable, self.train_time_s,
                           self.eval_time_s, self.steps, self.samples, self.tokens,
                           bert_train_flops(model, self.tokens), (self.start_unix, self.end_unix),
-                          self.clock.step_ms(), self.compiles_in_window, self.phases.per_step())
+                          self.clock.step_ms(), self.compiles_in_window, self.phases.per_step(),
+                          self.compiles_in_eval)
 
 
 @dataclass

@@ -28,6 +28,7 @@ class EpochStats:
     step_ms: List[float] = field(default_factory=list)  # per optimizer step (step_clock.py)
     compiles_in_window: int = 0               # compile events counted inside the window (must be 0)
     phase_ms: List[dict] = field(default_factory=list)  # per step {forward_ms, backward_ms, optimizer_ms}
+    compiles_in_eval: int = 0                 # compile events counted inside the evaluation (must be 0)
 
 
 @dataclass
@@ -62,6 +63,10 @@ class TrainResult:
     @property
     def recompiles_in_window(self) -> int:
         return sum(e.compiles_in_window for e in self.epochs)
+
+    @property
+    def compiles_in_eval(self) -> int:
+        return sum(e.compiles_in_eval for e in self.epochs)
 
     @property
     def model_flops(self) -> float:
