@@ -173,9 +173,9 @@ class LrSchedule(Callback):
     count known in advance)."""
 
     def step_start(self, run: "Run", win: "Window") -> None:
-        o = run.cfg.optimizer
+        schedule, warmup_ratio, min_lr_ratio = run.lr_schedule
         done = run.micro_batches_done if run.accumulation.adaptive else run.global_step
-        lr_now = run.base_lr * lr_factor(o.schedule, done, run.total_steps, o.warmup_ratio, o.min_lr_ratio)
+        lr_now = run.base_lr * lr_factor(schedule, done, run.total_steps, warmup_ratio, min_lr_ratio)
         run.result.lr_per_step.append(lr_now)
         set_lr(run.step.optimizer, lr_now)
 

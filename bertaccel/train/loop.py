@@ -90,6 +90,8 @@ class Step(Callback):
         self.cfg, self.model, self.step_model, self.device = cfg, model, step_model, device
         self.precision, self.attention_ctx, self.no_sync = precision, attention_ctx, no_sync
         self.accumulation, self.result = accumulation, result
+        # Per step: a plain value, not an OmegaConf read (~20 Python calls each) a plain loop does not pay.
+        self.max_grad_norm = cfg.optimizer.max_grad_norm
         cuda_graphs = uses_cuda_graphs(cfg.compile.mode)
         # A CUDA-graph mode records a graph per concrete shape anyway; a dynamic-length graph
         # underneath only adds symbolic-size kernels (and failed in cudagraph trees on an H200).
@@ -121,9 +123,9 @@ class Step(Callback):
         if variance is not None:
             self.accumulation.after_window(variance, window, self.precision, self.result)
         scaler = self.precision.scaler
-        if self.cfg.optimizer.max_grad_norm:
+        if self.max_grad_norm:
             scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.trainable_params, self.cfg.optimizer.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(self.trainable_params, self.max_grad_norm)
         scaler.step(self.optimizer)
         scaler.update()
         self.optimizer.zero_grad(set_to_none=not self.graph_grad_buffers)
@@ -249,9 +251,19 @@ class Run:
     global_step: int = 0
     micro_batches_done: int = 0
 
+    # What the per-step hooks read, as plain values (__post_init__): an OmegaConf attribute costs
+    # ~20 Python calls, which a plain loop does not pay (tests/test_host_work.py counts them).
+    log_every_steps: int = 0
+    lr_schedule: Tuple[str, float, float] = ("constant", 0.0, 0.0)  # schedule, warmup_ratio, min_lr_ratio
+
+    def __post_init__(self) -> None:
+        self.log_every_steps = int(self.cfg.train.log_every_steps)
+        o = self.cfg.optimizer
+        self.lr_schedule = (str(o.schedule), float(o.warmup_ratio), float(o.min_lr_ratio))
+
     def log_due(self, win: Window) -> bool:
         """Steps that read the loss on the host (NaN check, bar): every log_every_steps, and the last."""
-        return win.steps % self.cfg.train.log_every_steps == 0 or win.steps == self.steps_per_epoch
+        return win.steps % self.log_every_steps == 0 or win.steps == self.steps_per_epoch
 
 
 def loop(run: Run, events: Events) -> TrainResult:

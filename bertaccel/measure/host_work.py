@@ -1,0 +1,88 @@
+"""Host work per optimizer step, counted rather than timed: Python function calls and aten ops
+dispatched on the training thread over a span of steps.
+
+A timing of host overhead moves with the machine and its load; these counts do not, so a CPU
+test can hold the eager loop's host work to a plain loop's (tests/test_host_work.py) and fail on
+the next per-step sync, hook or bookkeeping that a plain loop does not pay. What they cannot
+see: work on other threads (the telemetry samplers), and the cost of one call against another.
+"""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from bertaccel.train.events import Callback
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts every aten op that reaches the dispatcher below autograd and autocast."""
+
+    def __init__(self, ops: Counter):
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass
+class HostWork:
+    """Counts between start() and stop() on this thread (both may be called from inside a loop's
+    hooks: start at one step's beginning, stop at a later one's). kind: "calls" (Python function
+    calls, through sys.setprofile) or "ops" (aten ops, through a dispatch mode). One kind per
+    span: the dispatch mode runs Python for every op, which a call count would then include."""
+    kind: str = "calls"
+    counts: Counter = field(default_factory=Counter)   # 'file:function' or aten op -> how many
+    steps: int = 0
+    _mode: Optional[_OpCounter] = None
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            self.counts[f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}"] += 1
+
+    def start(self) -> None:
+        if self.kind == "ops":
+            self._mode = _OpCounter(self.counts)
+            self._mode.__enter__()
+        else:
+            sys.setprofile(self._profile)
+
+    def stop(self, steps: int) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        else:
+            sys.setprofile(None)
+        self.steps = steps
+
+    def per_step(self) -> Dict[str, float]:
+        """ops: aten ops and scalar reads (aten _local_scalar_dense: .item(), float(), bool() of a
+        tensor; of a GPU tensor each one waits for the device) per step; calls: Python calls per step."""
+        if self.kind == "ops":
+            return {"aten_ops": sum(self.counts.values()) / self.steps,
+                    "scalar_reads": self.counts["aten._local_scalar_dense"] / self.steps}
+        return {"python_calls": sum(self.counts.values()) / self.steps}
+
+
+class StepSpan(Callback):
+    """A loop event object (train/events.py Callback) that counts host work over optimizer steps
+    [first, first + steps): started at step `first`'s step_start and stopped at step
+    `first + steps`'s, so each counted period holds every hook the loop runs between two steps.
+    As the innermost event object its step_start runs last: the period is from after the other
+    step_start hooks of one step to after those of the next. The first steps are skipped: their
+    first-use costs are not per-step work."""
+
+    def __init__(self, work: HostWork, first: int = 2, steps: int = 4):
+        self.work, self.first, self.steps = work, first, steps
+
+    def step_start(self, run, win) -> None:
+        if run.global_step == self.first:
+            self.work.start()
+        elif run.global_step == self.first + self.steps:
+            self.work.stop(self.steps)
