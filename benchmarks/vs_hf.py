@@ -12,7 +12,9 @@ Every figure is measured in this run; nothing is copied from an earlier one.
    backward, AdamW step; no clipping):
    (a) fp32, eager attention, AdamW (foreach); (b) bf16 autocast + sdpa + fused AdamW;
    (c) (b) + torch.compile(model); (d) (b) + torch.compile(model, mode="reduce-overhead");
-   (e) (b) with our fused encoder (encoder=fused); (f) (e) with the whole step in one CUDA graph.
+   (e) (b) with our fused encoder (encoder=fused); (f) (e) with the whole step in one CUDA graph;
+   (b') and (d'): (b) and (d) fed by a torch DataLoader with bertaccel's collator, workers and
+   pinning, the copy to the device inside the step: what a user's own loop pays for its data.
 2. One epoch of the Hugging Face Trainer (bf16, sdpa, fused AdamW, dynamic padding) on the
    --imdb-train CSV, what a user gets from the documented recipe.
 3. bertaccel configurations (--bertaccel, repeatable) through the real core, bertaccel.runs.job.execute.
@@ -57,7 +59,8 @@ def parse_args(argv=None):
                          "CUDA graphs in the first ~3)")
     ap.add_argument("--batch-sizes", default="32,256", help="rung batch sizes, comma-separated")
     ap.add_argument("--seq", type=int, default=128, help="rung sequence length S (pad/truncate)")
-    ap.add_argument("--rungs", default="a,b,c,d,e,f", help="subset of a,b,c,d,e,f")
+    ap.add_argument("--rungs", default="a,b,b',c,d,d',e,f",
+                    help="subset of a,b,b',c,d,d',e,f (quote it in a shell: --rungs \"b,b',d,d'\")")
     ap.add_argument("--rung-batches", type=int, default=4, help="distinct fixed batches the rung steps cycle through")
     ap.add_argument("--data", help="CSV for the rungs' text (default: --imdb-train, else the bundled AG News sample)")
     ap.add_argument("--text-columns", help="comma-separated, joined by a space (default: every column but the label)")

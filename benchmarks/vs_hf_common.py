@@ -163,12 +163,18 @@ def random_bert(config, attention: str):
     return BertForSequenceClassification._from_config(config, attn_implementation=attention)
 
 
+def rows_of(texts: List[str], labels: List[int], need: int) -> List[Tuple[str, int]]:
+    """The first `need` (text, label) rows; fewer rows than needed (tests): reused. The rows of
+    fixed_batches and of the DataLoader rungs (vs_hf_plain.LoaderFeed) alike."""
+    reps = -(-need // len(texts))
+    return list(zip((texts * reps)[:need], (labels * reps)[:need]))
+
+
 def fixed_batches(tokenizer, texts: List[str], labels: List[int], batch: int, seq: int, count: int,
                   device: torch.device) -> List[Dict[str, torch.Tensor]]:
     """`count` distinct B x S batches of real rows, padded/truncated to S, already on the device."""
-    need = batch * count
-    reps = -(-need // len(texts))  # fewer rows than needed (tests): reuse them
-    texts, labels = (texts * reps)[:need], (labels * reps)[:need]
+    rows = rows_of(texts, labels, batch * count)
+    texts, labels = [t for t, _ in rows], [y for _, y in rows]
     enc = tokenizer(texts, truncation=True, max_length=seq, padding="max_length", return_tensors="pt",
                     return_token_type_ids=False)
     y = torch.tensor(labels, dtype=torch.long)

@@ -1,6 +1,12 @@
 """vs_hf.py's plain-HF rungs: BertForSequenceClassification trained by a hand-written loop
 (zero_grad, forward under autocast, backward, AdamW step; no clipping) on fixed B x S batches of
-real text already on the device, one table row per rung and batch size."""
+real text already on the device, one table row per rung and batch size.
+
+Rungs b' and d' are b and d fed as a user's own loop is: a torch DataLoader over the same rows
+(tokenized, truncated to S, not padded), bertaccel's collator (PadCollator, its pad multiple),
+its default worker count and pinned memory on a GPU, each batch copied to the device inside the
+timed step. The gap between b and b' is the data's share; bertaccel's eager row is judged
+against b'. (A shell needs the quote quoted: --rungs "b,b',d,d'".)"""
 from __future__ import annotations
 
 import logging
@@ -14,7 +20,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 import torch
 
 # First: it puts the repository on sys.path and sets the offline hub variables.
-from vs_hf_common import (SEED, EnergyMeter, StepClock, bert_config, fixed_batches, free_memory,
+from vs_hf_common import (SEED, EnergyMeter, StepClock, bert_config, fixed_batches, free_memory, rows_of,
                           load_tokenizer_from, mfu_cell, package_dir, random_bert, read_rows, shuffled_subset, sync)
 from bertaccel.data import encode_labels
 from bertaccel.measure.flops import TokenCounts, bert_train_flops
@@ -35,14 +41,19 @@ RUNGS = {
     # by hand (the technique d gets from Inductor's CUDA-graph trees), the static packed layout.
     "e": "bf16, encoder=fused (ours), fused AdamW",
     "f": "bf16, encoder=fused (ours), fused AdamW, whole step in one CUDA graph",
+    "b'": "b fed by a DataLoader (bertaccel's collator, workers and pinning)",
+    "d'": "d fed by a DataLoader (bertaccel's collator, workers and pinning)",
 }
 FUSED_RUNGS = ("e", "f")
+LOADER_RUNGS = ("b'", "d'")
 
 log = logging.getLogger("vs_hf")
 
 
 def rung_step(rung: str, model, device: torch.device) -> Callable[[Dict[str, torch.Tensor]], torch.Tensor]:
-    """One training step of the rung on `model`: its optimizer, its torch.compile mode, its autocast."""
+    """One training step of the rung on `model`: its optimizer, its torch.compile mode, its autocast
+    (b' and d' step as b and d: only what feeds them differs)."""
+    rung = rung.rstrip("'")
     fp32 = rung == "a"
     if fp32:
         opt = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
@@ -110,13 +121,15 @@ class Timing(NamedTuple):
     final_loss: float
 
 
-def timed_steps(step: Callable, batches: List[Dict[str, torch.Tensor]], device: torch.device,
+def timed_steps(step: Callable, next_batch: Callable[[int], Dict[str, torch.Tensor]], device: torch.device,
                 warmup_steps: int, steps: int, energy: EnergyMeter) -> Timing:
-    """Unmeasured warm-up steps (compile included), then a measured block of `steps` steps."""
+    """Unmeasured warm-up steps (compile included), then a measured block of `steps` steps.
+    next_batch(i): step i's batch on the device; whatever it costs (a loader's collate and copy)
+    is inside the step's time."""
     sync(device)
     t0 = time.perf_counter()
     for i in range(warmup_steps):
-        step(batches[i % len(batches)])
+        step(next_batch(i))
     sync(device)
     warmup_s = time.perf_counter() - t0
 
@@ -125,7 +138,7 @@ def timed_steps(step: Callable, batches: List[Dict[str, torch.Tensor]], device: 
     t0 = time.perf_counter()
     clock.mark(0)
     for i in range(steps):
-        loss = step(batches[i % len(batches)])
+        loss = step(next_batch(warmup_steps + i))
         clock.mark(i + 1)
     sync(device)
     block_s = time.perf_counter() - t0
@@ -136,11 +149,57 @@ def timed_steps(step: Callable, batches: List[Dict[str, torch.Tensor]], device: 
     return Timing(warmup_s, step_ms, block_s, energy.kj(e0, e1), float(loss.detach()))
 
 
+class LoaderFeed:
+    """Batches as a user's loop gets them: a DataLoader with bertaccel's collator, worker count and
+    pinning, cycled (a new pass when one ends), each batch copied to the device non-blocking.
+    Keeps the host batches of the measured steps, to count the tokens they computed."""
+
+    def __init__(self, tokenizer, texts: List[str], labels: List[int], batch: int, seq: int, count: int,
+                 device: torch.device, measured_from: int):
+        import yaml
+        from torch.utils.data import DataLoader
+
+        from bertaccel.config import CONF_DIR
+        from bertaccel.data.batches import PadCollator
+
+        train = yaml.safe_load((CONF_DIR / "config.yaml").read_text())["train"]
+        self.workers, self.multiple = int(train["num_workers"]), int(train["pad_to_multiple_of"])
+        self.pin = device.type == "cuda"  # train.pin_memory: null resolves so
+        rows = rows_of(texts, labels, batch * count)
+        enc = tokenizer([t for t, _ in rows], truncation=True, max_length=seq, return_token_type_ids=False,
+                        return_attention_mask=False)
+        pairs = [(torch.tensor(ids, dtype=torch.int32), torch.tensor(y)) for ids, (_, y) in zip(enc["input_ids"], rows)]
+        self.loader = DataLoader(pairs, batch_size=batch, shuffle=False,
+                                 collate_fn=PadCollator(tokenizer.pad_token_id, self.multiple),
+                                 num_workers=self.workers, pin_memory=self.pin,
+                                 persistent_workers=self.workers > 0)
+        self.device, self.measured_from = device, measured_from
+        self.it = iter(self.loader)
+        self.measured: List[Dict[str, torch.Tensor]] = []
+
+    def __call__(self, i: int) -> Dict[str, torch.Tensor]:
+        try:
+            host = next(self.it)
+        except StopIteration:
+            self.it = iter(self.loader)
+            host = next(self.it)
+        if i >= self.measured_from:
+            self.measured.append(host)
+        return {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
+
+    def note(self) -> str:
+        lengths = sorted({b["input_ids"].shape[1] for b in self.measured})
+        return (f"fed by DataLoader(PadCollator(pad to a multiple of {self.multiple}), workers={self.workers}, "
+                f"pin_memory={self.pin}); padded lengths of the measured batches: {', '.join(map(str, lengths))}")
+
+
 def run_rung(rung: str, batches: List[Dict[str, torch.Tensor]], config, device: torch.device,
-             warmup_steps: int, steps: int, profile: Optional[Dict[str, Any]], energy: EnergyMeter) -> Row:
+             warmup_steps: int, steps: int, profile: Optional[Dict[str, Any]], energy: EnergyMeter,
+             feed: Optional[LoaderFeed] = None) -> Row:
+    """feed: the DataLoader of rungs b' and d' (None: the fixed device batches)."""
     b, s = batches[0]["input_ids"].shape
     row = Row(f"{rung}/B{b}", f"plain HF loop: {RUNGS[rung]}; B={b} S={s}")
-    if rung in ("d", "f") and device.type != "cuda":
+    if rung in ("d", "f", "d'") and device.type != "cuda":
         row.notes.append("skipped: CUDA graphs need a GPU")
         return row
     fp32 = rung == "a"
@@ -162,14 +221,21 @@ def run_rung(rung: str, batches: List[Dict[str, torch.Tensor]], config, device: 
     # Dynamo's counters survive torch.compiler.reset(): this rung's share is a difference.
     graphs_before = int(counters["stats"]["unique_graphs"])
     skips_before = int(counters["inductor"]["cudagraph_skips"])
-    timing = timed_steps(step, batches, device, warmup_steps, steps, energy)
+    next_batch = feed if feed is not None else (lambda i: batches[i % len(batches)])
+    timing = timed_steps(step, next_batch, device, warmup_steps, steps, energy)
     peak_gib, peak_src = memory.read()
 
     counts = TokenCounts()
-    counts.add(batches[0])
     # The encoder's layout of the last step says what it computed (encoder=fused: the packed real
     # tokens eagerly, all B*S with padding apart under the graph); Hugging Face's: the padded batch.
-    flops = bert_train_flops(model, counts) * steps
+    # A loader's batches are padded each to its own length: every measured one is counted.
+    if feed is not None:
+        for host in feed.measured:
+            counts.add(host)
+        flops = bert_train_flops(model, counts)
+    else:
+        counts.add(batches[0])
+        flops = bert_train_flops(model, counts) * steps
     row.cells.update({
         "ms/step": statistics.median(timing.step_ms),
         "samples/s": b * steps / timing.block_s,
@@ -185,9 +251,11 @@ def run_rung(rung: str, batches: List[Dict[str, torch.Tensor]], config, device: 
         row.notes.append(f"fp32 matmul precision '{torch.get_float32_matmul_precision()}'")
     if rung in FUSED_RUNGS:
         row.notes.append(f"tokens computed: {getattr(model.base_model.encoder, 'layout', None) or 'all (no padding)'}")
-    if rung in ("c", "d"):
+    if feed is not None:
+        row.notes.append(feed.note())
+    if rung in ("c", "d", "d'"):
         row.notes.append(f"graphs compiled: {int(counters['stats']['unique_graphs']) - graphs_before}")
-    if rung == "d":
+    if rung in ("d", "d'"):
         skips = int(counters["inductor"]["cudagraph_skips"]) - skips_before
         if skips:
             row.notes.append(f"CUDA graphs skipped {skips}x (see log): partly eager")
@@ -209,7 +277,10 @@ def rungs_part(args, device, profile, energy, emit) -> None:
             # cold compile; rung d would otherwise reuse rung c's graphs.
             with isolated_run(SEED, shared_process=True), compile_caches("", "fresh", device):
                 try:
-                    row = run_rung(rung, batches, config, device, args.warmup_steps, args.steps, profile, energy)
+                    feed = (LoaderFeed(tokenizer, texts, labels, b, args.seq, args.rung_batches, device,
+                                       args.warmup_steps) if rung in LOADER_RUNGS else None)
+                    row = run_rung(rung, batches, config, device, args.warmup_steps, args.steps, profile, energy,
+                                   feed)
                 except Exception as e:  # noqa: BLE001 - one broken rung is a row, the table goes on
                     log.error(f"rung {rung} B={b} failed:\n{traceback.format_exc()}")
                     row = Row(f"{rung}/B{b}", f"plain HF loop: {RUNGS[rung]}; B={b} S={args.seq}",

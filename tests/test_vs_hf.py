@@ -39,7 +39,7 @@ def test_vs_hf_table_on_cpu(tmp_path):
     bertaccel_row = ("model=tiny train.device=cpu dataset.train_subset=64 dataset.test_subset=32 train.batch_size=16 "
                      f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'} cache_dir={tmp_path / 'cache'}")
     cmd = [sys.executable, str(REPO / "benchmarks" / "vs_hf.py"), "--device", "cpu", "--tiny",
-           "--steps", "3", "--warmup-steps", "1", "--batch-sizes", "8", "--seq", "32", "--rungs", "a,b,d,e,f",
+           "--steps", "3", "--warmup-steps", "1", "--batch-sizes", "8", "--seq", "32", "--rungs", "a,b,b',d,e,f",
            "--imdb-train", str(SAMPLE), "--text-columns", "title,description", "--label-column", "label",
            "--trainer-subset", "64", "--trainer-max-length", "64",
            "--bertaccel", bertaccel_row, "--out", str(out)]
@@ -47,9 +47,9 @@ def test_vs_hf_table_on_cpu(tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = parse_table(proc.stdout)
-    assert set(rows) == {"a/B8", "b/B8", "d/B8", "e/B8", "f/B8", "trainer", "bertaccel 1"}, proc.stdout
+    assert set(rows) == {"a/B8", "b/B8", "b'/B8", "d/B8", "e/B8", "f/B8", "trainer", "bertaccel 1"}, proc.stdout
 
-    for rung in ("a/B8", "b/B8", "e/B8"):  # e: encoder=fused, its kernels in Triton's interpreter here
+    for rung in ("a/B8", "b/B8", "b'/B8", "e/B8"):  # e: encoder=fused, its kernels in Triton's interpreter here
         row = rows[rung]
         assert is_number(row["ms/step"]) and is_number(row["samples/s"]), row
         assert is_number(row["final loss"]) and is_number(row["warm-up s"]), row
@@ -60,7 +60,13 @@ def test_vs_hf_table_on_cpu(tmp_path):
     for rung in ("d/B8", "f/B8"):
         assert rows[rung]["ms/step"] == "-"
         assert "skipped: CUDA graphs need a GPU" in rows[rung]["notes"]
-    assert "tokens computed: exact" in rows["e/B8"]["notes"]  # the fused encoder ran on the real tokens
+    assert "tokens computed: exact" in rows["e/B8"]["notes"]
+    # b' is b fed by a DataLoader with bertaccel's collator: its batches padded each to its own
+    # longest row, rounded up to 8, at most S=32 (the same rows as b's, truncated to S).
+    feed = rows["b'/B8"]["notes"]
+    assert "fed by DataLoader(PadCollator(pad to a multiple of 8), workers=0, pin_memory=False)" in feed, feed
+    lengths = [int(x) for x in feed.split("padded lengths of the measured batches: ")[1].split(";")[0].split(", ")]
+    assert lengths and all(n % 8 == 0 and n <= 32 for n in lengths), feed  # the fused encoder ran on the real tokens
 
     trainer = rows["trainer"]
     assert is_number(trainer["s/epoch"]) and is_number(trainer["final loss"]), trainer
