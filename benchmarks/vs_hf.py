@@ -15,6 +15,7 @@ Every figure is measured in this run; nothing is copied from an earlier one.
    (e) (b) with our fused encoder (encoder=fused); (f) (e) with the whole step in one CUDA graph;
    (b') and (d'): (b) and (d) fed by a torch DataLoader with bertaccel's collator, workers and
    pinning, the copy to the device inside the step: what a user's own loop pays for its data.
+   The shell needs the primes quoted: --rungs "a,b,b',d,d'".
 2. One epoch of the Hugging Face Trainer (bf16, sdpa, fused AdamW, dynamic padding) on the
    --imdb-train CSV, what a user gets from the documented recipe.
 3. bertaccel configurations (--bertaccel, repeatable) through the real core, bertaccel.runs.job.execute.

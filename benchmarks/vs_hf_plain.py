@@ -173,7 +173,7 @@ class LoaderFeed:
                                  collate_fn=PadCollator(tokenizer.pad_token_id, self.multiple),
                                  num_workers=self.workers, pin_memory=self.pin,
                                  persistent_workers=self.workers > 0)
-        self.device, self.measured_from = device, measured_from
+        self.device, self.measured_from, self.rows = device, measured_from, len(pairs)
         self.it = iter(self.loader)
         self.measured: List[Dict[str, torch.Tensor]] = []
 
@@ -190,7 +190,8 @@ class LoaderFeed:
     def note(self) -> str:
         lengths = sorted({b["input_ids"].shape[1] for b in self.measured})
         return (f"fed by DataLoader(PadCollator(pad to a multiple of {self.multiple}), workers={self.workers}, "
-                f"pin_memory={self.pin}); padded lengths of the measured batches: {', '.join(map(str, lengths))}")
+                f"pin_memory={self.pin}) over the {self.rows} rows of b's batches, cycled; "
+                f"padded lengths of the measured batches: {', '.join(map(str, lengths))}")
 
 
 def run_rung(rung: str, batches: List[Dict[str, torch.Tensor]], config, device: torch.device,
@@ -275,6 +276,7 @@ def rungs_part(args, device, profile, energy, emit) -> None:
             # Dynamo state, seeds and allocator reset per rung, and compile.cache=fresh's empty
             # per-use cache: each compiled rung pays (and reports) its own
             # cold compile; rung d would otherwise reuse rung c's graphs.
+            feed = None
             with isolated_run(SEED, shared_process=True), compile_caches("", "fresh", device):
                 try:
                     feed = (LoaderFeed(tokenizer, texts, labels, b, args.seq, args.rung_batches, device,
@@ -285,6 +287,7 @@ def rungs_part(args, device, profile, energy, emit) -> None:
                     log.error(f"rung {rung} B={b} failed:\n{traceback.format_exc()}")
                     row = Row(f"{rung}/B{b}", f"plain HF loop: {RUNGS[rung]}; B={b} S={args.seq}",
                               notes=[f"failed: {first_line(e)}"])
+                feed = None  # its loader workers (train.num_workers > 0) end here, not during the next rung
                 free_memory()
             emit(row)
         del batches

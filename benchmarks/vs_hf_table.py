@@ -57,8 +57,9 @@ def table(context: str, rows: List[Row], args, store: List[str]) -> str:
         f"included), cycling {args.rung_batches} fixed batches of real rows from {args.data}. ms/step: {timing}; "
         "samples/s, MFU and kJ over the whole measured block (synchronized at both ends). "
         "No gradient clipping; AdamW lr 5e-5. b' and d': the same rows through a torch DataLoader (bertaccel's "
-        "PadCollator, default workers, pinned on a GPU), each padded to its longest row, collated and copied to the "
-        "device inside the timed step; their MFU counts the tokens of the batches they measured.",
+        "PadCollator, default workers, pinned on a GPU), each batch padded to its longest row rounded up to "
+        "train.pad_to_multiple_of, collated and copied to the device inside the timed step: what a user's own "
+        "loop pays for its data; their MFU counts the tokens of the batches they measured.",
         "MFU: analytic matmul FLOPs (bertaccel/measure/flops.py: 6*P*T + 12*L*B*S^2*H) / time / peak dense TFLOP/s of "
         "the hardware profile (rung a against peak_tflops_fp32, the others against bf16).",
         "kJ: NVML nvmlDeviceGetTotalEnergyConsumption delta over the window (whole GPU). "

@@ -2,6 +2,7 @@
 row through the real core, on real text (the bundled AG News sample) with the tiny BERT."""
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -39,7 +40,8 @@ def test_vs_hf_table_on_cpu(tmp_path):
     bertaccel_row = ("model=tiny train.device=cpu dataset.train_subset=64 dataset.test_subset=32 train.batch_size=16 "
                      f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'} cache_dir={tmp_path / 'cache'}")
     cmd = [sys.executable, str(REPO / "benchmarks" / "vs_hf.py"), "--device", "cpu", "--tiny",
-           "--steps", "3", "--warmup-steps", "1", "--batch-sizes", "8", "--seq", "32", "--rungs", "a,b,b',d,e,f",
+           "--steps", "3", "--warmup-steps", "1", "--batch-sizes", "8", "--rung-batches", "2", "--seq", "32",
+           "--rungs", "a,b,b',d,e,f",
            "--imdb-train", str(SAMPLE), "--text-columns", "title,description", "--label-column", "label",
            "--trainer-subset", "64", "--trainer-max-length", "64",
            "--bertaccel", bertaccel_row, "--out", str(out)]
@@ -60,13 +62,17 @@ def test_vs_hf_table_on_cpu(tmp_path):
     for rung in ("d/B8", "f/B8"):
         assert rows[rung]["ms/step"] == "-"
         assert "skipped: CUDA graphs need a GPU" in rows[rung]["notes"]
-    assert "tokens computed: exact" in rows["e/B8"]["notes"]
-    # b' is b fed by a DataLoader with bertaccel's collator: its batches padded each to its own
-    # longest row, rounded up to 8, at most S=32 (the same rows as b's, truncated to S).
+    assert "tokens computed: exact" in rows["e/B8"]["notes"]  # the fused encoder ran on the real tokens
+    # b' is b fed by a DataLoader with bertaccel's collator (its default pad multiple and worker
+    # count, no pinning on a CPU) over b's rows (B x --rung-batches), cycled: its 4 steps take
+    # two passes over 2 batches. Each batch is padded to its own longest row, rounded up to 8, at
+    # most S=32 (the rows truncated to S).
     feed = rows["b'/B8"]["notes"]
-    assert "fed by DataLoader(PadCollator(pad to a multiple of 8), workers=0, pin_memory=False)" in feed, feed
+    assert ("fed by DataLoader(PadCollator(pad to a multiple of 8), workers=0, pin_memory=False) "
+            "over the 16 rows of b's batches, cycled") in feed, feed
     lengths = [int(x) for x in feed.split("padded lengths of the measured batches: ")[1].split(";")[0].split(", ")]
-    assert lengths and all(n % 8 == 0 and n <= 32 for n in lengths), feed  # the fused encoder ran on the real tokens
+    assert lengths and all(n % 8 == 0 and n <= 32 for n in lengths), feed
+    assert math.isfinite(float(rows["b'/B8"]["final loss"])), rows["b'/B8"]  # it trained on real rows
 
     trainer = rows["trainer"]
     assert is_number(trainer["s/epoch"]) and is_number(trainer["final loss"]), trainer
