@@ -168,7 +168,9 @@ class SweepWalls:
             self.compiled.add(graph_key)
         waits = [r.waits for r in exact]
         same_state = [w["compile_time_s"] for w in waits if "compile_time_s" in w and w.get("compile_cache") == state]
-        if state == "none":
+        if state == "none" and same_state:  # an eager GPU run's first-use warm-up (train/events.py)
+            warm_up, basis["warmup_s"] = statistics.median(same_state), "nothing compiled: runs of this configuration"
+        elif state == "none":
             warm_up, basis["warmup_s"] = 0.0, "nothing compiled (compile=off, no Triton kernel, no step graph)"
         elif same_state:
             warm_up, basis["warmup_s"] = statistics.median(same_state), f"{state} cache: runs of this configuration"

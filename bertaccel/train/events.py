@@ -125,17 +125,23 @@ class CompileWarmup(Callback):
             what += ["CUDA graphs of the whole step per length"] if cfg.compile.step_graph else []
             result.compile_time_source = (f"wall clock of the warm-up before the first training window "
                                           f"({' + '.join(what)}): {run.plan.describe()}")
-        elif run.parallel is not None:
-            # Nothing to compile, but DDP has one-time costs of its own: NCCL creates its
-            # communicators on the first all-reduce and DDP rebuilds its gradient buckets in the
-            # second forward. Two eager steps at the longest length pay them before the window
-            # (measured on 2 H200s: 0.45 s of a 4.4 s window went to such first-step costs).
-            eager = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, run.plan.train_lengths[-1:], [],
-                               repeats=2)
-            result.compile_time_s = run_warmup(run.model, eager, run.step.micro, lambda b: None, run.device)
-            result.compile_time_source = (f"nothing compiled (compile=off); wall clock of the data-parallel warm-up "
-                                          f"before the first window (NCCL/gloo communicators, DDP bucket rebuild): "
-                                          f"{eager.describe()}")
+        elif run.parallel is not None or run.device.type == "cuda":
+            # Nothing to compile, but first uses cost: the caching allocator grows to the longest
+            # batch (cudaMalloc), cuBLAS and SDPA pick their kernels per shape, and under data
+            # parallel NCCL creates its communicators on the first all-reduce and DDP rebuilds its
+            # gradient buckets in the second forward (measured on 2 H200s: 0.45 s of a 4.4 s window
+            # went to such first-step costs). Eager steps at the longest lengths pay them before the
+            # window, as the plain loop a run is compared with pays them in its warm-up steps. On
+            # one GPU this is issue 43's lead, not yet measured there: on 4 H200s an eager run's
+            # mean step was 13 ms above its median at 1 GPU, and the window had no warm-up before it.
+            parallel = run.parallel is not None
+            eager = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, run.plan.train_lengths[-1:],
+                               [] if parallel else run.plan.eval_lengths[-1:], repeats=2 if parallel else 1)
+            result.compile_time_s = run_warmup(run.model, eager, run.step.micro, run.step.eval_forward, run.device)
+            what = ("data-parallel warm-up before the first window (NCCL/gloo communicators, DDP bucket rebuild, "
+                    if parallel else "eager warm-up before the first window (")
+            result.compile_time_source = (f"nothing compiled (compile=off); wall clock of the {what}the allocator "
+                                          f"grown to the longest batch, per-shape kernel choices): {eager.describe()}")
         else:
             result.compile_time_source = (f"nothing compiled (compile=off, attention={cfg.attention.name}"
                                           f"{' on CPU: interpreter' if cfg.attention.swap == 'triton' or cfg.encoder.layer == 'fused' else ''})")
