@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -37,14 +37,13 @@ class HostWork:
     calls, through sys.setprofile) or "ops" (aten ops, through a dispatch mode). One kind per
     span: the dispatch mode runs Python for every op, which a call count would then include."""
     kind: str = "calls"
-    counts: Counter = field(default_factory=Counter)   # 'file:function' or aten op -> how many
+    counts: Counter = field(default_factory=Counter)   # 'module:function' or aten op -> how many
     steps: int = 0
     _mode: Optional[_OpCounter] = None
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            code = frame.f_code
-            self.counts[f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}"] += 1
+        if event == "call":  # Python frames only; calls into C ("c_call") are not counted
+            self.counts[f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_name}"] += 1
 
     def start(self) -> None:
         if self.kind == "ops":
@@ -68,6 +67,11 @@ class HostWork:
             return {"aten_ops": sum(self.counts.values()) / self.steps,
                     "scalar_reads": self.counts["aten._local_scalar_dense"] / self.steps}
         return {"python_calls": sum(self.counts.values()) / self.steps}
+
+    def added_over(self, other: "HostWork", top: int = 15) -> List[Tuple[str, float]]:
+        """Where this span's extra work comes from: the functions (or ops) counted more often here
+        than in `other` (same kind), per step, most first."""
+        return [(name, n / self.steps) for name, n in (self.counts - other.counts).most_common(top)]
 
 
 class StepSpan(Callback):
