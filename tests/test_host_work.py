@@ -25,8 +25,9 @@ CPU = torch.device("cpu")
 FIRST, STEPS = 2, 10
 # bertaccel / plain, per optimizer step, measured 2026-11-27 (tiny BERT, fp32, eager attention,
 # AdamW foreach, no clipping, batch 16, torch 2.13 CPU; 3 runs of this file gave the same counts):
-#   Python calls  1486.0 / 1377.5 = 1.079x (1897.0, 1.377x, with the loop of before e5a1e7d, which
-#                 read its OmegaConf config every step); +-0.1 between runs: the bar's postfix
+#   Python calls  1462.0 / 1377.5 = 1.061x (1486.0, 1.079x, while Events called the base class's
+#                 empty hooks too; 1897.0, 1.377x, with the loop of before e5a1e7d, which read its
+#                 OmegaConf config every step); +-0.1 between runs: the bar's postfix
 #                 prints samples/s, whose digit count the profile hook sees one call a character
 #   aten ops       775.9 / 738.8  = 1.050x (the window's loss sum and token counts, the second
 #                 parameter group's step counts)
