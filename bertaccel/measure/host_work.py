@@ -15,8 +15,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bertaccel.train.events import Callback
-
 
 class _OpCounter(TorchDispatchMode):
     """Counts every aten op that reaches the dispatcher below autograd and autocast."""
@@ -72,21 +70,3 @@ class HostWork:
         """Where this span's extra work comes from: the functions (or ops) counted more often here
         than in `other` (same kind), per step, most first."""
         return [(name, n / self.steps) for name, n in (self.counts - other.counts).most_common(top)]
-
-
-class StepSpan(Callback):
-    """A loop event object (train/events.py Callback) that counts host work over optimizer steps
-    [first, first + steps): started at step `first`'s step_start and stopped at step
-    `first + steps`'s, so each counted period holds every hook the loop runs between two steps.
-    As the innermost event object its step_start runs last: the period is from after the other
-    step_start hooks of one step to after those of the next. The first steps are skipped: their
-    first-use costs are not per-step work."""
-
-    def __init__(self, work: HostWork, first: int = 2, steps: int = 4):
-        self.work, self.first, self.steps = work, first, steps
-
-    def step_start(self, run, win) -> None:
-        if run.global_step == self.first:
-            self.work.start()
-        elif run.global_step == self.first + self.steps:
-            self.work.stop(self.steps)
