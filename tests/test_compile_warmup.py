@@ -41,6 +41,9 @@ def test_compiled_run_compiles_nothing_inside_its_window(compose_cfg, tmp_path):
     assert result.recompiles_in_window == 0
     # The warm-up covered the evaluation's shapes too: nothing compiled inside eval_time_s.
     assert f"eval 32 rows x {len(plan.eval_lengths)} lengths" in result.compile_time_source
+    # ... and the optimizer's first step (tests/test_first_update_warmup.py: it leaves no trace)
+    assert result.compile_time_source.endswith("then the optimizer's first update on zero gradients, undone "
+                                               "(its kernels compiled or loaded, its buffers allocated)")
     assert result.compiles_in_eval == 0
     assert result.step_time_ms is not None and result.step_time_ms > 0
     assert result.samples == 96  # filler rows of the short last batch are not samples
@@ -70,7 +73,7 @@ def test_eager_run_compiles_nothing(compose_cfg, tmp_path):
     cfg, model, (tr, te), plan = _setup(compose_cfg, tmp_path, ["train.max_steps_per_epoch=3"])
     result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=plan)
     assert not result.compiled_anything and result.compile_time_s == 0.0
-    assert "nothing compiled" in result.compile_time_source
+    assert "nothing compiled" in result.compile_time_source and "first update" not in result.compile_time_source
     assert result.recompiles_in_window == 0 and result.compiles_in_eval == 0
 
 

@@ -49,7 +49,7 @@ from bertaccel.options.optimizer import build_optimizer, lr_factor, set_lr
 from bertaccel.train.step import _sync, model_inputs, windows
 from bertaccel.train.step_graph import StepGraphs
 from bertaccel.train.warmup import (IGNORE_INDEX, WarmupPlan, compile_events, compiled_graph_count, new_events,
-                                    run_warmup)
+                                    run_warmup, warm_first_update)
 
 if TYPE_CHECKING:
     from bertaccel.train.loop import Run, Window
@@ -133,15 +133,14 @@ class CompileWarmup(Callback):
             what += ["CUDA graphs of the whole step per length"] if cfg.compile.step_graph else []
             result.compile_time_source = (f"wall clock of the warm-up before the first training window "
                                           f"({' + '.join(what)}): {run.plan.describe()}")
-        elif run.parallel is not None or run.device.type == "cuda":
+        elif warms_up(run):
             # Nothing to compile, but first uses cost: the caching allocator grows to the longest
             # batch (cudaMalloc), cuBLAS and SDPA pick their kernels per shape, and under data
             # parallel NCCL creates its communicators on the first all-reduce and DDP rebuilds its
             # gradient buckets in the second forward (measured on 2 H200s: 0.45 s of a 4.4 s window
             # went to such first-step costs). Eager steps at the longest lengths pay them before the
-            # window, as the plain loop a run is compared with pays them in its warm-up steps. On
-            # one GPU this is issue 43's lead, not yet measured there: on 4 H200s an eager run's
-            # mean step was 13 ms above its median at 1 GPU, and the window had no warm-up before it.
+            # window, as the plain loop a run is compared with pays them in its warm-up steps. The
+            # optimizer's first step is warmed at epoch_start (it needs the optimizer).
             parallel = run.parallel is not None
             eager = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, run.plan.train_lengths[-1:],
                                [] if parallel else run.plan.eval_lengths[-1:], repeats=2 if parallel else 1)
@@ -156,6 +155,14 @@ class CompileWarmup(Callback):
 
     def epoch_start(self, run: "Run", epoch: int) -> None:
         step = run.step
+        if epoch == 0 and warms_up(run) and not run.cfg.compile.step_graph:
+            # The optimizer's first step, before the first window and counted in compile_time_s
+            # (the step-graph capture below runs it eagerly anyway); then a fresh optimizer.
+            params = [p for p in run.model.parameters() if p.requires_grad]
+            run.result.compile_time_s += warm_first_update(step.update, params, step.precision.scaler, run.device)
+            step.optimizer = new_optimizer(run)
+            run.result.compile_time_source += ("; then the optimizer's first update on zero gradients, undone "
+                                               "(its kernels compiled or loaded, its buffers allocated)")
         if run.cfg.compile.step_graph and step.graphs is None:
             # Part of the warm-up (its time counts in compile_time_s), before the first window.
             t_capture = time.perf_counter()
@@ -170,6 +177,13 @@ class CompileWarmup(Callback):
             run.result.compile_graphs = compiled_graph_count() - run.graphs_at_start
 
 
+def warms_up(run: "Run") -> bool:
+    """Runs with first-use costs to pay before the first window: anything compiled, data parallel
+    (communicators, DDP's bucket rebuild), any GPU run (allocator, per-shape kernel choices). A
+    plain CPU run has none worth a warm-up."""
+    return run.result.compiled_anything or run.parallel is not None or run.device.type == "cuda"
+
+
 class FreezingSchedule(Callback):
     """Per epoch: the freezing schedule's trainable layers, and the optimizer (re)built over them."""
 
@@ -178,8 +192,12 @@ class FreezingSchedule(Callback):
         apply_freezing(run.model, cfg.freezing.name, epoch)
         if run.step.optimizer is None or cfg.freezing.name != "none":
             # Rebuilt over the parameters trainable this epoch (seed 000, section 3.2).
-            run.step.optimizer = build_optimizer(run.model, cfg.optimizer, capturable=cfg.compile.step_graph,
-                                                 lr=run.base_lr)
+            run.step.optimizer = new_optimizer(run)
+
+
+def new_optimizer(run: "Run") -> torch.optim.Optimizer:
+    """The run's optimizer over the parameters trainable now, with fresh state."""
+    return build_optimizer(run.model, run.cfg.optimizer, capturable=run.cfg.compile.step_graph, lr=run.base_lr)
 
 
 class LrSchedule(Callback):

@@ -122,16 +122,20 @@ class Step(Callback):
                                         self.prepare, self.drop_full_mask, self.no_sync, self.phases, variance)
         if variance is not None:
             self.accumulation.after_window(variance, window, self.precision, self.result)
-        scaler = self.precision.scaler
-        if self.max_grad_norm:
-            scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.trainable_params, self.max_grad_norm)
-        scaler.step(self.optimizer)
-        scaler.update()
-        self.optimizer.zero_grad(set_to_none=not self.graph_grad_buffers)
+        self.update(self.trainable_params)
         if self.phases is not None:
             self.phases.step_done()
         return window_loss
+
+    def update(self, params: List[torch.Tensor]) -> None:
+        """Clip, step, zero: the update after a window's backward (also the warm-up's first update)."""
+        scaler = self.precision.scaler
+        if self.max_grad_norm:
+            scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.optimizer.zero_grad(set_to_none=not self.graph_grad_buffers)
 
     def micro(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         """One micro-batch's forward+backward, no update (the warm-up)."""
