@@ -6,11 +6,14 @@
 The run's per-layer backward compute times and gradient bytes (artifact layer_timing.json) go
 into backprop_estimator.predict_step_ms with a ring all-reduce at the given bus bandwidth
 (nccl-tests' busbw on the target machine): what N ranks add to the backward (the all-reduce time
-not hidden behind compute) is added to the run's own measured median step (step_time_ms), so
-the parts of a step the phases do not cover (the host's work, data, the GradScaler's checks)
-count as they were measured. (Forward + backward + optimizer phases alone undershot a 1-GPU fp16
-step by 18 % on an H200: 27.2 against 33.0 ms.) --check-run-id compares a
-prediction with a real N-GPU run's step_time_ms. Prints one Markdown table.
+not hidden behind compute) is added to the step of N ranks that wait for the slowest of them
+(backprop_estimator.slowest_rank_step_ms over the run's own steady steps, its step_ms series;
+N=1: its median step, step_time_ms), so the parts of a step the phases do not cover (the host's
+work, data, the GradScaler's checks) count as they were measured. (Forward + backward +
+optimizer phases alone undershot a 1-GPU fp16 step by 18 % on an H200: 27.2 against 33.0 ms.
+The 1-GPU median alone undershot the 4-GPU step of the thesis point by 30 % on 4 H200s; the
+slowest of 4 draws by 13 %: see docs/scale.md.) --check-run-id compares a prediction with a real
+N-GPU run's step_time_ms. Prints one Markdown table.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional
 
-from bertaccel.measure.backprop_estimator import error_pct, predict_step_ms
+from bertaccel.measure.backprop_estimator import error_pct, predict_step_ms, slowest_rank_step_ms
+from bertaccel.measure.step_clock import STEADY_SKIP
 
 
 class PredictError(ValueError):
@@ -44,6 +48,18 @@ def _layers(client, run) -> dict:
         return json.loads(Path(path).read_text())
 
 
+def _steady_steps(client, run) -> List[float]:
+    """The run's steps (its step_ms series) with each window's first STEADY_SKIP left out, as
+    step_time_ms leaves them out; windows are the epochs, of equal step counts."""
+    series = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "step_ms"), key=lambda m: m.step)]
+    if not series:
+        raise PredictError(f"run {run.info.run_id} has no step_ms series (runs log it since 2026-11-26): run it again")
+    epochs = max(1, int(run.data.params.get("train.epochs", "1")))
+    per = -(-len(series) // epochs)
+    windows = [series[i:i + per] for i in range(0, len(series), per)]
+    return [t for w in windows for t in (w[STEADY_SKIP:] if len(w) > STEADY_SKIP else w)]
+
+
 def predict(uri: str, run_id: str, bus_gb_s: float, gpus: List[int], latency_ms: float,
             check_run_id: Optional[str] = None) -> str:
     from mlflow.tracking import MlflowClient
@@ -64,18 +80,21 @@ def predict(uri: str, run_id: str, bus_gb_s: float, gpus: List[int], latency_ms:
     check = _run(client, check_run_id) if check_run_id else None
     check_world = int(check.data.tags.get("world_size", "0")) if check else None
     lines = ["| GPUs | predicted ms/step | measured ms/step | error % |", "|---|---|---|---|"]
+    steps = _steady_steps(client, run)
     one = predict_step_ms(compute, grad_bytes, bus_gb_s, 1, m["forward_ms"], m["optimizer_ms"])
     for n in gpus:
         added = predict_step_ms(compute, grad_bytes, bus_gb_s, n, m["forward_ms"], m["optimizer_ms"],
                                 allreduce_latency_ms=latency_ms) - one
-        p = m["step_time_ms"] + added
+        p = slowest_rank_step_ms(steps, n) + added
         measured = check.data.metrics.get("step_time_ms") if check is not None and check_world == n else None
         err = f"{error_pct(p, measured):.1f}" if measured else "-"
         lines.append(f"| {n} | {p:.2f} | {'-' if measured is None else f'{measured:.2f}'} | {err} |")
-    lines.append(f"\nfrom run {run_id}: its measured 1-GPU step {m['step_time_ms']:.2f} ms + the exposed all-reduce "
-                 f"time N ranks add to its backward of {len(compute)} layers ({sum(compute):.2f} ms of compute); ring all-reduce "
-                 f"at {bus_gb_s:g} GB/s bus bandwidth, {latency_ms:g} ms latency per all-reduce. Assumes per-GPU "
-                 "compute does not change with N (see backprop_estimator.predict_step_ms).")
+    lines.append(f"\nfrom run {run_id}: the median step of N ranks waiting for the slowest, each a draw from its "
+                 f"{len(steps)} steady 1-GPU steps (median {slowest_rank_step_ms(steps, 1):.2f} ms; "
+                 f"backprop_estimator.slowest_rank_step_ms), + the exposed all-reduce time N ranks add to its backward "
+                 f"of {len(compute)} layers ({sum(compute):.2f} ms of compute); ring all-reduce at {bus_gb_s:g} GB/s bus "
+                 f"bandwidth, {latency_ms:g} ms latency per all-reduce. Assumes per-GPU compute does not change with N "
+                 "and the ranks' steps are independent (see backprop_estimator.predict_step_ms).")
     return "\n".join(lines)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
 from bertaccel.measure.backprop_estimator import (THESIS_OVERHEAD_MS, BackwardEstimate, LayerTimes, error_pct,
                                                   estimate_backward_ranks,
-                                                  estimate_backward, predict_step_ms, ring_allreduce_ms)
+                                                  estimate_backward, predict_step_ms, ring_allreduce_ms,
+                                                  slowest_rank_step_ms)
 
 # Tables 4.11 (2 GPUs) and 4.12 (4 GPUs) of the thesis (seed 004, section 4.5.3), transcribed
 # as printed: per-layer backward compute time D^compute and gradient all-reduce time D^comm, ms.
@@ -330,3 +332,35 @@ def test_a_faster_rank_changes_nothing_and_a_slower_one_only_adds():
 def test_ranks_estimate_rejects_bad_input(ranks, starts, message):
     with pytest.raises(ValueError, match=message):
         estimate_backward_ranks(ranks, starts, 0.0)
+
+
+def test_slowest_of_n_ranks_is_the_quantile_at_half_to_the_one_over_n():
+    # Hand-worked on five steps: N=1 the median; N=2 the 70.7th percentile, position 0.7071 x 4 =
+    # 2.828 -> 30 + 0.828 x 10; N=4 position 0.8409 x 4 = 3.364 -> 40 + 0.364 x 10.
+    five = [50.0, 10.0, 40.0, 20.0, 30.0]
+    assert slowest_rank_step_ms(five, 1) == 30.0
+    assert slowest_rank_step_ms(five, 2) == pytest.approx(38.284, abs=1e-3)
+    assert slowest_rank_step_ms(five, 4) == pytest.approx(43.636, abs=1e-3)
+    # Uniform steps on [0, 1]: the median of the maximum of N draws is 0.5 ** (1/N) exactly.
+    grid = [i / 2000 for i in range(2001)]
+    for n in (1, 2, 4, 8):
+        assert slowest_rank_step_ms(grid, n) == pytest.approx(0.5 ** (1 / n), abs=1e-9)
+
+
+def test_slowest_of_n_ranks_matches_simulated_ranks_on_a_skewed_step_distribution():
+    """Ranks that each draw a step from a 1-GPU run's skewed steps (a few slow ones, as host
+    jitter makes them): the median over simulated steps of the slowest of 4 agrees."""
+    rng = random.Random(0)
+    steps = [28.0 + rng.expovariate(1 / 3.0) for _ in range(400)]
+    simulated = statistics.median(max(rng.choice(steps) for _ in range(4)) for _ in range(20000))
+    assert slowest_rank_step_ms(steps, 4) == pytest.approx(simulated, rel=0.01)
+    assert slowest_rank_step_ms(steps, 4) > slowest_rank_step_ms(steps, 2) > statistics.median(steps)
+
+
+def test_slowest_of_n_ranks_refuses_bad_input():
+    with pytest.raises(ValueError, match="step_ms is empty"):
+        slowest_rank_step_ms([], 2)
+    with pytest.raises(ValueError, match="world_size must be a positive integer"):
+        slowest_rank_step_ms([1.0], 0)
+    with pytest.raises(ValueError, match="step_ms must not be negative"):
+        slowest_rank_step_ms([1.0, -2.0], 2)

@@ -276,3 +276,24 @@ def predict_step_ms(per_layer_compute_ms: Sequence[float], per_layer_grad_bytes:
               for i, (c, b) in enumerate(zip(compute, grad_bytes))]
     backward_ms = estimate_backward(layers, overhead_ms).backward_ms
     return forward_ms + backward_ms + optimizer_ms
+
+
+def slowest_rank_step_ms(step_ms: Sequence[float], world_size: int) -> float:
+    """The median step of world_size ranks that wait for each other every step, each rank's step
+    drawn from the distribution of a 1-GPU run's steady steps (its step_ms series).
+
+    DDP's all-reduces make every step end with the slowest rank's: a step of N ranks is the
+    maximum of N draws. With independent draws P(max <= x) = F(x)**N, so its median is F's
+    quantile at 0.5 ** (1/N) (N=1: the median; N=2: the 70.7th percentile; N=4: the 84.1th),
+    read off the sorted steps with linear interpolation. Host jitter (the Python loop, the data
+    loader, the GIL) is what spreads a 1-GPU run's steps; 4 ranks on one host add contention of
+    their own, which a 1-GPU run cannot show, so this is still a lower bound."""
+    times = sorted(_check_time("step_ms", t) for t in step_ms)
+    if not times:
+        raise ValueError("step_ms is empty: the 1-GPU run logged no steps")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    pos = 0.5 ** (1.0 / world_size) * (len(times) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(times) - 1)
+    return times[lo] + (pos - lo) * (times[hi] - times[lo])
