@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from bertaccel.measure.backprop_estimator import error_pct, predict_step_ms, slowest_rank_step_ms
-from bertaccel.measure.step_clock import STEADY_SKIP
+from bertaccel.measure.step_clock import steady_steps
 
 
 class PredictError(ValueError):
@@ -49,15 +49,14 @@ def _layers(client, run) -> dict:
 
 
 def _steady_steps(client, run) -> List[float]:
-    """The run's steps (its step_ms series) with each window's first STEADY_SKIP left out, as
-    step_time_ms leaves them out; windows are the epochs, of equal step counts."""
+    """The run's steps (its step_ms series) with each window's first steps left out, as
+    step_time_ms leaves them out (step_clock.steady_steps); windows are the epochs, of equal step counts."""
     series = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "step_ms"), key=lambda m: m.step)]
     if not series:
         raise PredictError(f"run {run.info.run_id} has no step_ms series (runs log it since 2026-11-26): run it again")
     epochs = max(1, int(run.data.params.get("train.epochs", "1")))
     per = -(-len(series) // epochs)
-    windows = [series[i:i + per] for i in range(0, len(series), per)]
-    return [t for w in windows for t in (w[STEADY_SKIP:] if len(w) > STEADY_SKIP else w)]
+    return steady_steps([series[i:i + per] for i in range(0, len(series), per)])
 
 
 def predict(uri: str, run_id: str, bus_gb_s: float, gpus: List[int], latency_ms: float,

@@ -38,12 +38,18 @@ class StepClock:
         return [1000 * (b - a) for a, b in zip(self.marks, self.marks[1:])]
 
 
-def steady_median_ms(windows: List[List[float]], skip: int = STEADY_SKIP) -> Optional[float]:
-    """Median step time over all windows with each window's first `skip` steps left out (all
-    steps when a window is too short to leave any)."""
+def steady_steps(windows: List[List[float]], skip: int = STEADY_SKIP) -> List[float]:
+    """Step times of all windows with each window's first `skip` steps left out (all steps when a
+    window is too short to leave any)."""
     steady: List[float] = []
     for times in windows:
         steady += times[skip:] if len(times) > skip else times
+    return steady
+
+
+def steady_median_ms(windows: List[List[float]], skip: int = STEADY_SKIP) -> Optional[float]:
+    """Median step time over steady_steps."""
+    steady = steady_steps(windows, skip)
     return statistics.median(steady) if steady else None
 
 
