@@ -3,7 +3,7 @@ with the answer (the winner per strategy against a baseline, render.py / summary
 
     python -m bertaccel.report --experiment bertaccel [--sweep SWEEP_ID] [--uri sqlite:///mlflow.db]
     python -m bertaccel.report --csv results.csv
-    options: --weights mine=0.4,0.4,0.1,0.1 (repeatable)  --accuracy-floor 0.85  --baseline RUN_NAME
+    options: --weights mine=0.4,0.4,0.1,0.1 (repeatable)  --accuracy-floor 0.85|off  --baseline RUN_NAME
              --time train|total  --project-epochs N  --out report/
              --occupancy-metric occupancy|sm_active|tensor_active  --target-accuracy 0.88
 """
@@ -20,7 +20,7 @@ import argparse  # noqa: E402 (after the start-up signal handlers)
 from pathlib import Path
 from typing import List, Optional
 
-from . import load_rows
+from . import floor, load_rows
 from .args import OneLineParser
 from .data import OPTIONAL_COLUMNS, Column, ReportInputError
 from .extend import extend
@@ -36,7 +36,8 @@ from .stop import held, run
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view
 
 # The numbers of the command line, checked as a CSV's are: finite and in range.
-ACCURACY_FLOOR = Column("--accuracy-floor", "test accuracy as a fraction, 0.85 for 85%", low=0, high=1)
+ACCURACY_FLOOR = Column("--accuracy-floor", "test accuracy as a fraction, 0.85 for 85% (or off: no floor)", low=0,
+                        high=1)
 TARGET_ACCURACY = Column("--target-accuracy", "test accuracy as a fraction, e.g. 0.88 for 88%", low=0, low_open=True,
                          high=1)
 PROJECT_EPOCHS = Column("--project-epochs", "epochs to project every run to", kind="count")
@@ -53,7 +54,9 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sweep", help="only the runs of this sweep id (tag sweep_id)")
     ap.add_argument("--weights", action="append", default=[], metavar="[NAME=]W1,W2,W3,W4[,W5]",
                     help="extra strategy: weights of time, cost, energy, occupancy, and optionally carbon (co2e_kg)")
-    ap.add_argument("--accuracy-floor", help="runs below it are marked and never 'best'")
+    ap.add_argument("--accuracy-floor", metavar="A|off",
+                    help="runs below it are scored but never 'best' (a fraction, 0.85 for 85%%); default: 1 point "
+                         "below the best test accuracy (report/floor.py); off: no floor")
     ap.add_argument("--baseline", help="run name (or MLflow run id) the answer and the baseline table compare "
                                        "against; default: the run on the config groups' defaults, else the slowest")
     ap.add_argument("--time", choices=TIME_MODES, default=DEFAULT_TIME_MODE,
@@ -98,7 +101,7 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
                 raise ReportInputError(f"{flag} '': give a value or leave {flag} out")
         for column in (ACCURACY_FLOOR, TARGET_ACCURACY, PROJECT_EPOCHS):
             dest = column.name.lstrip("-").replace("-", "_")
-            if getattr(a, dest) is not None:
+            if getattr(a, dest) is not None and getattr(a, dest) != floor.OFF:
                 setattr(a, dest, column.parse(getattr(a, dest), column.name, given=True))
         strategies = dict(STRATEGIES)
         for k, spec in enumerate(a.weights, 1):
@@ -133,11 +136,12 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    scored = score_rows(rows, strategies, a.accuracy_floor, view.excluded)
+    acc_floor = floor.resolve(a.accuracy_floor, rows)
+    scored = score_rows(rows, strategies, acc_floor.value, view.excluded)
     source = f"CSV {a.csv}" if a.csv is not None else (f"MLflow {a.uri}, experiment {a.experiment}"
                                           + (f", sweep {a.sweep}" if a.sweep else ""))
     o_label = o_column(a.occupancy_metric)
-    report = build(rows, scored, source, baseline, a.accuracy_floor, all_plots(rows, view.basis), view,
+    report = build(rows, scored, source, baseline, acc_floor, all_plots(rows, view.basis), view,
                    warning(rows), o_label)
     console = extend(report, rows, scored, view.measured, a.occupancy_metric, o_label, a.target_accuracy,
                      view.basis.label)

@@ -15,6 +15,7 @@ from .layout import placed
 from .repeats import repeat_stats
 from .scoring import METRICS, Row, Scored, full_weights
 from .summary import TITLE as ANSWER_TITLE
+from .floor import Floor
 from .summary import answer, answer_table, headline
 from .summary_chart import answer_chart
 from .timing import Basis, TimeView
@@ -147,7 +148,7 @@ def baseline_table(rows: Sequence[Row], baseline: int, lab: Any = Basis().label,
 
 
 def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[int],
-          accuracy_floor: Optional[float], plots: List[Dict], view: Optional[TimeView] = None,
+          floor: Optional[Floor], plots: List[Dict], view: Optional[TimeView] = None,
           rank_warning: str = "", o_label: str = "occupancy_pct") -> Report:
     """rows: the scored rows (view.rows when a view is given); view: --time / --project-epochs /
     break-even, whose basis labels the time, cost and energy columns; rank_warning: the
@@ -169,7 +170,7 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
         rep.notes.append(work)
 
     base = choose_baseline(rows, baseline)
-    ans = answer(rows, scored, base, repeat_stats(rows, scored), view)
+    ans = answer(rows, scored, base, repeat_stats(rows, scored), view, floor)
     rep.tables.append(answer_table(ans, rows, lab))
     repeats = (f" Changes are of means over repeats: the baseline is its configuration, '{ans.base_name}'."
                if base.index is not None and ans.base_name != rows[base.index].name else "")
@@ -181,7 +182,7 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     rep.tables.append(_raw_table(rows, lab, sfx, o_label, carbon))
     rep.tables.append(_normalized_table(rows, scored, metrics, sfx, carbon))
     rep.tables.append(_weights_table(scored, metrics, carbon))
-    rep.tables.append(_scores_table(rows, scored, lab, sfx, rank_warning, accuracy_floor))
+    rep.tables.append(_scores_table(rows, scored, lab, sfx, rank_warning, floor))
     rep.tables.append(_best_table(rows, scored, lab, own, rank_warning))
     if scored.affected:
         rep.tables.append(_fewer_metrics_table(rows, scored, own))
@@ -235,7 +236,7 @@ def _weights_table(scored: Scored, metrics: Sequence[str], carbon: bool) -> Tabl
 
 
 def _scores_table(rows: Sequence[Row], scored: Scored, lab: Any, sfx: str, rank_warning: str,
-                  accuracy_floor: Optional[float]) -> Table:
+                  floor: Optional[Floor]) -> Table:
     names = list(scored.strategies)
     score_rows = []
     for i, r in enumerate(rows):
@@ -245,7 +246,8 @@ def _scores_table(rows: Sequence[Row], scored: Scored, lab: Any, sfx: str, rank_
             cells.append(f"**{v}**" if scored.best[s] == i else v)
         cells.append("" if scored.eligible[i] else f"excluded: {scored.ineligible_reason[i]}")
         score_rows.append(cells)
-    floor_note = f"; accuracy floor {accuracy_floor}" if accuracy_floor is not None else ""
+    floor_note = (f"; accuracy floor {floor.value:.4f} ({floor.basis}): a run below it is scored, never best"
+                  if floor is not None and floor.value is not None else "")
     return (f"Scores (thesis Table 5.4 form{sfx})",
             "; ".join(filter(None, (rank_warning, f"bold = best per strategy{floor_note}"))),
             ["run", lab("accuracy")] + names + ["note"], score_rows)

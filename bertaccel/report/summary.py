@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .baseline import Baseline
+from .floor import Floor, left_out
 from .gate import warning
 from .repeats import RepeatStats
 from .scoring import STRATEGIES, Row, Scored
@@ -29,6 +30,7 @@ class Winner:
     name: str = ""                      # what to adopt: the run's name, or with repeats its configuration's
     ratio: Dict[str, Optional[float]] = field(default_factory=dict)  # column -> run / baseline (per sample if so)
     accuracy_pts: Optional[float] = None  # accuracy change in percentage points
+    vs_best_pts: Optional[float] = None   # its accuracy against the best run's (configuration's), in points
     why: Dict[str, str] = field(default_factory=dict)      # column -> why its change is null
     runner_up: str = ""                 # 'name (+3.1 %)': the next score, where there are no repeats
     tied_with: List[str] = field(default_factory=list)  # configurations its repeats cannot tell from it
@@ -145,13 +147,24 @@ def _named(rows: Sequence[Row], st: RepeatStats, i: int) -> Tuple[str, List[int]
     return (f"{g.label} ({n} runs)" if n > 1 else g.label), list(g.members)
 
 
+def _best_accuracy(rows: Sequence[Row], st: RepeatStats) -> Optional[float]:
+    """The best run's test accuracy; with repeats the best configuration's mean."""
+    if st.repeated:
+        means = [iv.mean for iv in st.metrics["accuracy"] if iv.mean is not None]
+    else:
+        means = [r.accuracy for r in rows if r.accuracy is not None]
+    return max(means) if means else None
+
+
 def answer(rows: Sequence[Row], scored: Scored, base: Baseline, st: RepeatStats,
-           view: Optional[TimeView] = None) -> Answer:
+           view: Optional[TimeView] = None, floor: Optional[Floor] = None) -> Answer:
     """rows: the scored rows (view.rows with a view). With repeats, each strategy's winner is the
-    configuration of best mean score (repeats.py) and every change is of means over repeats."""
+    configuration of best mean score (repeats.py) and every change is of means over repeats.
+    floor: the accuracy floor scored was made with (floor.py); the runs below it are named."""
     known = {r.train_samples for r in rows if r.train_samples is not None}
     per_sample = len(known) > 1
     base_name, base_runs = _named(rows, st, base.index) if base.index is not None else ("", [])
+    best_acc = _best_accuracy(rows, st)
     winners = []
     for label, group, b in _lines(scored):
         if st.repeated:
@@ -162,6 +175,8 @@ def answer(rows: Sequence[Row], scored: Scored, base: Baseline, st: RepeatStats,
         if b is None:
             continue
         w.name, runs = _named(rows, st, b)
+        acc, _ = _mean(rows, runs, "accuracy", False)
+        w.vs_best_pts = None if acc is None or best_acc is None else (acc - best_acc) * 100
         if base.index is not None:
             for col in CHANGED:
                 w.ratio[col], why = _ratio(rows, base_runs, runs, col, per_sample)
@@ -184,7 +199,8 @@ def answer(rows: Sequence[Row], scored: Scored, base: Baseline, st: RepeatStats,
         else:
             w.runner_up = _runner_up(scored, group[0], b, rows)
     configurations = len(st.groups) if st.repeated else len(rows)
-    return Answer(base, per_sample, winners, general_warnings(rows, st), base_name, configurations)
+    warnings = (left_out(rows, floor) if floor is not None else []) + general_warnings(rows, st)
+    return Answer(base, per_sample, winners, warnings, base_name, configurations)
 
 
 def general_warnings(rows: Sequence[Row], st: RepeatStats) -> List[str]:
@@ -210,18 +226,19 @@ def answer_table(ans: Answer, rows: Sequence[Row], label) -> tuple:
     cells = []
     for w in ans.winners:
         if w.index is None:
-            cells.append([w.label, "none eligible", "", "", "", "", "", ""])
+            cells.append([w.label, "none eligible", "", "", "", "", "", "", ""])
             continue
         s = w.speedup
         speed = f"null ({w.why.get('time_s', 'no baseline')})" if s is None else f"{s:.2f}x"
         acc = f"null ({w.why.get('accuracy', 'no baseline')})" if w.accuracy_pts is None else f"{w.accuracy_pts:+.2f} pts"
-        cells.append([w.label, w.name, speed, _change(w, "energy_kwh"), _change(w, "cost_usd"), acc,
+        vs_best = "null (no accuracy)" if w.vs_best_pts is None else f"{w.vs_best_pts:+.2f} pts"
+        cells.append([w.label, w.name, speed, _change(w, "energy_kwh"), _change(w, "cost_usd"), acc, vs_best,
                       w.runner_up, "; ".join(w.warnings)])
     note = (f"speed-up = the baseline's {label('time_s')} / the winner's{unit}; energy and cost change = the "
-            f"winner's / the baseline's - 1{unit}; accuracy change in percentage points; a warning beside a winner "
-            "changes the answer")
+            f"winner's / the baseline's - 1{unit}; accuracy changes in percentage points, against the baseline "
+            "and against the most accurate run; a warning beside a winner changes the answer")
     return (TITLE, note, ["strategy", "winner", "speed-up", "energy change", "cost change", "accuracy change",
-                          "runner-up (score gap)", "warnings"], cells)
+                          "accuracy vs best", "runner-up (score gap)", "warnings"], cells)
 
 
 def headline(ans: Answer, rows: Sequence[Row]) -> str:
