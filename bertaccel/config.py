@@ -341,6 +341,12 @@ class SweepConfig:
     resume: bool = True
     # Also re-run configurations whose earlier run was failed or skipped.
     retry_failed: bool = False
+    # Each configuration this many times, seeds train.seed, +1, ..., interleaved (A B A B, never
+    # A A B B) so host drift falls on all alike; the report's intervals and ties come from them.
+    repeats: int = 1
+    # Add the config groups' defaults run (per model and dataset) when no configuration is it: the
+    # report's speed-ups are then against what the user runs today (bertaccel/runs/sweep_jobs.py).
+    baseline: bool = True
 
 
 @dataclass
@@ -422,6 +428,10 @@ GROUP_SCHEMAS = (("precision", PrecisionConfig), ("attention", AttentionConfig),
                  ("model", ModelConfig), ("dataset", DatasetConfig))
 # preset: a bundle of the other groups' choices for a study (conf/preset/); it has no schema of its own.
 GROUPS = tuple(group for group, _ in GROUP_SCHEMAS) + ("preset",)
+# What is trained and where; the other groups are the techniques a sweep compares. The user's
+# baseline (runs/sweep_jobs.py, report/baseline.py) is the techniques' defaults on each context.
+CONTEXT_GROUPS = ("model", "dataset", "hardware")
+TECHNIQUE_GROUPS = tuple(group for group in GROUPS if group not in CONTEXT_GROUPS)
 
 
 def register_configs() -> None:

@@ -12,7 +12,7 @@ import pytest
 from browser import browser  # noqa: F401  (the headless Chromium fixture)
 from report_store import Store
 
-from bertaccel.config import GROUPS
+from bertaccel.config import GROUPS, TECHNIQUE_GROUPS
 from bertaccel.report import rows_from_mlflow
 from bertaccel.report.baseline import choose_baseline, default_choices
 
@@ -50,7 +50,7 @@ def _run(store, name, choices, time_s, accuracy=0.9, tags=None, params=None, **m
 
 def test_default_choices_are_config_yamls_defaults_list():
     d = default_choices()
-    assert set(d) == set(GROUPS)  # every group a run logs a choice for, and nothing else (not run_schema)
+    assert set(d) == set(TECHNIQUE_GROUPS)  # the technique groups: not model, dataset, hardware (the context)
     assert d["precision"] == "fp32" and d["compile"] == "off" and d["preset"] == "none"
 
 

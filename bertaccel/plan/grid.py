@@ -40,19 +40,27 @@ class Grid:
 
 
 def _sweeper_jobs(master: DictConfig, arguments: Sequence[str], config_loader: Any) -> List[List[str]]:
-    """The job override lists Hydra's basic sweeper makes: its params first, the command line
-    after (a key in both takes the command line's value at the params' place), crossed."""
+    """The job override lists the sweep launches: its params first, the command line after (a key
+    in both takes the command line's value at the params' place), crossed, with bertaccel's
+    sweeper's baseline and repeats (runs/sweep_jobs.py)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from bertaccel.runs.sweep_jobs import SweepJobsRefused, sweep_jobs
+
     target = master.hydra.sweeper.get("_target_", "")
-    if not target.endswith("BasicSweeper"):
+    if not target.endswith(("BasicSweeper", "BertaccelSweeper")):
         raise PlanInputError(f"hydra/sweeper is {target}: plan expands the basic sweeper's grids only")
     params = master.hydra.sweeper.get("params") or {}
     spec = [f"{k}={v}" for k, v in params.items()] + list(arguments)
     parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(spec)
-    (batch,) = BasicSweeper.split_arguments(parsed, None)
-    return [list(job) for job in batch]
+    if target.endswith("BasicSweeper"):
+        (batch,) = BasicSweeper.split_arguments(parsed, None)
+        return [list(job) for job in batch]
+    try:
+        return sweep_jobs(master, parsed).overrides
+    except SweepJobsRefused as e:
+        raise PlanInputError(str(e)) from e
 
 
 def expand(config_name: str = "config", overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> Grid:
@@ -100,6 +108,8 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
                     validate(cfg)
                 except ConfigError as e:
                     invalid = str(e)
+                if any(c.config_hash == cfg_hash(cfg) for c in grid.configs):
+                    continue  # (given twice, or the added baseline is a grid job: the sweep runs it once)
                 grid.configs.append(PlannedConfig(number, name, job, cfg, choices, cfg_hash(cfg), invalid))
     finally:
         GlobalHydra.instance().clear()

@@ -8,7 +8,9 @@ speed-up, and the answer says so rather than pretending the slowest was chosen f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
+
+from bertaccel.options.baseline import default_choices, top_level_defaults
 
 from .scoring import Row
 
@@ -18,34 +20,6 @@ class Baseline:
     index: Optional[int]    # row index; None when no run can be one (see why)
     how: str                # "given" | "defaults" | "slowest" | "none"
     why: str                # the sentence the report prints
-
-
-def default_choices() -> Dict[str, str]:
-    """conf/config.yaml's defaults list as {group: option}, e.g. {'precision': 'fp32', ...}; the
-    schema entry and Hydra's own overrides are not choices a run logs."""
-    import yaml
-
-    from bertaccel.config import CONF_DIR, GROUPS
-
-    listed = yaml.safe_load((CONF_DIR / "config.yaml").read_text())["defaults"]
-    out = {}
-    for item in listed:
-        if isinstance(item, dict):
-            (group, option), = item.items()
-            if group in GROUPS:
-                out[group] = str(option)
-    return out
-
-
-def top_level_defaults() -> Dict[str, int]:
-    """accumulation and num_gpus as config.yaml sets them: chosen on the command line like a group,
-    so among runs with the default group choices the one that also kept these is the defaults run."""
-    import yaml
-
-    from bertaccel.config import CONF_DIR
-
-    conf = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
-    return {k: int(conf[k]) for k in ("accumulation", "num_gpus")}
 
 
 def _slowest(rows: Sequence[Row], among: Sequence[int]) -> Optional[int]:
@@ -62,12 +36,15 @@ def choose_baseline(rows: Sequence[Row], given: Optional[int] = None) -> Baselin
                                                                       for g, o in defaults.items())]
     if on_defaults:
         top = top_level_defaults()
-        plain = [i for i in on_defaults if all(getattr(rows[i], k) in (v, None) for k, v in top.items())]
-        pool = plain or on_defaults
+        pool = on_defaults
+        for keys in (("accumulation", "num_gpus"), ("batch_size",)):  # (each narrows where it can)
+            pool = [i for i in pool if all(getattr(rows[i], k) in (top[k], None) for k in keys)] or pool
         pick = pool[0] if len(pool) == 1 else _slowest(rows, pool)
         if pick is not None:
             said = ", ".join(f"{g}={o}" for g, o in defaults.items())
-            more = "" if len(pool) == 1 else f" (the slowest of the {len(pool)} runs that have them)"
+            # (repeats of one configuration are one baseline: the answer compares their means)
+            configurations = {rows[i].group or rows[i].name for i in pool}
+            more = "" if len(configurations) == 1 else f" (the slowest of the {len(pool)} runs that have them)"
             return Baseline(pick, "defaults", f"'{rows[pick].name}', the run with the config groups' defaults "
                                               f"({said}){more}; --baseline RUN_NAME picks another")
     pick = _slowest(rows, range(len(rows)))

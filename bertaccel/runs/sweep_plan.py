@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
@@ -30,7 +30,10 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
+from bertaccel.runs.sweep_jobs import SweepJobs, SweepJobsRefused, sweep_jobs
+
 BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+BERTACCEL_SWEEPER = "hydra_plugins.bertaccel_sweeper.bertaccel_sweeper.BertaccelSweeper"
 # Not asked before the sweep (see the module's docstring): each run asks them at its turn.
 LEFT_TO_THE_RUNS = ("optimizer.check_built", "tracking.check_store")
 
@@ -59,6 +62,8 @@ class PlannedJob:
 class SweepPlan:
     jobs: List[PlannedJob] = field(default_factory=list)
     said: List[str] = field(default_factory=list)  # the repeats dropped, each said once
+    baseline: Set[int] = field(default_factory=set)  # the jobs sweep.baseline added (runs/sweep_jobs.py)
+    repeats: int = 1                                 # sweep.repeats: the job list is this many rounds
 
     def distinct(self) -> List[PlannedJob]:
         return [j for j in self.jobs if j.repeat_of is None]
@@ -69,15 +74,22 @@ class SweepPlan:
         return job if job is not None and job.overrides == list(overrides) else None
 
 
-def grid_overrides(config: DictConfig) -> Optional[List[List[str]]]:
-    """The jobs' overrides in the order the basic sweeper launches them (its own split of
-    hydra.sweeper.params then the command line's overrides), or None for another sweeper."""
-    if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+def grid_jobs(config: DictConfig) -> Optional[SweepJobs]:
+    """The jobs in the order the sweeper launches them (runs/sweep_jobs.py: bertaccel's sweeper
+    adds the baseline and the repeats; the basic one, chosen by hand, only crosses), or None for
+    another sweeper (a search)."""
+    target = config.hydra.sweeper.get("_target_")
+    if target not in (BASIC_SWEEPER, BERTACCEL_SWEEPER):
         return None
     params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
     parsed = parser.parse_overrides(params + list(config.hydra.overrides.task))
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    if target == BASIC_SWEEPER:
+        return SweepJobs([job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch])
+    try:
+        return sweep_jobs(config, parsed)
+    except SweepJobsRefused as e:
+        raise SweepRefused(str(e)) from e
 
 
 def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
@@ -89,14 +101,15 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
     from bertaccel.runs.record import cfg_hash
 
     try:
-        grid = grid_overrides(config)
-        if grid is None:
+        jobs = grid_jobs(config)
+        if jobs is None:
             return None
+        grid = jobs.overrides
         if not grid:
             raise SweepRefused(f"the sweep has no configurations ({empty_axes(config)} gives no value); "
                                "give every swept key at least one value")
         loader = GlobalHydra.instance().config_loader()
-        plan = SweepPlan()
+        plan = SweepPlan(baseline=set(jobs.baseline), repeats=jobs.repeats)
         first: Dict[str, int] = {}
         for idx, overrides in enumerate(grid):
             sweep_cfg = loader.load_sweep_config(config, list(overrides))
@@ -112,7 +125,7 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
             plan.jobs.append(job)
     except (HydraException, OmegaConfBaseException) as e:  # a job Hydra cannot compose: run.cli says it
         raise SweepRefused(error=e) from e
-    plan.said = _repeats_said(config, plan)
+    plan.said = _repeats_said(config, plan) + _baseline_said(plan)
     distinct = plan.distinct()
     if all(j.refusal for j in distinct):
         reasons = Counter(j.refusal for j in distinct)
@@ -163,6 +176,8 @@ def _repeats_said(config: DictConfig, plan: SweepPlan) -> List[str]:
                     times = "twice" if n == 2 else f"{n} times"
                     said.append(f"{o.get_key_element()}={value} given {times}: run once")
     for job in plan.jobs:
+        if job.idx in plan.baseline:  # (said by _baseline_said)
+            continue
         if job.repeat_of is not None and job.overrides != plan.jobs[job.repeat_of].overrides:
             twin = plan.jobs[job.repeat_of].overrides
             theirs = [o for o in twin if o not in job.overrides]
@@ -171,3 +186,38 @@ def _repeats_said(config: DictConfig, plan: SweepPlan) -> List[str]:
             if line not in said:
                 said.append(line)
     return said
+
+
+def _baseline_said(plan: SweepPlan) -> List[str]:
+    """What sweep.repeats and sweep.baseline did, once (of the first round)."""
+    said = []
+    if plan.repeats > 1:
+        said.append(f"each configuration {plan.repeats} times (seeds train.seed, +1, ...), interleaved: the whole "
+                    f"list, then again, so host drift falls on all alike")
+    for job in plan.jobs[:len(plan.jobs) // plan.repeats]:  # (the first round: the others repeat it)
+        if job.idx not in plan.baseline or job.refusal:
+            continue
+        shown = _technique_choices(job.config)
+        if job.repeat_of is not None:
+            twin = plan.jobs[job.repeat_of]
+            if twin.idx in plan.baseline:
+                continue
+            line = (f"baseline: {' '.join(twin.overrides) or 'no override'} has the config groups' defaults; "
+                    "the report's speed-ups are against it")
+        else:
+            line = (f"baseline added: the config groups' defaults ({shown}), which no configuration has; the report's "
+                    "speed-ups are against it (sweep.baseline=false leaves it out)")
+        if line not in said:
+            said.append(line)
+    return said
+
+
+def _technique_choices(sweep_cfg: DictConfig) -> str:
+    """`precision=fp32 attention=eager ... accumulation=1 num_gpus=1 on model=tiny dataset=ag_news_sample`:
+    what the baseline trains, as the user would type it."""
+    from bertaccel.runs.sweep_jobs import CONTEXT_ROOTS, TECHNIQUE_ROOTS
+
+    choices = sweep_cfg.hydra.runtime.choices
+    said = [f"{g}={choices[g]}" for g in TECHNIQUE_ROOTS if g in choices and g != "preset"]
+    said += [f"{k}={sweep_cfg[k]}" for k in TECHNIQUE_ROOTS if k in sweep_cfg and k not in choices]
+    return " ".join(said) + " on " + " ".join(f"{g}={choices[g]}" for g in CONTEXT_ROOTS if g in choices)

@@ -1,0 +1,127 @@
+"""A grid sweep's jobs: the basic sweeper's cross product, plus the user's baseline and repeats
+(issue 44). One home for the list: bertaccel's sweeper (hydra_plugins/bertaccel_sweeper)
+launches it, the sweep's plan (runs/sweep_plan.py) composes and checks it, `bertaccel.plan`
+expands it.
+
+- **The baseline** (`sweep.baseline=true`, the default). Speed-ups mean something against what
+  the user runs today: the config groups' defaults (options/baseline.py). For every model and
+  dataset the sweep trains where no job has the technique groups' default choices, it adds that
+  configuration: each job with its technique choices (the groups precision,
+  attention, encoder, compile, freezing, optimizer, preset and their settings; accumulation,
+  num_gpus) and every other swept key (train.batch_size=8,32: the default batch) taken off, the
+  rest kept (model, dataset, train.epochs=1, ...). Added after the grid: where a grid job already
+  is that configuration, the plan finds the same config_hash and the added job is not run; where
+  it is new, it runs like any job (resumed, retried, failed with its reason). The report picks it
+  as its baseline (report/baseline.py). `sweep.baseline=false` adds nothing.
+- **Repeats** (`sweep.repeats=N`). Each configuration N times with seeds train.seed, +1, ...,
+  interleaved: the whole list, then the whole list again (A B C D A B C D), never back to back,
+  so drift on the host (clocks, other tenants, a warming room) falls on every configuration alike
+  and not on one. The first round has no seed override: a sweep run before without repeats is its
+  first round, resumed. Seeds differ per repeat, so the data order and the initialisation do too;
+  the report groups runs that differ only in their seed (report/repeats.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence, Set
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+from bertaccel.config import CONTEXT_GROUPS, TECHNIQUE_GROUPS
+from bertaccel.options.baseline import on_defaults
+
+# What the baseline takes off: the techniques a sweep compares (config groups and their settings),
+# and keeps even where swept: one baseline per model, dataset and hardware profile.
+TECHNIQUE_ROOTS = TECHNIQUE_GROUPS + ("accumulation", "num_gpus")
+CONTEXT_ROOTS = CONTEXT_GROUPS
+SEED = "train.seed"
+
+
+class SweepJobsRefused(ValueError):
+    """sweep.repeats or sweep.baseline cannot make a sweep of these overrides (the message says
+    what to change); the sweep's plan turns it into its one-line refusal."""
+
+
+@dataclass
+class SweepJobs:
+    overrides: List[List[str]]                       # in launch order
+    baseline: Set[int] = field(default_factory=set)  # the indices of the added baseline jobs
+    repeats: int = 1
+
+
+def key_of(override: str) -> str:
+    """`+optimizer.lr=1e-4` -> `optimizer.lr`; `model@x=y` -> `model`."""
+    return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+
+
+def _root(key: str) -> str:
+    return key.replace("/", ".").split(".", 1)[0]
+
+
+def _swept_keys(parsed: Sequence[Any]) -> Set[str]:
+    """Keys given more than one value (`precision=fp16,fp32`); a one-value sweep fixes its key."""
+    swept = set()
+    for o in parsed:
+        if o.is_sweep_override() and o.is_discrete_sweep() and len(set(o.sweep_string_iterator())) > 1:
+            swept.add(key_of(o.get_key_element()))
+    return swept
+
+
+def baseline_of(job: Sequence[str], swept: Set[str]) -> List[str]:
+    """The job with its techniques and other swept keys taken off: the defaults run of its model
+    and dataset (and of its seed, where the user sweeps seeds)."""
+    def kept(o: str) -> bool:
+        key = key_of(o)
+        root = _root(key)
+        if root in TECHNIQUE_ROOTS:
+            return False
+        return key not in swept or root in CONTEXT_ROOTS or key == SEED or root == "hydra"
+    return [o for o in job if kept(o)]
+
+
+def _context(job: Sequence[str]) -> tuple:
+    return tuple(o for o in job if _root(key_of(o)) in CONTEXT_ROOTS)
+
+
+def _with_seed(job: Sequence[str], seed: int) -> List[str]:
+    return [o for o in job if key_of(o) != SEED] + [f"{SEED}={seed}"]
+
+
+def _seed_of(job: Sequence[str], default: int) -> int:
+    for o in job:
+        if key_of(o) == SEED:
+            return int(o.split("=", 1)[1])
+    return default
+
+
+def sweep_jobs(config: Any, parsed: Sequence[Any]) -> SweepJobs:
+    """config: the sweep's config (its `sweep` and `train.seed`); parsed: Hydra's parsed overrides,
+    the sweeper's params first, as the basic sweeper reads them."""
+    (grid,) = BasicSweeper.split_arguments(list(parsed), None)
+    jobs = [list(j) for j in grid]
+    settings: Dict[str, Any] = dict(config.get("sweep") or {})
+    repeats = settings.get("repeats", 1)
+    if not isinstance(repeats, int) or repeats < 1:
+        raise SweepJobsRefused(f"sweep.repeats={repeats}: give the number of runs per configuration, 1 or more")
+    swept = _swept_keys(parsed)
+    if repeats > 1 and SEED in swept:
+        raise SweepJobsRefused(f"sweep.repeats={repeats} and a {SEED} sweep both set the seeds: give one of them "
+                               f"(sweep.repeats=N runs seeds {SEED}, {SEED}+1, ...)")
+    first_round = list(jobs)
+    added: List[int] = []
+    if settings.get("baseline", True):
+        # Per context (model, dataset, hardware): a job there on the groups' defaults is the baseline.
+        covered = {_context(job) for job in jobs if on_defaults({key_of(o): o.split("=", 1)[1] for o in job})}
+        for job in jobs:
+            base = baseline_of(job, swept)
+            if _context(job) not in covered and base not in first_round:
+                added.append(len(first_round))
+                first_round.append(base)
+    out = SweepJobs(list(first_round), set(added), repeats)
+    default_seed = int(config.train.seed)
+    for r in range(1, repeats):
+        for i, job in enumerate(first_round):
+            if i in added:
+                out.baseline.add(len(out.overrides))
+            out.overrides.append(_with_seed(job, _seed_of(job, default_seed) + r))
+    return out
