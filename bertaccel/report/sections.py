@@ -203,7 +203,7 @@ def notes(o_note: str, st: RepeatStats) -> List[str]:
     out = [o_note]
     if not st.repeated:
         out.append(f"no configuration ran more than once ({GROUPING}): no intervals; repeat a sweep with "
-                   "train.seed=1,2,3 to get them (thesis section 5.5)")
+                   "sweep.repeats=3 to get them (thesis section 5.5)")
     return out
 
 

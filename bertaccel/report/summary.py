@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .baseline import Baseline
 from .floor import Floor, left_out
 from .gate import warning
+from .one_time import one_time_warning
 from .repeats import RepeatStats
 from .scoring import STRATEGIES, Row, Scored
 from .timing import TimeView
@@ -188,6 +189,8 @@ def answer(rows: Sequence[Row], scored: Scored, base: Baseline, st: RepeatStats,
             if w.accuracy_pts is None:
                 w.why["accuracy"] = f"baseline's {why_b}" if ba is None else why_r
         warm = next((x for x in (warmup_warning(view, i) for i in runs) if x), None)
+        if not warm:  # (whatever the warm-up was: compile's break-even above is about compile only)
+            warm = one_time_warning(view.measured if view is not None else rows, runs, base_runs)
         if warm:
             w.warnings.append(warm)
         if st.repeated:
@@ -210,8 +213,10 @@ def general_warnings(rows: Sequence[Row], st: RepeatStats) -> List[str]:
         out.append(gate + ". A winner may be ahead for how it was measured, not for its configuration")
     if not st.repeated:
         out.append("WARNING, no repeats: every configuration ran once, so the scores have no intervals and a winner "
-                   "cannot be told apart from a close runner-up (see 'runner-up (score gap)'); repeat the sweep "
-                   "with train.seed=1,2,3")
+                   "cannot be told apart from a close runner-up (see 'runner-up (score gap)'). Launch-bound runs "
+                   "(short windows, small batches) can move by tens of percent between processes: the same sweep "
+                   "twice on one host came out up to 54 % apart per run (docs/results/plan-probe.md). Measure the "
+                   "noise: run the sweep again with sweep.repeats=3")
     return out
 
 
