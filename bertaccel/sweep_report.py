@@ -12,8 +12,12 @@ attaches the report before SweepProgress closes it and prints the summary.
 It covers every configuration of the sweep: the runs it ran and those it resumed from earlier
 runs or took from another sweep running them (tag in_sweep.<id>, runs/sweep.py adopt).
 
+The parent run's description (the tag MLflow's UI shows as a run's description, DESCRIPTION_TAG)
+carries the answer: the report's headline and what changes it, and where the report is, so the
+runs list and the parent's page say what the sweep found without opening the report.
+
 It never fails the sweep: a report that cannot be built is the parent run's tag REASON_TAG (why),
-and a sweep without finished runs attaches nothing and says so there. Two sweep processes of the
+and its description; a sweep without finished runs attaches nothing and says so there. Two sweep processes of the
 same command (one parent run) each attach the report as they end; the last one's covers every run.
 """
 from __future__ import annotations
@@ -22,11 +26,12 @@ import contextlib
 import io
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from hydra.experimental.callback import Callback
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
+from mlflow.utils.file_utils import local_file_uri_to_path
 
 from bertaccel.runs.sweep import SweepContext, context_from_env, sweep_runs
 from bertaccel.store import store_lock
@@ -35,6 +40,8 @@ ARTIFACT_DIR = "report"  # on the parent run: report/report.html, report/report.
 REPORT_TAG = "report"  # the attached report's path on the parent run
 REASON_TAG = "report_reason"  # why no report is attached
 REASON_CHARS = 500
+DESCRIPTION_TAG = "mlflow.note.content"  # MLflow's UI shows it (Markdown) as the run's description
+DESCRIPTION_CHARS = 4000  # the answer's lines are cut here; the report's path always follows
 
 
 def finished_runs(uri: str, experiment: str, sweep_id: str) -> int:
@@ -58,13 +65,50 @@ def build_report(uri: str, experiment: str, sweep_id: str, out: Path) -> Optiona
 
 
 def _tag(uri: str, run_id: str, **tags: str) -> None:
-    """Set tags on the parent run; one given as "" is removed (an earlier sweep's reason)."""
+    """Set tags on the parent run; one given as "" is removed (an earlier sweep's reason). A reason
+    (REASON_TAG) is also the run's description, where MLflow's UI shows it."""
+    if tags.get(REASON_TAG):
+        tags = {DESCRIPTION_TAG: tags[REASON_TAG], **tags}
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
         present = client.get_run(run_id).data.tags
-        client.log_batch(run_id, tags=[RunTag(k, v[:REASON_CHARS]) for k, v in tags.items() if v])
+        client.log_batch(run_id, tags=[RunTag(k, v if k == DESCRIPTION_TAG else v[:REASON_CHARS])
+                                       for k, v in tags.items() if v])
         for k in (k for k, v in tags.items() if not v and k in present):
             client.delete_tag(run_id, k)
+
+
+def answer_lines(markdown: str) -> List[str]:
+    """The answer as the report leads with it (report/render.py to_markdown): its headline and
+    sentence, then the warnings that change it; [] when the report has no answer section."""
+    from bertaccel.report.render import ANSWER_TITLE
+
+    lines = markdown.splitlines()
+    try:
+        start = lines.index(f"## {ANSWER_TITLE}") + 1
+    except ValueError:
+        return []
+    section = []
+    for line in lines[start:]:
+        if line.startswith("## "):
+            break
+        section.append(line)
+    lead = next((line for line in section if line.strip()), "")
+    warnings = [line for line in section if line.startswith("> ") and line.strip("> ")]
+    return [lead, *warnings] if lead else []
+
+
+def description(markdown: str, artifact_uri: str) -> str:
+    """The parent run's description: the answer, then where the report is (the artifact path on
+    this run, and the file itself where the store's artifacts are local files)."""
+    html = f"{ARTIFACT_DIR}/report.html"
+    where = f"Report: `{html}` in this run's artifacts"
+    if artifact_uri.startswith("file:"):
+        where += f" ({Path(local_file_uri_to_path(artifact_uri)) / html})"
+    elif artifact_uri and "://" not in artifact_uri:  # a plain local path (a file store)
+        where += f" ({Path(artifact_uri) / html})"
+    answer = "\n\n".join(answer_lines(markdown)) or "The report has no answer section."
+    return f"{answer[:DESCRIPTION_CHARS]}\n\n{where}."
 
 
 def attach_report(ctx: SweepContext, experiment: str) -> str:
@@ -88,7 +132,10 @@ def attach_report(ctx: SweepContext, experiment: str) -> str:
                 client.log_artifact(ctx.parent_run_id, str(out / name), ARTIFACT_DIR)
             if (out / "plots").is_dir():
                 client.log_artifacts(ctx.parent_run_id, str(out / "plots"), f"{ARTIFACT_DIR}/plots")
-    _tag(ctx.uri, ctx.parent_run_id, **{REPORT_TAG: f"{ARTIFACT_DIR}/report.html", REASON_TAG: ""})
+            artifact_uri = client.get_run(ctx.parent_run_id).info.artifact_uri or ""
+        about = description((out / "report.md").read_text(encoding="utf-8"), artifact_uri)
+    _tag(ctx.uri, ctx.parent_run_id, **{REPORT_TAG: f"{ARTIFACT_DIR}/report.html", REASON_TAG: "",
+                                        DESCRIPTION_TAG: about})
     return f"report of {finished} finished runs attached to the parent run ({ARTIFACT_DIR}/report.html)"
 
 

@@ -7,6 +7,7 @@ from mlflow import MlflowClient
 
 from bertaccel.config import ConfigError
 from bertaccel.options.checks import validate
+from bertaccel.runs.record import run_settings
 from bertaccel.runs.tracking import runs_by_status
 
 SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
@@ -18,7 +19,10 @@ def test_pretrained_default_run_records_the_built_shape_and_the_resolved_profile
              "train.batch_size=8", "train.eval_batch_size=16", "train.max_steps_per_epoch=2"])
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
-    params, metrics = run.data.params, run.data.metrics
+    # The built shape and the profile restate the model and hardware choices: tags config.*,
+    # read back with the params by run_settings (runs/record.py).
+    params, metrics = run_settings(run), run.data.metrics
+    assert not any(k.startswith(("model.", "hardware.")) for k in run.data.params)
     assert {k: params.get(f"model.{k}") for k in SHAPE} == {
         "hidden_size": "384", "num_hidden_layers": "6", "num_attention_heads": "12", "intermediate_size": "1536"}
     assert params["hardware"] == "auto"  # the choice as typed; hardware.* is the profile it resolved to

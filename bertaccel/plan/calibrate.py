@@ -26,11 +26,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from bertaccel.measure.flops import peak_tflops
 from bertaccel.runs.readings import run_waits
+from bertaccel.runs.record import run_settings
 
 from .fit import fit_overhead
 from .roofline import Parts, Uncounted, transfer
 
-# Keys (run params, as record.open_tracker logs them) that must be equal.
+# Keys (run settings, as record.open_tracker logs them: record.run_settings) that must be equal.
 MUST_MATCH = ("model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads", "model.intermediate_size",
               "precision", "attention", "compile.mode", "compile.step_graph")
 # Keys that should be equal, let go in this order when no run matches them all.
@@ -75,7 +76,7 @@ def references(runs: Sequence[Any]) -> List[Reference]:
     """The runs (MLflow Run objects) that can calibrate, oldest first."""
     out = []
     for r in runs:
-        tags, m, p = r.data.tags, r.data.metrics, r.data.params
+        tags, m, p = r.data.tags, r.data.metrics, run_settings(r)
         hardware = tags.get("hardware_profile", "")
         if (tags.get("status") != "finished" or tags.get("bertaccel.role") == "sweep" or not hardware
                 or "hardware_what_if" in tags or hardware.endswith("(what-if)")):

@@ -44,6 +44,7 @@ def _predict_and_log(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: 
                      profile: Mapping[str, Any], run_name: str) -> str:
     """Logs the prediction; returns why there is none ('' when there is)."""
     from bertaccel.options.hardware import load_profiles
+    from bertaccel.runs.record import run_settings
     from bertaccel.store import store_lock
 
     from .predict import predict_one, store_references
@@ -64,7 +65,7 @@ def _predict_and_log(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: 
                              if planned.get(k) is not None else planned["why"].get(k, "null")[:5000]
                              for k in PREDICTED + PREDICTED_WAIT}})
         return ""
-    params = dict(run.data.params)  # as logged, the built model's shape included: the same key as a later read
+    params = run_settings(run)  # as logged, the built model's shape included: the same key as a later read
     work = work_of(cfg, DataShape(lengths, num_labels, 0), copy.deepcopy(model_config))
     refs, note = store_references(tracker.uri, tracker.experiment)
     refs = [r for r in refs if r.run_id != tracker.run_id]

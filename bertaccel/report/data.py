@@ -308,11 +308,13 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
         where = f"sweep {sweep_id} of " if sweep_id else ""
         raise ReportInputError(f"no finished runs in {where}experiment {experiment} ({uri})"
                                + _why_none_finished(uri, experiment, sweep_id))
+    from bertaccel.runs.record import run_settings
+
     rows = []
     client = MlflowClient(tracking_uri=uri)
     groups, _ = group_keys(runs)
     for r, group in zip(runs, groups):
-        m, tags, params = r.data.metrics, r.data.tags, r.data.params
+        m, tags, params = r.data.metrics, r.data.tags, run_settings(r)
         timing, more = _mlflow_timing(m, params, tags), run_fields(r, client)
         more["extra"].update(timing.pop("extra"))
         row = Row(name=r.info.run_name or r.info.run_id, run_id=r.info.run_id,

@@ -30,6 +30,7 @@ def group_keys(runs: Sequence[Any]) -> Tuple[List[str], str]:
     group together. Runs that read other rows (their dataset digests, runs/datasets.py) are
     never repeats of one configuration: where the runs' data differ, each key names its data."""
     from bertaccel.runs.datasets import data_key
+    from bertaccel.runs.record import run_settings
     from bertaccel.runs.tracking import HASH_EXCLUDED_KEYS, IDENTITY_VERSION_TAG
 
     tags = [r.data.tags.get(GROUP_TAG) for r in runs]
@@ -38,7 +39,7 @@ def group_keys(runs: Sequence[Any]) -> Tuple[List[str], str]:
         keys, how = list(tags), f"tag {GROUP_TAG} (config_hash without {SEED_PARAM})"
     else:
         missing = sum(1 for t in tags if not t)
-        keys = [params_group_key(r.data.params, HASH_EXCLUDED_KEYS) for r in runs]
+        keys = [params_group_key(run_settings(r), HASH_EXCLUDED_KEYS) for r in runs]
         how = (f"params without {SEED_PARAM} and what is not a run's identity ("
                + (f"{missing} of {len(runs)} runs have no {GROUP_TAG} tag)" if missing else
                   f"the runs' {GROUP_TAG} tags are of {len(versions)} identity versions)"))
@@ -75,7 +76,10 @@ def _windows(text: Optional[str]) -> Tuple[Tuple[float, ...], str]:
 
 def run_fields(run: Any, client: Any) -> Dict[str, Any]:
     """Row fields from one run, and why each empty one is empty (under "extra")."""
-    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+    from bertaccel.options.dataset import label
+    from bertaccel.runs.record import run_settings
+
+    tags, params, metrics = run.data.tags, run_settings(run), run.data.metrics
     extra: Dict[str, str] = {}
     fields: Dict[str, Any] = {"seed": params.get(SEED_PARAM, "")}
     for name in ACTIVITY_METRICS:
@@ -88,7 +92,7 @@ def run_fields(run: Any, client: Any) -> Dict[str, Any]:
     fields["choices"] = {g: params[g] for g in GROUPS if g in params}
     fields["sweep"] = tags.get("sweep_id", "")
     fields["device"] = tags.get("device_name", "")
-    fields["dataset"] = params.get("dataset.name", "")
+    fields["dataset"] = label(params)  # `imdb (csv)`: the data, not only its loader
     fields["energy_source"] = energy_source_kind(tags.get("energy_kwh_source", "")) \
         if metrics.get("energy_kwh") is not None else ""
     subset = params.get("dataset.test_subset")

@@ -22,6 +22,7 @@ from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import DatasetInput, InputTag
 
 from bertaccel.data import DataError, RawData, load_raw, split_fingerprint, split_paths
+from bertaccel.options.dataset import label as dataset_label
 
 DIGEST_CHARS = 16  # of the sha256 hex; MLflow's store column holds 36
 CONTEXT_TAG = "mlflow.data.context"  # the input tag MLflow's UI shows as the dataset's role
@@ -110,11 +111,12 @@ def data_key(run: Any) -> str:
 
 
 def dataset_inputs(ds_cfg: Any, raw: RawData) -> List[DatasetInput]:
-    """The train and test splits a run read, as MLflow dataset inputs (name: the dataset option)."""
+    """The train and test splits a run read, as MLflow dataset inputs (name: the dataset as a user
+    reads it, `imdb (csv)`: options/dataset.py label)."""
     inputs = []
     digests = data_digests(raw)
     for split, source in _sources(ds_cfg).items():
         rows = getattr(raw, split)
-        ds = SplitDataset(source, str(ds_cfg.name), digests[split], len(rows.texts))
+        ds = SplitDataset(source, dataset_label(ds_cfg), digests[split], len(rows.texts))
         inputs.append(DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(CONTEXT_TAG, split)]))
     return inputs

@@ -35,7 +35,7 @@ from bertaccel.runs.cuda_free_imports import run_process_cuda_check
 from bertaccel.runs.datasets import dataset_inputs
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
-from bertaccel.runs.record import Outcome, RankTracker, open_tracker, resumed
+from bertaccel.runs.record import Outcome, RankTracker, open_tracker, restated_tags, resumed
 from bertaccel.runs.startup import Mark, startup_phases
 from bertaccel.runs.store_failure import close_or_name, failed
 from bertaccel.runs.tracking import RunTracker
@@ -173,12 +173,13 @@ def _prepare_data(cfg: DictConfig, raw: Any, marks: Dict[str, float]) -> Tuple[A
 
 def _build_model(cfg: DictConfig, raw: Any, tokenizer: Any, tracker: Any,
                  marks: Dict[str, float]) -> Tuple[torch.nn.Module, str]:
-    """The model and where its weights came from; the built shape goes to the run's params."""
+    """The model and where its weights came from; the built shape goes to the run's record."""
     model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention, len(tokenizer), cfg.encoder)
     log.info(f"model {cfg.model.name}: {weights_note}")
     marks["model built"] = time.time()
-    # What was built, where the config has no shape of its own (a pretrained model).
-    tracker.log_params({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None})
+    # What was built, where the config has no shape of its own (a pretrained model): the model
+    # choice restates it, so a tag beside the choice's param (runs/record.py CONFIG_TAG_PREFIX).
+    tracker.set_tags(restated_tags({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None}))
     return model, weights_note
 
 

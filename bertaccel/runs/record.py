@@ -5,11 +5,12 @@ job.py trains and fills the record; the launchers record what never reaches trai
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Collection, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from bertaccel.config import MODEL_SHAPE_FIELDS
+from bertaccel.config import CONF_DIR, GROUP_SCHEMAS, MODEL_SHAPE_FIELDS
+from bertaccel.options.dataset import data_name
 from bertaccel.runs.sweep import RUNNING_ELSEWHERE, adopt, context_from_env, previous_outcome, process_tags, scheduler_tags
 from bertaccel.runs.tracking import (IDENTITY_VERSION, IDENTITY_VERSION_TAG, RunTracker, config_hash, flatten, git_sha,
                                      legacy_config_hashes)
@@ -37,6 +38,65 @@ def config_key_noseed(resolved: Mapping[str, Any]) -> str:
     return config_hash({**resolved, "train": train})
 
 
+# A run's params are what tells it apart in MLflow's compare view: each config group's choice as
+# ONE param (`encoder=fused`), and every setting that is not a group's or that differs from what the
+# chosen option's own file says (`optimizer.lr=2e-4`), or that the sweep varies. The settings the
+# choice only restates (`encoder.name`, `encoder.layer`, a pretrained model's built shape) are tags
+# `config.<key>` instead: as params they would be axes of their own beside the group's (issue 44).
+# run_settings puts both back together; config.yaml (an artifact) has the whole config.
+CONFIG_TAG_PREFIX = "config."
+
+
+def option_settings(group: str, option: str) -> Optional[Dict[str, str]]:
+    """One option's settings as its file gives them (conf/<group>/<option>.yaml through the group's
+    schema, as Hydra merges it), flattened: {"encoder.layer": "fused", ...}. None for an option that
+    is not a file of conf/ (one from a search path of the user's): its settings all stay params."""
+    schema = dict(GROUP_SCHEMAS).get(group)
+    path = CONF_DIR / group / f"{option}.yaml"
+    if schema is None or not path.is_file():
+        return None
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(path))
+        return flatten({group: OmegaConf.to_container(node, resolve=True)})
+    except Exception:  # noqa: BLE001 - a file Hydra would refuse never reaches a run; as params is the safe side
+        return None
+
+
+def _key(override: str) -> str:
+    """`+optimizer.lr` -> `optimizer.lr` (how a swept key is written)."""
+    return override.lstrip("+~").split("@", 1)[0]
+
+
+def split_settings(flat: Mapping[str, str], options: Mapping[str, str],
+                   swept: Collection[str] = ()) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """(params, restated) of a run's flattened settings: restated are those of a config group equal
+    to its chosen option's own (options: group -> the option whose file says them), unless the
+    sweep varies the key (then a param in every run, whatever its value in one of them)."""
+    varied = {_key(k) for k in swept}
+    restated: Dict[str, str] = {}
+    for group, option in options.items():
+        own = option_settings(group, option)
+        if own is None:
+            continue
+        restated.update({k: v for k, v in flat.items()
+                         if k.startswith(f"{group}.") and own.get(k) == v and k not in varied})
+    return {k: v for k, v in flat.items() if k not in restated}, restated
+
+
+def restated_tags(settings: Mapping[str, Any]) -> Dict[str, str]:
+    """Settings a group's choice restates, as the run's tags (CONFIG_TAG_PREFIX)."""
+    return {f"{CONFIG_TAG_PREFIX}{k}": str(v) for k, v in settings.items()}
+
+
+def run_settings(run: Any) -> Dict[str, str]:
+    """A run's settings, flattened, as every reader of a run's configuration wants them: its params
+    and the settings its group choices restate (tags config.*). Runs recorded before have them all
+    as params, which this returns as they are."""
+    out = {k[len(CONFIG_TAG_PREFIX):]: v for k, v in run.data.tags.items() if k.startswith(CONFIG_TAG_PREFIX)}
+    out.update(run.data.params)
+    return out
+
+
 def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
                  extra_tags: Mapping[str, str], profile: Optional[Mapping[str, Any]] = None) -> RunTracker:
     """profile: the hardware profile the run resolved (hardware.resolve_profile); params and
@@ -46,16 +106,20 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     logged = dict(resolved)
     if profile is not None:
         logged["hardware"] = OmegaConf.to_container(OmegaConf.create(dict(profile)))
-    # A pretrained model's shape is null in the config; its params are the built model's (_run).
+    # A pretrained model's shape is null in the config; the built model's is tagged later (_run).
     unset_shape = {f"model.{k}" for k in MODEL_SHAPE_FIELDS if cfg.model[k] is None}
-    params = {k: v for k, v in flatten(logged).items() if k not in unset_shape}
+    flat = {k: v for k, v in flatten(logged).items() if k not in unset_shape}
+    # hardware.* restates the profile the run used (hardware=auto: the one it picked, tag hardware_profile).
+    options = {**{g: str(choices[g]) for g, _ in GROUP_SCHEMAS if g in choices},
+               **({"hardware": str(profile["name"])} if profile is not None else {})}
+    sweep = context_from_env()
+    params, restated = split_settings(flat, options, sweep.swept if sweep is not None else ())
     params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
     # host, pid and its start let a later sweep tell a run whose process died (SIGKILL) from a
     # live one (runs/sweep.py previous_outcome): the running run is the claim on its configuration.
     tags = {"config_hash": config_hash(resolved), "config_key_noseed": config_key_noseed(resolved),
             IDENTITY_VERSION_TAG: IDENTITY_VERSION, "git_sha": git_sha(), "status": "running",
-            **process_tags(), **scheduler_tags(), **extra_tags}
-    sweep = context_from_env()
+            **restated_tags(restated), **process_tags(), **scheduler_tags(), **extra_tags}
     if sweep is not None:
         tags.update({"sweep_id": sweep.sweep_id, "mlflow.parentRunId": sweep.parent_run_id})
     return RunTracker(cfg.tracking.uri, cfg.tracking.experiment, run_name, params, tags,
@@ -136,15 +200,33 @@ class RankTracker:
 
 # Overrides that say where results go, not what runs: left out of run names.
 _NOT_IN_NAME = ("tracking.", "cache_dir", "hydra.")
+# What dataset=csv reads: in a run's name, the data they hold (`dataset=imdb (csv)`) stands for them.
+_DATA_PATHS = ("dataset.train_path", "dataset.test_path")
+
+
+def _data_named(items: List[str]) -> List[str]:
+    """`dataset=csv dataset.train_path=x/imdb/train.csv.gz dataset.test_path=...` as
+    `dataset=imdb (csv)`: the data, then its loader (options/dataset.py label), not two paths.
+    As typed when the paths do not say which data it is."""
+    given = {_key(o.split("=", 1)[0]): o.split("=", 1)[1] for o in items if "=" in o}
+    data = data_name(given.get("dataset.train_path", "").strip("'\"")) if given.get("dataset") == "csv" else ""
+    if not data:
+        return items
+    return [f"dataset={data} (csv)" if o == "dataset=csv" else o for o in items
+            if _key(o.split("=", 1)[0]) not in _DATA_PATHS]
 
 
 def run_label(overrides: Any, swept: Any = ()) -> str:
     """A run name that reads like the command line: `precision=bf16,attention=sdpa`.
 
-    In a sweep, only the swept keys (what tells its runs apart); otherwise every override."""
-    items = [str(o) for o in overrides if not str(o).startswith(_NOT_IN_NAME)]
+    In a sweep, only the swept keys (what tells its runs apart); otherwise every override. A CSV
+    dataset is named by its data: `dataset=imdb (csv)` (for its files, swept or not)."""
+    items = _data_named([str(o) for o in overrides if not str(o).startswith(_NOT_IN_NAME)])
     if swept:
-        items = [o for o in items if o.split("=", 1)[0] in swept]
+        keys = {_key(k) for k in swept}
+        if keys & set(_DATA_PATHS):
+            keys.add("dataset")
+        items = [o for o in items if _key(o.split("=", 1)[0]) in keys]
     return ",".join(items) or "defaults"
 
 
