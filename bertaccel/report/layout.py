@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple
 
+from .effects import TITLE as EFFECTS_TITLE
 from .summary import TITLE as ANSWER_TITLE
 
 Table = tuple  # (title, note, headers, rows of cells), as render.py
 # Title starts of the tables that come right after the answer, in this order.
-LEADING = (ANSWER_TITLE, "Pareto front over")
+LEADING = (ANSWER_TITLE, EFFECTS_TITLE, "Pareto front over")
 
 
 def _rank(title: str) -> int:

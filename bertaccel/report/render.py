@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from .baseline import choose_baseline
+from .effects import effects_tables
 from .layout import placed
 from .repeats import repeat_stats
 from .scoring import METRICS, Row, Scored, full_weights
@@ -172,6 +173,7 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     base = choose_baseline(rows, baseline)
     ans = answer(rows, scored, base, repeat_stats(rows, scored), view, floor)
     rep.tables.append(answer_table(ans, rows, lab))
+    rep.tables.extend(effects_tables(rows, base.index, lab))  # what each swept value buys (effects.py)
     repeats = (f" Changes are of means over repeats: the baseline is its configuration, '{ans.base_name}'."
                if base.index is not None and ans.base_name != rows[base.index].name else "")
     rep.lead = [headline(ans, rows), f"Baseline: {base.why}.{repeats}"]
