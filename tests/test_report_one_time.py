@@ -54,3 +54,5 @@ def test_no_warning_where_the_warm_up_is_short_or_the_steps_never_pay_it_back(tm
     _run(store, "optimizer=adamw_fused", {**d, "optimizer": "adamw_fused"}, 1.5, 2.4, accuracy=0.9)
     answer = _answer(tmp_path / "b", store)
     assert "longer than its training window (1.50 s); 2.30 s more than the baseline's, never paid back" in answer
+    # A winner slower than the baseline says so first, and why it may still win.
+    assert "1.50x slower than the baseline (the baseline itself is below the accuracy floor)" in answer

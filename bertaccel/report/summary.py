@@ -55,6 +55,7 @@ class Answer:
     warnings: List[str]                 # warnings that hold for every winner (mixed runs, no repeats)
     base_name: str = ""                 # the baseline as the answer names it (with repeats, its configuration)
     configurations: int = 0             # configurations among the rows (repeats of one count once)
+    floor: Optional[Floor] = None       # the accuracy floor the winners passed (floor.py)
 
 
 def _value(row: Row, column: str, per_sample: bool) -> Tuple[Optional[float], str]:
@@ -203,7 +204,7 @@ def answer(rows: Sequence[Row], scored: Scored, base: Baseline, st: RepeatStats,
             w.runner_up = _runner_up(scored, group[0], b, rows)
     configurations = len(st.groups) if st.repeated else len(rows)
     warnings = (left_out(rows, floor) if floor is not None else []) + general_warnings(rows, st)
-    return Answer(base, per_sample, winners, warnings, base_name, configurations)
+    return Answer(base, per_sample, winners, warnings, base_name, configurations, floor)
 
 
 def general_warnings(rows: Sequence[Row], st: RepeatStats) -> List[str]:
@@ -228,17 +229,32 @@ def _change(w: Winner, column: str) -> str:
 def answer_table(ans: Answer, rows: Sequence[Row], label) -> tuple:
     """(title, note, headers, rows of cells), as render.py's tables; label: the basis' column labels."""
     unit = " per sample" if ans.per_sample else ""
-    cells = []
+    cells: List[List[str]] = []
+    merged: List[List[str]] = []  # the strategies each row stands for
     for w in ans.winners:
         if w.index is None:
             cells.append([w.label, "none eligible", "", "", "", "", "", "", ""])
+            merged.append(list(w.strategies))
             continue
         s = w.speedup
         speed = f"null ({w.why.get('time_s', 'no baseline')})" if s is None else f"{s:.2f}x"
         acc = f"null ({w.why.get('accuracy', 'no baseline')})" if w.accuracy_pts is None else f"{w.accuracy_pts:+.2f} pts"
         vs_best = "null (no accuracy)" if w.vs_best_pts is None else f"{w.vs_best_pts:+.2f} pts"
-        cells.append([w.label, w.name, speed, _change(w, "energy_kwh"), _change(w, "cost_usd"), acc, vs_best,
-                      w.runner_up, "; ".join(w.warnings)])
+        row = [w.label, w.name, speed, _change(w, "energy_kwh"), _change(w, "cost_usd"), acc, vs_best,
+               w.runner_up, "; ".join(w.warnings)]
+        same = next((k for k, c in enumerate(cells) if c[1:7] == row[1:7] and c[8] == row[8]), None)
+        if same is None:
+            cells.append(row)
+            merged.append(list(w.strategies))
+            continue
+        # One winner under several strategies, alike in every number: one row, the strategies named
+        # together (their runner-ups differ: the scores table has them).
+        merged[same] += w.strategies
+        cells[same][0] += f", {w.label}"
+        cells[same][7] = cells[same][7] if cells[same][7] == row[7] else "(differs by strategy)"
+    for c, ss in zip(cells, merged):
+        if len(ss) > 1 and len(ss) == sum(len(w.strategies) for w in ans.winners):
+            c[0] = f"all {len(ss)} strategies"
     note = (f"speed-up = the baseline's {label('time_s')} / the winner's{unit}; energy and cost change = the "
             f"winner's / the baseline's - 1{unit}; accuracy changes in percentage points, against the baseline "
             "and against the most accurate run; a warning beside a winner changes the answer")
@@ -260,6 +276,12 @@ def headline(ans: Answer, rows: Sequence[Row]) -> str:
         whom = "every strategy" if len(named) == len(ans.winners) and len(ans.winners) > 1 else w.label
         s = w.speedup
         buys = "" if s is None else f": {s:.2f}x the baseline's speed"
+        if s is not None and s < 1:  # (it wins on energy, cost or accuracy, not on time: say so first)
+            buys = f": {1 / s:.2f}x slower than the baseline"
+        below = ans.baseline.index is not None and ans.floor is not None and not ans.floor.passes(
+            rows[ans.baseline.index].accuracy)
+        if below:
+            buys += " (the baseline itself is below the accuracy floor)"
         if w.tied_with:  # a lead inside the repeats' spread is not a reason to adopt
             return (f"A tie: '{picks[0]}' leads under {whom} on the mean{buys}, but its repeats cannot tell it "
                     "from " + ", ".join(f"'{t}'" for t in w.tied_with) + " (95% intervals overlap).")
