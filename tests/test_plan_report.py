@@ -72,7 +72,7 @@ def test_runs_log_their_prediction_and_the_plan_counts_their_work(cli, tmp_path)
 
     grid = ["-m", "model=tiny", "train.device=cpu", "dataset.train_subset=96", "dataset.test_subset=32",
             "train.batch_size=16", "train.epochs=2", "freezing=layerwise", "optimizer=adamw,adamw_fused",
-            "launcher.name=inline"]
+            "launcher.name=inline", "sweep.baseline=false"]  # (two runs: no defaults run added)
     r = cli(grid)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = sorted((x for x in search_runs(cli.store, "bertaccel") if x.data.tags.get("bertaccel.role") != "sweep"),

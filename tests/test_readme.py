@@ -61,34 +61,49 @@ def test_every_readme_command_runs():
     assert command("python -m bertaccel.run -m")[3] == "-m"
 
 
-def test_the_readme_default_job_trains_to_its_accuracy(tmp_path):
+@pytest.fixture(scope="module")
+def readme_dir(tmp_path_factory) -> Path:
+    """Where a user follows the README: its default job first, then its sweep, in one directory
+    (one store), as the README orders them."""
+    return tmp_path_factory.mktemp("readme")
+
+
+def test_the_readme_default_job_trains_to_its_accuracy(readme_dir):
     """The first command a user runs: the real pretrained MiniLM on the bundled AG News sample, one
     epoch, on this machine's CPU (about 5 minutes on 2 cores)."""
     argv = [c for c in readme_commands() if c.startswith("python -m bertaccel.run")]
     assert "python -m bertaccel.run" in argv, argv
-    p = subprocess.run([sys.executable, "-m", "bertaccel.run"], cwd=tmp_path, env=ENV, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "bertaccel.run"], cwd=readme_dir, env=ENV, capture_output=True,
                        text=True, timeout=1800)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     m = re.search(r"^test_accuracy=([\d.]+) train_time_s=([\d.]+) mlflow_run_id=\w+ \(store sqlite:///mlflow.db, "
                   r"experiment bertaccel\)$", p.stdout, re.M)
     assert m, p.stdout[-2000:]
     assert float(m.group(1)) >= 0.85, m.group(0)  # the README shows 0.8931; 4 classes, chance is 0.25
-    assert (tmp_path / "mlflow.db").is_file()
+    assert (readme_dir / "mlflow.db").is_file()
 
 
-def test_the_readme_sweep_records_every_run(tmp_path):
-    """On a GPU it trains the four runs; on a CPU each is recorded skipped with its reason."""
-    p = subprocess.run(command("python -m bertaccel.run -m"), cwd=tmp_path, env=ENV, capture_output=True,
-                       text=True, timeout=1200)
+def test_the_readme_sweep_records_every_run(readme_dir):
+    """On a GPU it trains the four runs; on a CPU each is recorded skipped with its reason. Its
+    baseline (the config groups' defaults, which none of the four has) is the default job the user
+    ran first: found in the store and not trained again."""
+    ran_first = (readme_dir / "mlflow.db").is_file()  # (the default job's test ran before this one)
+    p = subprocess.run(command("python -m bertaccel.run -m"), cwd=readme_dir, env=ENV, capture_output=True,
+                       text=True, timeout=1800)
     summary = p.stdout[p.stdout.index("== sweep summary =="):]
     rows = re.findall(r"^\d+\s+(precision=\S+)\s+(finished|skipped|failed)\s", summary, re.M)
     assert sorted(r for r, _ in rows) == sorted(f"precision={p},attention={a}" for p in ("fp16", "fp32")
                                                 for a in ("xformers", "triton")), summary
+    assert "[sweep] baseline added: the config groups' defaults" in p.stdout
+    # The default job run first in this directory is the sweep's baseline: found, not trained again.
+    baseline = "already_finished" if ran_first else "finished"
+    assert re.search(rf"^\d+\s+defaults\s+{baseline}\s", summary, re.M), summary
+    assert p.returncode == 0, summary  # (the baseline is a finished configuration)
     import torch
     if torch.cuda.is_available():
-        assert p.returncode == 0 and {s for _, s in rows} == {"finished"}, summary
+        assert {s for _, s in rows} == {"finished"}, summary
     else:
-        assert p.returncode == 1 and {s for _, s in rows} == {"skipped"}, summary
+        assert {s for _, s in rows} == {"skipped"}, summary
         assert "needs a CUDA GPU" in summary
     assert "sweep id config-" in summary
 
