@@ -85,7 +85,7 @@ def test_a_killed_rank_fails_its_run_and_the_next_run_finishes(poisoned_cli):
     # collective timeout (nor the subprocess timeout, which only bounds the test).
     proc = poisoned_cli(["-m", "train.seed=1,2", "num_gpus=2", "launcher.collective_timeout_s=60",
                          "model=tiny", "train.device=cpu", "dataset.train_subset=128", "dataset.test_subset=32",
-                         "train.batch_size=16"],
+                         "train.batch_size=16", "sweep.baseline=false"],  # (no num_gpus=1 baseline runs)
                         poison="kill:seed=1:rank=1:window=3", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 runs: finished=1 skipped=0 failed=1" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -5,6 +5,7 @@ import yaml
 from conftest import TINY
 from mlflow.tracking import MlflowClient
 
+from bertaccel.runs.record import run_settings
 from bertaccel.runs.tracking import runs_by_status
 
 PARAMS = ["precision", "attention", "compile", "accumulation", "freezing", "optimizer", "hardware",
@@ -27,7 +28,8 @@ def test_2x2_multirun_logs_every_name(cli):
     hashes = set()
     for run in runs["finished"]:
         d = run.data
-        assert not [p for p in PARAMS if p not in d.params], run.info.run_name
+        # (settings a choice only restates are tags config.<key>: run_settings reads both)
+        assert not [p for p in PARAMS if p not in run_settings(run)], run.info.run_name
         assert not [m for m in METRICS if m not in d.metrics], run.info.run_name
         assert not [t for t in TAGS if t not in d.tags], run.info.run_name
         assert run.info.run_name == f"attention={d.params['attention']},accumulation={d.params['accumulation']}"
@@ -63,7 +65,7 @@ def test_skipped_and_failed_runs_do_not_stop_the_sweep(cli):
 
 
 def test_sweep_with_no_finished_run_exits_nonzero(cli):
-    proc = cli(["-m", "precision=fp16", *TINY])
+    proc = cli(["-m", "precision=fp16", *TINY, "sweep.baseline=false"])  # (no fp32 baseline added to finish)
     assert proc.returncode == 1
     assert "1 runs: finished=0 skipped=1 failed=0" in proc.stdout
 

@@ -309,6 +309,7 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
         raise ReportInputError(f"no finished runs in {where}experiment {experiment} ({uri})"
                                + _why_none_finished(uri, experiment, sweep_id))
     from bertaccel.runs.record import run_settings
+    from bertaccel.runs.sweep import MEMBER_TAG
 
     rows = []
     client = MlflowClient(tracking_uri=uri)
@@ -323,5 +324,9 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
         for col, metric in MLFLOW_METRICS.items():
             if m.get(metric) is None:
                 row.extra[col] = tags.get(f"{metric}_source", "not logged")
+        if sweep_id and f"{MEMBER_TAG}{sweep_id}" in tags:
+            # An earlier run the sweep took for one of its configurations (resume: same config_hash,
+            # same data; e.g. the default job as its baseline): of this sweep, for the gate too.
+            row.sweep = sweep_id
         rows.append(row)
     return rows
