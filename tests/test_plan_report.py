@@ -57,7 +57,7 @@ def test_errors_and_medians_on_a_synthetic_store(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "## Predicted vs measured (bertaccel.plan)" in md
+    assert "## Appendix: predicted vs measured (bertaccel.plan)" in md  # (the report's last section)
     assert "30.0 % over 3 runs, 20.0 % over the 2 predicted from similar runs or a probe; goal <= 15 %: not met" in md
     assert "1 run(s) without a prediction: not predicted: no similar finished run" in md
     assert (tmp_path / "rep" / "plots" / "predicted_vs_measured.png").is_file()

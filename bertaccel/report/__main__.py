@@ -26,6 +26,7 @@ from .data import OPTIONAL_COLUMNS, Column, ReportInputError
 from .extend import extend
 from .folder import check_folder, write_folder
 from .gate import warning
+from .labels import relabel
 from .occupancy import DEFAULT_OCCUPANCY_METRIC, OCCUPANCY_METRICS, o_column, with_occupancy_metric
 from .plots import all_plots
 from .predicted import add_to_report as add_predicted
@@ -121,11 +122,13 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
             _check_store(a.uri)
         measured = with_occupancy_metric(load_rows(a.uri, a.experiment, a.sweep, a.csv, require),
                                          a.occupancy_metric)
+        labels = relabel(measured)  # a sweep's run names -> their varying values (report/labels.py)
         view = time_view(measured, a.time, a.project_epochs)
         rows = view.rows
         baseline = None
         if a.baseline is not None:
-            hits = [i for i, r in enumerate(rows) if a.baseline in (r.name, r.run_id)]
+            hits = [i for i, r in enumerate(rows) if a.baseline in (r.name, r.run_id)
+                    or r.run_id in labels.ids_of(a.baseline)]
             if not hits:
                 raise ReportInputError(f"--baseline {a.baseline!r}: no run of that name or id among "
                                        f"{len(rows)} rows (e.g. {rows[0].name!r})")
@@ -142,7 +145,7 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
                                           + (f", sweep {a.sweep}" if a.sweep else ""))
     o_label = o_column(a.occupancy_metric)
     report = build(rows, scored, source, baseline, acc_floor, all_plots(rows, view.basis), view,
-                   warning(rows), o_label)
+                   warning(rows), o_label, labels)
     console = extend(report, rows, scored, view.measured, a.occupancy_metric, o_label, a.target_accuracy,
                      view.basis.label)
     if a.csv is None:  # each run's own prediction beside its measurement (report/predicted.py)

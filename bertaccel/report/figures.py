@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from typing import Dict, List, Optional, Sequence
 
 from .pareto import Front
@@ -14,6 +15,18 @@ from .weights import STEPS, WeightMap
 
 W4_PANELS = (0, 2, 4, 6, 8, 10)   # w4 of the map's panels, in twentieths: 0, 0.1, ..., 0.5
 TIE_COLOUR = "0.55"
+LEGEND_WIDTH = 48  # characters of a legend label's line (three columns across the figure)
+
+
+def distinct_colours(keys: Sequence[int], plt) -> Dict[int, tuple]:
+    """One colour per key, none repeated: tab10 for up to 10, tab20 up to 20, else evenly spaced
+    hues (a key's own number mod 10 gave two winners 10 apart one colour)."""
+    n = len(keys)
+    if n <= 10:
+        return {k: plt.get_cmap("tab10")(j) for j, k in enumerate(keys)}
+    if n <= 20:
+        return {k: plt.get_cmap("tab20")(j) for j, k in enumerate(keys)}
+    return {k: plt.get_cmap("hsv")(j / n) for j, k in enumerate(keys)}
 
 
 def png_bytes(fig) -> bytes:
@@ -70,7 +83,7 @@ def weight_map_plot(wm: WeightMap) -> Dict:
     """One triangle per w4 in W4_PANELS: corners w1 (time), w2 (cost), w3 (energy) of the weight
     left to them, each grid point coloured by the configuration that wins there."""
     plt = _plt()
-    colours = {k: plt.get_cmap("tab10")(k % 10) for k in range(len(wm.labels))}
+    colours = distinct_colours(sorted(wm.won), plt)
     fig, axes = plt.subplots(2, 3, figsize=(10, 7.6), dpi=110)
     h = math.sqrt(3) / 2
     for ax, d in zip(axes.flat, W4_PANELS):
@@ -91,7 +104,8 @@ def weight_map_plot(wm: WeightMap) -> Dict:
         ax.set_ylim(-0.12, h + 0.12)
         ax.set_aspect("equal")
         ax.axis("off")
-    handles = [plt.Line2D([], [], ls="", marker="o", color=colours[k], label=wm.labels[k][:40])
+    # A label is never cut (two cut at 40 characters read the same): a long one wraps.
+    handles = [plt.Line2D([], [], ls="", marker="o", color=colours[k], label=textwrap.fill(wm.labels[k], LEGEND_WIDTH))
                for k in sorted(wm.won)]
     if wm.ties:
         handles.append(plt.Line2D([], [], ls="", marker="x", color=TIE_COLOUR, label="tie"))

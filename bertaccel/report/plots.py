@@ -30,6 +30,22 @@ CARBON_PLOT = ("co2e_vs_accuracy", "co2e_kg", "accuracy", "CO2e (kg)", "test acc
                "Carbon vs accuracy (CO2e = energy x PUE x grid intensity)")
 
 
+# Plots that show nothing new when every run's cost is its time at one price (cost_usd / time_s
+# the same for all: one hardware profile's price): time vs cost is a straight line, and cost vs
+# accuracy is the Pareto plot's time vs accuracy with another scale.
+REPEAT_TIME = ("time_vs_cost", "cost_vs_accuracy")
+SAME_RATE = 1e-6  # relative: rates this close are one price (cost is logged as time x price, rounded)
+
+
+def single_price(rows: Sequence[Row]) -> Optional[float]:
+    """The one price per second, USD, when every run with a time and a cost has it (at least two
+    runs), else None."""
+    rates = [r.cost_usd / r.time_s for r in rows if r.cost_usd is not None and r.time_s]
+    if len(rates) < 2 or max(rates) - min(rates) > SAME_RATE * max(abs(max(rates)), 1e-30):
+        return None
+    return rates[0]
+
+
 TIP_COLUMNS = (("time_s", ".2f"), ("cost_usd", ".4g"), ("energy_kwh", ".5f"), ("accuracy", ".4f"))
 
 
@@ -149,7 +165,10 @@ def all_plots(rows: Sequence[Row], basis: Optional[Basis] = None) -> List[Dict]:
     basis = basis or Basis()
     out = []
     carbon = [CARBON_PLOT] if any(r.co2e_kg is not None for r in rows) else []
+    repeats = REPEAT_TIME if single_price(rows) is not None else ()  # (render.build says so in a note)
     for stem, x, y, xl, yl, title in PLOTS + carbon:
+        if stem in repeats:
+            continue
         xl, yl = (basis.label(c) if basis.label(c) != c else default for c, default in ((x, xl), (y, yl)))
         if basis.title_suffix:
             title = f"{title} ({basis.title_suffix})"

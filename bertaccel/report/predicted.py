@@ -5,6 +5,11 @@ run) beside what the run measured, the error of each, and the median absolute er
     error % = (predicted - measured) / measured x 100   (signed: > 0 = predicted too slow / dear)
 The median absolute error of train_time_s is given over every predicted run and over those
 predicted from similar runs (basis "runs: ..."), the case the plan's goal (<= 15 %) is about.
+
+It is the report's appendix (layout.py puts it last): a check of the planner, not of the runs.
+Each row names its prediction's basis (calibrated from which runs, a probe, or a hardware
+profile's default MFU) and warns beside one made from a cold profile: no run like it had been
+measured, so its time is a peak FLOP rate at a guessed utilisation, tens of percent off or worse.
 """
 from __future__ import annotations
 
@@ -19,6 +24,10 @@ COMPARED = ("train_time_s", "step_time_ms", "cost_usd", "energy_kwh")
 WAITS = (("warmup_s", "compile_time_s"), ("startup_overhead_s", "startup_overhead_s"), ("eval_time_s", "eval_time_s"),
          ("run_wall_s", "run_wall_s"))
 GOAL_PCT = 15.0
+APPENDIX = "Appendix: predicted vs measured"  # the start of this module's tables' titles (layout.py)
+COLD = "cold profile: expect tens of % off or worse (not in the goal)"
+COLD_NOTE = ("a cold profile's prediction: no run like it had been measured before it, so its time is the hardware "
+             "profile's peak FLOP rate at a default MFU; the first runs of a sweep on new hardware get one")
 WALL_GOAL_PCT = 20.0
 
 
@@ -89,7 +98,7 @@ def _plot(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Dict[str, An
     if not pts:
         return None
     fig, ax = plt.subplots(figsize=(5.6, 4.4), dpi=110)
-    for flag, colour, what in ((True, "tab:blue", "from similar runs or a probe"), (False, "tab:orange", "from the profile")):
+    for flag, colour, what in ((True, "tab:blue", "from similar runs or a probe"), (False, "tab:orange", "from a default MFU (cold profile)")):
         sel = [q for q in pts if q[3] == flag]
         if sel:
             ax.scatter([q[1] for q in sel], [q[2] for q in sel], color=colour, edgecolors="black", linewidths=0.5,
@@ -110,7 +119,43 @@ def _plot(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Dict[str, An
     fig.tight_layout()
     return {"stem": "predicted_vs_measured", "title": "Predicted vs measured train time (labels: # of the raw table)",
             "png": png_bytes(fig), "drawn": len(pts), "left_out": len(rows) - len(pts),
-            "section": "Predicted vs measured"}
+            "section": APPENDIX}
+
+
+def basis_kind(basis: str) -> str:
+    """What a prediction was made from, in a few words (the table's 'basis' column leads with it)."""
+    if "probe" in basis:
+        return "calibrated by a probe of the configuration"
+    if "runs:" in basis:
+        return "calibrated from measured runs"
+    return "a default MFU (cold profile)"
+
+
+def basis_cell(basis: str, relabel: Any = str) -> str:
+    """'calibrated from runs a / b (1234abcd); let go: optimizer', 'a default MFU (cold profile): profile ...'."""
+    said = relabel(basis)
+    if "probe" not in basis and said.startswith("runs: "):
+        return "calibrated from runs " + said.removeprefix("runs: ")
+    return f"{basis_kind(basis)}: {said}"
+
+
+def compact(cells: Sequence[Sequence[str]], relabel: Any = str) -> List[List[str]]:
+    """comparison()'s cells as the appendix shows them, narrow enough for a page: per compared
+    metric one cell 'predicted / measured (error %)', the basis named, the cold-profile warning.
+    relabel: the runs' names in a basis as their labels (labels.Labels.in_text)."""
+    out = []
+    for row in cells:
+        name, values, basis = row[0], row[1:-1], row[-1]
+        warn = "" if measured(basis) else COLD
+        out.append([name, basis_cell(basis, relabel), warn] + triples(values))
+    return out
+
+
+def triples(values: Sequence[str]) -> List[str]:
+    """[predicted, measured, error %, ...] -> ['predicted / measured (error %)', ...]: one column per
+    quantity instead of three (the appendix's tables fit a page)."""
+    return [f"{values[k]} / {values[k + 1]}" + ("" if values[k + 2] == "null" else f" ({values[k + 2]}%)")
+            for k in range(0, len(values), 3)]
 
 
 def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> None:
@@ -121,14 +166,18 @@ def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> N
     cells, s = comparison(rows, runs)
     if not cells:
         return
-    headers = ["run"] + [f"{c} {w}" for c in COMPARED for w in ("predicted", "measured", "error %")] + ["basis"]
+    labels = getattr(rep, "labels", None)
+    relabel = labels.in_text if labels is not None else str
+    shown = compact(cells, relabel)
+    headers = ["run", "basis", "warning"] + [f"{c}: predicted / measured (error)" for c in COMPARED]
     goal = ("" if s["median_from_runs"] is None else
             f"; goal <= {GOAL_PCT:g} %: {'met' if s['median_from_runs'] <= GOAL_PCT else 'not met'}")
     note = (f"predicted by bertaccel.plan when each run started, from the finished runs then in the store; error % = "
             f"(predicted - measured) / measured x 100; step_time_ms predicted is a mean per step, measured the "
             f"median. Median |error| of train_time_s: {_f(s['median_all'], '.1f')} % over {s['predicted']} runs, "
-            f"{_f(s['median_from_runs'], '.1f')} % over the {s['from_runs']} predicted from similar runs or a probe{goal}")
-    rep.tables.append(("Predicted vs measured (bertaccel.plan)", note, headers, cells))
+            f"{_f(s['median_from_runs'], '.1f')} % over the {s['from_runs']} predicted from similar runs or a probe{goal}"
+            + (f"; warning: {COLD_NOTE}" if any(c[2] for c in shown) else ""))
+    rep.tables.append((f"{APPENDIX} (bertaccel.plan)", note, headers, shown))
     if s["unpredicted"]:
         reasons = sorted(set(s["unpredicted"].values()))
         rep.notes.append(f"{len(s['unpredicted'])} run(s) without a prediction: " + "; ".join(reasons[:3]))
@@ -178,8 +227,9 @@ def wait_comparison(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Tu
             walls.append(f"sweep {sweep}: {s['runs']} runs, wall predicted {s['predicted']:.1f} s, measured {wall:.1f} s "
                          f"(first run's process start to the last run's record), error {e:+.1f} % "
                          f"(goal within {WALL_GOAL_PCT:g} %: {'met' if abs(e) <= WALL_GOAL_PCT else 'not met'})")
-    headers = ["run"] + [f"{n} {w}" for n, _ in WAITS for w in ("predicted", "measured", "error %")]
+    headers = ["run"] + [f"{n}: predicted / measured (error)" for n, _ in WAITS]
     note = ("predicted by bertaccel.plan before the sweep; measured: warmup_s = compile_time_s, startup_overhead_s = "
             "process (or job) start to the first step, run_wall_s = that start to the run's record (MLflow end_time)"
             + ("; " + "; ".join(walls) if walls else ""))
-    return ("What you waited for: predicted vs measured (bertaccel.plan)", note, headers, cells)
+    return (f"{APPENDIX}: what you waited for (bertaccel.plan)", note, headers,
+            [[row[0]] + triples(row[1:]) for row in cells])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -17,6 +18,8 @@ from .repeats import repeat_stats
 from .scoring import METRICS, Row, Scored, full_weights
 from .summary import TITLE as ANSWER_TITLE
 from .floor import Floor
+from .labels import Labels
+from .plots import single_price
 from .summary import answer, answer_table, headline
 from .summary_chart import answer_chart
 from .timing import Basis, TimeView
@@ -28,6 +31,11 @@ def _f(v: Optional[float], spec: str = ".3f") -> str:
     return "null" if v is None else format(v, spec)
 
 
+def pts(delta: Optional[float]) -> str:
+    """An accuracy change (a fraction) in percentage points, the report's one unit for it: '+0.25 pts'."""
+    return "null" if delta is None else f"{delta * 100:+.2f} pts"
+
+
 @dataclass
 class Report:
     title: str
@@ -37,6 +45,7 @@ class Report:
     plots: List[Dict] = field(default_factory=list)
     lead: List[str] = field(default_factory=list)        # the answer's sentences, above its table
     lead_warnings: List[str] = field(default_factory=list)  # what changes the answer, right below it
+    labels: Labels = field(default_factory=Labels)  # the runs' short labels and their MLflow names (labels.py)
 
 
 def _steps(v: Optional[float]) -> str:
@@ -133,7 +142,7 @@ def baseline_table(rows: Sequence[Row], baseline: int, lab: Any = Basis().label,
             speedup = b.time_s / r.time_s if b.time_s and r.time_s else None
         delta = r.accuracy - b.accuracy if r.accuracy is not None and b.accuracy is not None else None
         cells.append([r.name, _f(r.time_s, ".2f"), "null" if r.train_samples is None else str(r.train_samples),
-                      _f(r.accuracy, ".4f"), _f(speedup, ".3f"), _f(delta, "+.4f")])
+                      _f(r.accuracy, ".4f"), _f(speedup, ".3f"), pts(delta)])
     why_unknown = "; ".join(sorted({r.extra.get("train_samples", "not measured") for r in unknown}))
     if spread is not None:
         note = (f"speedup = (baseline time / its train_samples) / (time / train_samples): the runs trained "
@@ -150,15 +159,16 @@ def baseline_table(rows: Sequence[Row], baseline: int, lab: Any = Basis().label,
 
 def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[int],
           floor: Optional[Floor], plots: List[Dict], view: Optional[TimeView] = None,
-          rank_warning: str = "", o_label: str = "occupancy_pct") -> Report:
+          rank_warning: str = "", o_label: str = "occupancy_pct", labels: Optional[Labels] = None) -> Report:
     """rows: the scored rows (view.rows when a view is given); view: --time / --project-epochs /
     break-even, whose basis labels the time, cost and energy columns; rank_warning: the
-    comparability gate's line for tables that rank the rows (gate.py); o_label: what plays O."""
+    comparability gate's line for tables that rank the rows (gate.py); o_label: what plays O;
+    labels: how the rows' names were shortened (labels.relabel), said under the answer."""
     basis = view.basis if view is not None else Basis()
     lab = basis.label
     # Every table of scored numbers says its basis: in the thesis form's brackets, or its own.
     sfx, own = (f", {basis.title_suffix}", f" ({basis.title_suffix})") if basis.title_suffix else ("", "")
-    rep = Report("bertaccel report", source)
+    rep = Report("bertaccel report", source, labels=labels or Labels())
     rep.notes.extend(basis.notes())
     # Carbon is said (notes, columns) only where it is in play: a run has it or a strategy weighs it.
     carbon = any(r.co2e_kg is not None for r in rows) or any(full_weights(w)[4] > 0 for w in scored.strategies.values())
@@ -192,6 +202,13 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
         rep.tables.append(baseline_table(rows, base.index, lab, sfx))
     if view is not None and view.break_even:
         rep.tables.append(break_even_table(view))
+    mapping = rep.labels.table()
+    if mapping is not None:
+        rep.tables.append(mapping)
+    rate = single_price(rows)
+    if rate is not None:  # (plots.all_plots left out the plots that would repeat time's)
+        rep.notes.append(f"cost = time x one price ({rate * 3600:.4g} USD/h) for every run: no time-vs-cost plot, "
+                         "and cost vs accuracy is the Pareto plot's time vs accuracy")
     if view is not None and view.unpaired:
         rep.notes.append(f"{len(view.unpaired)} compiled run(s) without an uncompiled run of the same configuration, "
                          "so no break-even: " + ", ".join(view.measured[i].name for i in view.unpaired[:5]))
@@ -303,7 +320,9 @@ def to_markdown(rep: Report, plot_dir: str = "plots") -> str:
     for k, (table, plots) in enumerate(sections):
         lead = table[0] == ANSWER_TITLE
         if lead:
-            out += [f"## {table[0]}", ""] + [f"**{rep.lead[0]}** " + " ".join(rep.lead[1:]), ""]
+            # (the labels' line in the lead's paragraph: the sweep's MLflow description quotes that paragraph)
+            out += [f"## {table[0]}", ""] + [f"**{rep.lead[0]}** " + " ".join(rep.lead[1:] + [rep.labels.line()]).strip(),
+                                               ""]
             out += _md_table(table)[2:]
             out += [f"> {w}\n>" for w in rep.lead_warnings] + ([""] if rep.lead_warnings else [])
         else:
@@ -317,24 +336,43 @@ def to_markdown(rep: Report, plot_dir: str = "plots") -> str:
     return "\n".join(out)
 
 
+# Tables fit the page (1,200 px): a header or a text cell wraps at its spaces, and a long word after
+# a comma, '_' or '=' (<wbr>: strategy names, MLflow run names); a number (class n) never breaks and
+# stands to the right, text to the left.
 CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
-       "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}"
+       "margin-bottom:1.5em;max-width:100%}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;"
+       "text-align:right;overflow-wrap:break-word}td.n{white-space:nowrap}td:not(.n){text-align:left}"
        "td:first-child,th:first-child{text-align:left}.note{color:#555}"
-       ".lead{font-size:1.15em}.warning{background:#fff4e5;border-left:4px solid #e67e22;padding:6px 10px;"
-       "margin:6px 0}figure{margin:0 0 1.5em 0}svg .mark:hover{opacity:0.7}")
+       ".lead{font-size:1.15em}.labels{color:#333}.warning{background:#fff4e5;border-left:4px solid #e67e22;"
+       "padding:6px 10px;margin:6px 0}figure{margin:0 0 1.5em 0}svg{max-width:100%}svg .mark:hover{opacity:0.7}")
+NUMBER = re.compile(r"[-+]?(\d[\d.,eE+-]*|null)( ?%| pts|x)?")
+_RUNS_SUFFIX = re.compile(r" \(\d+ runs\)$")
 
 
-def _html_table(table: Table) -> List[str]:
+def _cell(c: str, titles: Dict[str, str]) -> str:
+    """One <td>: bold where marked '**', class n for a number, the MLflow name(s) of a run label as its title."""
+    e = html.escape
+    bold = c.startswith("**") and c.endswith("**")
+    text = c[2:-2] if bold else c
+    attrs = " class='n'" if NUMBER.fullmatch(text) else ""
+    full = titles.get(_RUNS_SUFFIX.sub("", text))
+    if full:
+        attrs += f" title='{e(full)}'"
+    return f"<td{attrs}><b>{_breakable(text)}</b></td>" if bold else f"<td{attrs}>{_breakable(text)}</td>"
+
+
+def _breakable(text: str) -> str:
+    """Escaped, with a line break allowed after each ',', '_' and '=' (where a long word may wrap)."""
+    return re.sub(r"([,_=])", r"\1<wbr>", html.escape(text))
+
+
+def _html_table(table: Table, titles: Optional[Dict[str, str]] = None) -> List[str]:
     e = html.escape
     _, note, headers, rows = table
     out = [f"<p class='note'>{e(note)}</p>"] if note else []
-    out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
+    out.append("<table><tr>" + "".join(f"<th>{_breakable(h)}</th>" for h in headers) + "</tr>")
     for row in rows:
-        cells = []
-        for c in row:
-            c = str(c)
-            cells.append(f"<td><b>{e(c[2:-2])}</b></td>" if c.startswith("**") else f"<td>{e(c)}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
+        out.append("<tr>" + "".join(_cell(str(c), titles or {}) for c in row) + "</tr>")
     return out + ["</table>"]
 
 
@@ -353,12 +391,15 @@ def to_html(rep: Report) -> str:
     out = ["<!doctype html><html><head><meta charset='utf-8'>", f"<title>{e(rep.title)}</title>",
            f"<style>{CSS}</style></head><body>", f"<h1>{e(rep.title)}</h1><p>Source: {e(rep.source)}</p>"]
     sections, rest = placed(rep.tables, rep.plots)
+    titles = rep.labels.titles()
     for k, (table, plots) in enumerate(sections):
         lead = table[0] == ANSWER_TITLE
         out.append(f"<section id='{'answer' if lead else f'section-{k}'}'><h2>{e(table[0])}</h2>")
         if lead:
             out.append(f"<p class='lead'><b>{e(rep.lead[0])}</b> " + e(" ".join(rep.lead[1:])) + "</p>")
-        out += _html_table(table)
+            if rep.labels.line():
+                out.append(f"<p class='labels'>{e(rep.labels.line())}</p>")
+        out += _html_table(table, titles)
         if lead:
             out += [f"<p class='warning'>{e(w)}</p>" for w in rep.lead_warnings]
         out += [_html_figure(p) for p in plots]

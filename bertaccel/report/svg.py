@@ -19,6 +19,16 @@ def mark_id(stem: str, k: int) -> str:
     return f"{stem}-mark-{k}"
 
 
+def hoverable_inside(mark) -> None:
+    """A hollow marker (fill: none) takes the pointer only on its outline, a pixel wide: its shapes,
+    the closed paths and the <use> of a marker's path, take it anywhere inside (pointer-events all).
+    An open path, a curve's line, keeps the default: the area its points enclose is not the mark."""
+    for el in mark.iter():
+        tag = el.tag.rsplit("}", 1)[-1]
+        if tag == "use" or (tag == "path" and el.get("d", "").rstrip().endswith(("z", "Z"))):
+            el.set("pointer-events", "all")
+
+
 def svg_text(fig, tips: Dict[str, str], salt: str) -> str:
     """The figure as an <svg> element (no XML prologue), each element whose id is a key of tips
     given that text as its <title>. salt: matplotlib's svg.hashsalt, so the ids of two figures'
@@ -38,6 +48,7 @@ def svg_text(fig, tips: Dict[str, str], salt: str) -> str:
             title.text = text
             el.insert(0, title)
             el.set("class", MARK_CLASS)
+            hoverable_inside(el)
     # Scales to the page's width, keeping its aspect (matplotlib writes a fixed size in pt).
     root.set("width", "100%")
     root.attrib.pop("height", None)
