@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import html
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -18,6 +17,7 @@ from .repeats import repeat_stats
 from .scoring import METRICS, Row, Scored, full_weights
 from .summary import TITLE as ANSWER_TITLE
 from .floor import Floor
+from .html_table import CSS, html_table
 from .labels import Labels
 from .plots import single_price
 from .summary import answer, answer_table, headline
@@ -336,46 +336,6 @@ def to_markdown(rep: Report, plot_dir: str = "plots") -> str:
     return "\n".join(out)
 
 
-# Tables fit the page (1,200 px): a header or a text cell wraps at its spaces, and a long word after
-# a comma, '_' or '=' (<wbr>: strategy names, MLflow run names); a number (class n) never breaks and
-# stands to the right, text to the left.
-CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
-       "margin-bottom:1.5em;max-width:100%}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;"
-       "text-align:right;overflow-wrap:break-word}td.n{white-space:nowrap}td:not(.n){text-align:left}"
-       "td:first-child,th:first-child{text-align:left}.note{color:#555}"
-       ".lead{font-size:1.15em}.labels{color:#333}.warning{background:#fff4e5;border-left:4px solid #e67e22;"
-       "padding:6px 10px;margin:6px 0}figure{margin:0 0 1.5em 0}svg{max-width:100%}svg .mark:hover{opacity:0.7}")
-NUMBER = re.compile(r"[-+]?(\d[\d.,eE+-]*|null)( ?%| pts|x)?")
-_RUNS_SUFFIX = re.compile(r" \(\d+ runs\)$")
-
-
-def _cell(c: str, titles: Dict[str, str]) -> str:
-    """One <td>: bold where marked '**', class n for a number, the MLflow name(s) of a run label as its title."""
-    e = html.escape
-    bold = c.startswith("**") and c.endswith("**")
-    text = c[2:-2] if bold else c
-    attrs = " class='n'" if NUMBER.fullmatch(text) else ""
-    full = titles.get(_RUNS_SUFFIX.sub("", text))
-    if full:
-        attrs += f" title='{e(full)}'"
-    return f"<td{attrs}><b>{_breakable(text)}</b></td>" if bold else f"<td{attrs}>{_breakable(text)}</td>"
-
-
-def _breakable(text: str) -> str:
-    """Escaped, with a line break allowed after each ',', '_' and '=' (where a long word may wrap)."""
-    return re.sub(r"([,_=])", r"\1<wbr>", html.escape(text))
-
-
-def _html_table(table: Table, titles: Optional[Dict[str, str]] = None) -> List[str]:
-    e = html.escape
-    _, note, headers, rows = table
-    out = [f"<p class='note'>{e(note)}</p>"] if note else []
-    out.append("<table><tr>" + "".join(f"<th>{_breakable(h)}</th>" for h in headers) + "</tr>")
-    for row in rows:
-        out.append("<tr>" + "".join(_cell(str(c), titles or {}) for c in row) + "</tr>")
-    return out + ["</table>"]
-
-
 def _html_figure(p: Dict) -> str:
     """An inline SVG (tooltips on hover) where the figure has one, else its PNG as base64."""
     e = html.escape
@@ -399,7 +359,7 @@ def to_html(rep: Report) -> str:
             out.append(f"<p class='lead'><b>{e(rep.lead[0])}</b> " + e(" ".join(rep.lead[1:])) + "</p>")
             if rep.labels.line():
                 out.append(f"<p class='labels'>{e(rep.labels.line())}</p>")
-        out += _html_table(table, titles)
+        out += html_table(table, titles)
         if lead:
             out += [f"<p class='warning'>{e(w)}</p>" for w in rep.lead_warnings]
         out += [_html_figure(p) for p in plots]
