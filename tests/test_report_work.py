@@ -37,7 +37,7 @@ def test_csv_speedup_is_per_sample_when_the_runs_trained_different_amounts(tmp_p
     assert "the runs trained different numbers of samples" in r.stdout
     note, rows = _baseline_rows(md)
     assert "time per sample is compared, not time" in note and "null without train_samples (empty in the input)" in note
-    assert rows["b"][2:] == ["2000", "0.9000", f"{(100 / 1000) / (60 / 2000):.3f}", "+0.0000"]  # 3.333, not 100/60
+    assert rows["b"][2:] == ["2000", "0.9000", f"{(100 / 1000) / (60 / 2000):.3f}", "+0.00 pts"]  # 3.333, not 100/60
     assert rows["c"][2:5] == ["null", "0.9000", "null"]
 
     # Projected to one epoch of the full split, every run trains the same 4000 samples: times divide.
@@ -67,5 +67,7 @@ def test_capped_sweep_with_accumulation_is_compared_per_sample(cli, tmp_path):
     note, rows = _baseline_rows(md)
     assert "time per sample is compared, not time" in note
     t1, t4 = one.metrics["train_time_s"], four.metrics["train_time_s"]
-    assert rows["accumulation=4"][2] == "128"
-    assert float(rows["accumulation=4"][4]) == pytest.approx((t1 / 32) / (t4 / 128), abs=0.0006)
+    # (the sweep's runs are labelled by their value, '4' for accumulation=4: report/labels.py; --baseline
+    # above names the run by its MLflow name)
+    assert rows["4"][2] == "128"
+    assert float(rows["4"][4]) == pytest.approx((t1 / 32) / (t4 / 128), abs=0.0006)
