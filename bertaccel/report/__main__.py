@@ -160,7 +160,7 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for label, _, b in scored.best_lines():
-        print(f"{label:18s} best: {rows[b].name if b is not None else 'none eligible'}")
+        print(f"{label:18s} best: {labels.name_of(rows[b].run_id, rows[b].name) if b is not None else 'none eligible'}")
     for line in console:
         print(line)
     for note in filter(None, (scored.one_ranking and scored.one_ranking.reason, unequal_work(rows), warning(rows))):

@@ -65,6 +65,10 @@ class Labels:
             text = re.sub(re.escape(name) + r"(?![\w.=])", label, text)
         return text
 
+    def name_of(self, run_id: str, default: str) -> str:
+        """The MLflow name of the run with this id (the console prints it: a name to paste), else default."""
+        return next((n for runs in self.full.values() for n, rid in runs if rid == run_id), default)
+
     def ids_of(self, name: str) -> List[str]:
         """The run ids of the runs whose MLflow name is `name` (--baseline names a run by it)."""
         return [rid for runs in self.full.values() for n, rid in runs if n == name]
@@ -79,8 +83,7 @@ class Labels:
 
 def label_of(items: Sequence[Tuple[str, str]], order: Sequence[str]) -> str:
     values = dict(items)
-    shown = [values[k] for k in order]
-    return " / ".join(shown) if shown else "defaults"  # (only its seed was set: the defaults)
+    return " / ".join(values[k] for k in order)
 
 
 def relabel(rows: Sequence) -> Labels:
@@ -94,8 +97,10 @@ def relabel(rows: Sequence) -> Labels:
             out.full.setdefault(r.name, []).append((r.name, r.run_id))
     parsed = {i: items for i, items in parsed.items() if items is not None}
     # Names that set different keys (hand-named runs: 'precision=bf16', 'attention=sdpa') would label
-    # a key one name leaves at its default as unknown: such names stay as they are.
-    if len({frozenset(k for k, _ in items if k != SEED_KEY) for items in parsed.values()}) != 1:
+    # a key one name leaves at its default as unknown, and names that set only the seed would all
+    # read 'defaults': such names stay as they are.
+    key_sets = {frozenset(k for k, _ in items if k != SEED_KEY) for items in parsed.values()}
+    if len(key_sets) != 1 or not next(iter(key_sets)):
         for i in parsed:
             out.full.setdefault(rows[i].name, []).append((rows[i].name, rows[i].run_id))
         return out
