@@ -301,6 +301,14 @@ def _fewer_metrics_table(rows: Sequence[Row], scored: Scored, own: str) -> Table
              for (ms, why), idx in groups.items()])
 
 
+def _notes_after(sections: Sequence) -> int:
+    """The section the notes follow: the answer, or the effect of each axis right after it (the
+    answer's reading: what each axis buys), so the two stay together on the first screens."""
+    from .effects import TITLE as EFFECTS
+
+    return 1 if len(sections) > 1 and str(sections[1][0][0]).startswith(EFFECTS) else 0
+
+
 def _left(p: Dict) -> str:
     return f" ({p['left_out']} run(s) without both values left out)" if p["left_out"] else ""
 
@@ -328,7 +336,7 @@ def to_markdown(rep: Report, plot_dir: str = "plots") -> str:
         else:
             out += _md_table(table)
         out += [line for p in plots for line in (f"![{p['title']}]({plot_dir}/{p['stem']}.png){_left(p)}", "")]
-        if k == 0 and rep.notes:  # the notes on the data follow the answer
+        if k == _notes_after(sections) and rep.notes:  # the notes on the data follow the answer (and its effects)
             out += ["## Notes on these runs", ""] + [f"- {n}" for n in rep.notes] + [""]
     if rest:
         out += ["## Other plots", ""]
@@ -364,7 +372,7 @@ def to_html(rep: Report) -> str:
             out += [f"<p class='warning'>{e(w)}</p>" for w in rep.lead_warnings]
         out += [_html_figure(p) for p in plots]
         out.append("</section>")
-        if k == 0 and rep.notes:
+        if k == _notes_after(sections) and rep.notes:
             out.append("<section id='notes'><h2>Notes on these runs</h2><ul>"
                        + "".join(f"<li>{e(n)}</li>" for n in rep.notes) + "</ul></section>")
     if rest:
