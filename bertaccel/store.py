@@ -227,9 +227,17 @@ def check_kept(db: Path) -> None:
         raise StoreLost(f"the store {db} was deleted while the sweep ran; a new one is not made in its place (the "
                         "sweep's runs are not in it): put the file back, or give another tracking.uri=, then run the "
                         "same command again")
+    if db.stat().st_size == 0:  # (a store is never empty: a connection opened on the path made this one)
+        raise StoreLost(f"the store {db} was deleted while the sweep ran; a new one is not made in its place (the "
+                        "sweep's runs are not in it): put the file back, or give another tracking.uri=, then run the "
+                        "same command again")
     if _identity(db) != identity:
         raise StoreLost(f"the store {db} was replaced by another file while the sweep ran; nothing more is written "
                         "to it: if it is the store you mean, run the same command again (it resumes there)")
+
+
+def _is_kept(db: Path) -> bool:
+    return os.environ.get(KEEP_ENV, "").rpartition(" ")[0] == str(db)
 
 
 _held = threading.local()
@@ -339,14 +347,20 @@ def store_lock(uri: str, shared: bool = False) -> Iterator[None]:
             break
         os.close(fd)  # its maker removed it meanwhile (no store came of it): lock the one there now
     _held.depth, _held.shared = 1, shared
+    kept = False
     try:
         check_kept(db)
+        kept = _is_kept(db)
         # (a stat per call; the table read only while the file is missing or empty)
         if not shared and not (db.is_file() and db.stat().st_size > 0):
             _build_store(db)
         yield
     finally:
         _held.depth, _held.shared = 0, False
+        if kept and db.is_file() and db.stat().st_size == 0:
+            # The kept store was deleted during this hold, and a new connection of MLflow's engine
+            # pool (opened after the check above) made an empty file in its place: not left there.
+            db.unlink(missing_ok=True)
         if fd is not None:
             try:
                 if created and (shared or not db.exists()) and _exclusive_now(fd):

@@ -153,6 +153,34 @@ def test_a_store_deleted_mid_sweep_stops_it_and_is_not_made_again(tmp_path):
     assert _group_gone(proc.pid, 30)
 
 
+def test_a_kept_store_deleted_during_a_hold_is_not_left_as_an_empty_file(tmp_path, monkeypatch):
+    """The race behind the test above's rare 'replaced by another file': the store is deleted after
+    store_lock checked it, and a new pooled connection (here sqlite3's own, as SQLAlchemy's pool
+    opens them) makes an empty file at its path before MLflow's query fails. The hold leaves no
+    file there, and the next hold says the store was deleted."""
+    import sqlite3
+
+    from bertaccel.store import KEEP_ENV, StoreLost, keep_store, store_lock
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    monkeypatch.delenv(KEEP_ENV, raising=False)
+    MlflowClient(tracking_uri=uri).search_experiments()  # a real store
+    keep_store(uri)
+    try:
+        with store_lock(uri):
+            db.unlink()
+            sqlite3.connect(db).execute("select 1").fetchall()  # what a new pooled connection does
+            assert db.exists() and db.stat().st_size == 0
+        assert not db.exists()
+        with pytest.raises(StoreLost, match="was deleted while the sweep ran"):
+            with store_lock(uri):
+                pass
+        assert not db.exists()
+    finally:
+        keep_store(None)
+
+
 def test_a_store_replaced_mid_sweep_stops_it_and_the_file_in_its_place_is_not_written(tmp_path):
     db = tmp_path / "mlflow.db"
     store = f"sqlite:///{db}"
