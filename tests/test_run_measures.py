@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 from bertaccel.measure.profiling import CATEGORIES
 from bertaccel.options.optimizer import lr_factor
 from bertaccel.runs import startup
+from bertaccel.runs.record import run_settings
 from bertaccel.runs.tracking import runs_by_status
 
 MEASURES = ("energy_kwh", "avg_power_w", "energy_per_sample_j", "samples_per_kwh", "occupancy_pct",
@@ -53,7 +54,7 @@ def test_profiled_cpu_run_records_measures_sources_and_profile_artifacts(cli):
     assert files == {"profile/kernels.md", "profile/kernels.json", "profile/trace.json.gz"}
     # the lr of every optimizer step (linear warm-up then decay), and the one-step breakdown
     lrs = [h.value for h in sorted(client.get_metric_history(run.info.run_id, "lr"), key=lambda h: h.step)]
-    base = float(run.data.params["optimizer.lr"])
+    base = float(run_settings(run)["optimizer.lr"])  # (a restated setting: the tag config.optimizer.lr)
     assert lrs == pytest.approx([base * lr_factor("linear", i, steps, 0.1) for i in range(steps)])
     assert lrs[-1] < lrs[0]
     assert all(m[p] > 0 for p in ("forward_ms", "backward_ms", "optimizer_ms"))
