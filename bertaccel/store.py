@@ -240,6 +240,14 @@ def _is_kept(db: Path) -> bool:
     return os.environ.get(KEEP_ENV, "").rpartition(" ")[0] == str(db)
 
 
+def _no_empty_in_place(db: Path, kept: bool) -> None:
+    """At the end of a hold of the kept store: if it was deleted during the hold and a new
+    connection of MLflow's engine pool (opened after the hold's check) made an empty file in its
+    place, that file is not left there (a store is never empty; the next check says deleted)."""
+    if kept and db.is_file() and db.stat().st_size == 0:
+        db.unlink(missing_ok=True)
+
+
 _held = threading.local()
 
 
@@ -357,10 +365,7 @@ def store_lock(uri: str, shared: bool = False) -> Iterator[None]:
         yield
     finally:
         _held.depth, _held.shared = 0, False
-        if kept and db.is_file() and db.stat().st_size == 0:
-            # The kept store was deleted during this hold, and a new connection of MLflow's engine
-            # pool (opened after the check above) made an empty file in its place: not left there.
-            db.unlink(missing_ok=True)
+        _no_empty_in_place(db, kept)
         if fd is not None:
             try:
                 if created and (shared or not db.exists()) and _exclusive_now(fd):
