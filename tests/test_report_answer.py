@@ -12,7 +12,7 @@ import pytest
 from browser import browser  # noqa: F401  (the headless Chromium fixture)
 from report_store import Store
 
-from bertaccel.config import GROUPS, TECHNIQUE_GROUPS
+from bertaccel.config import TECHNIQUE_GROUPS
 from bertaccel.report import rows_from_mlflow
 from bertaccel.report.baseline import choose_baseline, default_choices
 
