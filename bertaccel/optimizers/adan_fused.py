@@ -48,7 +48,8 @@ import torch
 
 from . import adan_kernel
 from .adan import check_hyperparameters
-from .flat import BLOCK, FlatOptimizer, _Bucket, grad_copies_last_step, kernel_launches_per_step
+from .flat import BLOCK, FlatOptimizer, grad_copies_last_step, kernel_launches_per_step
+from .flat_buffers import Bucket
 
 __all__ = ["AdanFused", "kernel_launches_per_step", "grad_copies_last_step", "BLOCK"]
 
@@ -96,7 +97,7 @@ class AdanFused(FlatOptimizer):
         betas = [float(b) for b in group["betas"]]
         return (*betas, *(1.0 - b for b in betas), float(group["eps"]), float(group["weight_decay"]))
 
-    def _prepare(self, b: _Bucket, newcomers: List[int], grad_scale: Optional[torch.Tensor]) -> int:
+    def _prepare(self, b: Bucket, newcomers: List[int], grad_scale: Optional[torch.Tensor]) -> int:
         if b.host_k == 0:
             return 0  # the group's first step: the kernel sets diff = 0 itself
         # First gradient after the group's first step: pre_grad = g (diff = 0), unscaled as the

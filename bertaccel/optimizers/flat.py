@@ -11,16 +11,11 @@ call (about 15 for Adan), each reading and writing the state again, and each mul
 is itself one or more launches. Here the update is one elementwise kernel over flat buffers:
 
 * At the first step (and after load_state_dict, add_param_group or a parameter whose storage was
-  replaced, e.g. by model.to()), each bucket allocates flat 1-D buffers, the parameters, their
-  gradients and one per state tensor of the algorithm, copies the parameters in and re-points
-  ``p.data`` to views of the flat parameter buffer; ``self.state[p]`` holds views of the flat
-  state buffers. apex's multi_tensor_apply avoids per-tensor launches with tables of tensor
+  replaced, e.g. by model.to()), each bucket is built: flat buffers of the parameters, their
+  gradients and the state, the parameters re-pointed to views of them (flat_buffers.py: the
+  layout, BLOCK). apex's multi_tensor_apply avoids per-tensor launches with tables of tensor
   pointers; a flat buffer does it with no table at all, as DeepSpeed's contiguous buffers and
-  apex's DistributedFusedAdam do. The parameter stays the same nn.Parameter object (the module,
-  autograd, hooks and state_dict see nothing different), only its storage moved. Each tensor
-  starts at a multiple of BLOCK elements (the padding is at most BLOCK - 1 elements per tensor,
-  kept at zero), so a kernel program never straddles two tensors: one program = BLOCK elements
-  of one parameter.
+  apex's DistributedFusedAdam do.
 * Gradients: after a step, ``p.grad`` is a view of the flat gradient buffer. If the gradient is
   still that view at the next step (zero_grad(set_to_none=False), or the step-graph loop that
   zeroes gradients in place), the kernel reads it where backward accumulated it: no copy at all.
@@ -107,67 +102,12 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from . import flat_kernel
+from .flat_buffers import BLOCK, MASTER_DTYPES, MASTER_KEY, Bucket, Stale, build_bucket
 
 __all__ = ["FlatOptimizer", "kernel_launches_per_step", "grad_copies_last_step", "BLOCK", "MASTER_KEY",
            "MASTER_DTYPES"]
 
-BLOCK = 1024       # elements per kernel program; every tensor's segment starts at a multiple of it
 _NUM_WARPS = 4
-MASTER_DTYPES = (torch.float16, torch.bfloat16)  # parameters of these dtypes get an fp32 master
-MASTER_KEY = "master_param"                       # the fp32 master's key in state and state_dict
-
-
-class _Stale(Exception):
-    """A bucket no longer matches its parameters (storage replaced, params changed): rebuild."""
-
-
-class _Bucket:
-    """The flat buffers of one (param group, device, dtype): the parameters' storage (the half
-    workspace in master mode), gradients, the fp32 master (half parameters only), the state."""
-
-    def __init__(self, params: List[torch.nn.Parameter], device: torch.device, dtype: torch.dtype,
-                 state_keys: Tuple[str, ...]):
-        self.params = params
-        self.device, self.dtype = device, dtype
-        self.offsets: List[int] = []
-        total = 0
-        for p in params:
-            self.offsets.append(total)
-            total += -(-p.numel() // BLOCK) * BLOCK  # segments start at multiples of BLOCK
-        self.total = max(total, BLOCK)
-        self.blocks_of: List[range] = [range(o // BLOCK, (o + p.numel() + BLOCK - 1) // BLOCK)
-                                       for o, p in zip(self.offsets, params)]
-        master = dtype in MASTER_DTYPES
-        state_dtype = torch.float32 if master else dtype
-        z = lambda dt: torch.zeros(self.total, device=device, dtype=dt)  # noqa: E731
-        self.p, self.g = z(dtype), z(dtype)
-        self.master: Optional[torch.Tensor] = z(torch.float32) if master else None
-        self.state: Dict[str, torch.Tensor] = {key: z(state_dtype) for key in state_keys}
-        self.pviews = [self.view(self.p, i) for i in range(len(params))]
-        self.gviews = [self.view(self.g, i) for i in range(len(params))]
-        self.ptrs = [t.data_ptr() for t in self.pviews]
-        self.started = [False] * len(params)  # the tensor has stepped (its state exists)
-        self.host_k = 0                       # steps this bucket took as far as the host knows
-        self.step: torch.Tensor = torch.zeros(())
-        self.count: Optional[torch.Tensor] = None  # capturable: programs finished (atomic)
-        self.betas: Tuple[float, ...] = ()
-        self.betas64: Optional[torch.Tensor] = None  # capturable: the betas in fp64, on the device
-        self.table_key: Optional[Tuple[bool, ...]] = None
-        self.table: Optional[torch.Tensor] = None
-
-    def flat(self, i: int) -> slice:
-        return slice(self.offsets[i], self.offsets[i] + self.params[i].numel())
-
-    def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
-        return flat[self.flat(i)].view(self.params[i].shape)
-
-    def block_table(self, active: List[bool]) -> torch.Tensor:
-        key = tuple(active)
-        if key != self.table_key:
-            idx = [b for a, r in zip(active, self.blocks_of) if a for b in r] or [-1]
-            self.table = torch.tensor(idx, dtype=torch.int32, device=self.device)
-            self.table_key = key
-        return self.table
 
 
 class FlatOptimizer(torch.optim.Optimizer):
@@ -204,7 +144,7 @@ class FlatOptimizer(torch.optim.Optimizer):
         if not torch.cuda.is_available() and not flat_kernel.interpreting():
             raise RuntimeError(f"{name} runs a Triton kernel: it needs a CUDA GPU, or TRITON_INTERPRET=1 "
                                "to run it on the CPU in Triton's interpreter (slow; for tests)")
-        self._buckets: Optional[List[List[_Bucket]]] = None
+        self._buckets: Optional[List[List[Bucket]]] = None
         self._launches_last_step: Optional[int] = None
         self._copies_last_step = 0
 
@@ -218,7 +158,7 @@ class FlatOptimizer(torch.optim.Optimizer):
     def _hyperparameters(self, group: Dict[str, Any]) -> Tuple[float, ...]:
         raise NotImplementedError
 
-    def _prepare(self, b: _Bucket, newcomers: List[int], grad_scale: Optional[torch.Tensor]) -> int:
+    def _prepare(self, b: Bucket, newcomers: List[int], grad_scale: Optional[torch.Tensor]) -> int:
         """Work before the kernel for tensors taking their first step (`newcomers`); returns the
         number of gradient copies made."""
         return 0
@@ -261,7 +201,7 @@ class FlatOptimizer(torch.optim.Optimizer):
         self._buckets = None
 
     def _build(self) -> None:
-        buckets: List[List[_Bucket]] = []
+        buckets: List[List[Bucket]] = []
         for group in self.param_groups:
             by_key: Dict[Tuple[torch.device, torch.dtype], List[torch.nn.Parameter]] = {}
             for p in group["params"]:
@@ -271,54 +211,13 @@ class FlatOptimizer(torch.optim.Optimizer):
             buckets.append([self._build_bucket(group, ps, dev, dt) for (dev, dt), ps in by_key.items()])
         self._buckets = buckets
 
-    @torch.no_grad()
     def _build_bucket(self, group: Dict[str, Any], params: List[torch.nn.Parameter],
-                      device: torch.device, dtype: torch.dtype) -> _Bucket:
+                      device: torch.device, dtype: torch.dtype) -> Bucket:
         name = type(self).__name__
         if device.type != "cuda" and not flat_kernel.interpreting():
             raise RuntimeError(f"{name}: parameters on {device} need TRITON_INTERPRET=1 (Triton kernels "
                                "run on CUDA devices, elsewhere only in its interpreter)")
-        b = _Bucket(params, device, dtype, self._state_keys)
-        steps = []
-        for i, p in enumerate(params):
-            flat = b.flat(i)
-            b.p[flat].copy_(p.detach().reshape(-1))
-            st = self.state.get(p, {})
-            if b.master is not None:
-                saved = st.get(MASTER_KEY)
-                # A saved master counts only while the parameter still holds it (rounded): weights
-                # written into the parameter since (another checkpoint) win, the master restarts there.
-                # (A host sync per tensor, at a rebuild only.)
-                keep = saved is not None and torch.equal(saved.detach().to(device, dtype).reshape(p.shape), p.detach())
-                b.master[flat].copy_((saved if keep else p).detach().reshape(-1))
-            for key, buf in b.state.items():
-                if key in st:
-                    buf[flat].copy_(st[key].detach().reshape(-1))
-            b.started[i] = all(key in st for key in self._state_keys)
-            if "step" in st:
-                steps.append(float(st["step"]))  # (a host sync once, at a rebuild)
-            if p.grad is not None:
-                if p.grad.is_sparse:
-                    raise RuntimeError(f"{name} does not support sparse gradients")
-                b.g[flat].copy_(p.grad.reshape(-1))
-        k = max(steps) if steps else 0.0
-        b.host_k = int(k)
-        if group["capturable"]:
-            b.step = torch.full((), k, dtype=torch.float32, device=device)
-            b.count = torch.zeros(1, dtype=torch.int32, device=device)
-            b.betas = tuple(group["betas"])
-            b.betas64 = torch.tensor(b.betas, dtype=torch.float64, device=device)
-        else:
-            b.step = torch.full((), k, dtype=torch.float32)
-        for i, p in enumerate(params):
-            p.data = b.pviews[i]  # the same Parameter object, its storage now in the flat buffer
-            if p.grad is not None:
-                p.grad = b.gviews[i]
-            st = {"step": b.step, **{key: b.view(buf, i) for key, buf in b.state.items()}}
-            if b.master is not None:
-                st[MASTER_KEY] = b.view(b.master, i)
-            self.state[p] = st
-        return b
+        return build_bucket(params, device, dtype, self._state_keys, self.state, group, name)
 
     # -- the step ----------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -356,7 +255,7 @@ class FlatOptimizer(torch.optim.Optimizer):
                 plans = [[self._plan(b) for b in bs] if self._same_params(group, bs) else self._stale()
                          for group, bs in zip(self.param_groups, self._buckets)]
                 break
-            except _Stale:
+            except Stale:
                 if attempt:
                     raise RuntimeError(f"{type(self).__name__}: parameters changed while rebuilding the flat buffers")
                 self._buckets = None
@@ -381,18 +280,18 @@ class FlatOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _stale() -> Any:
-        raise _Stale()
+        raise Stale()
 
     @staticmethod
-    def _same_params(group: Dict[str, Any], buckets: List[_Bucket]) -> bool:
+    def _same_params(group: Dict[str, Any], buckets: List[Bucket]) -> bool:
         return sum(len(b.params) for b in buckets) == len(group["params"])
 
-    def _plan(self, b: _Bucket) -> Tuple[List[bool], List[int]]:
+    def _plan(self, b: Bucket) -> Tuple[List[bool], List[int]]:
         """(active per tensor, indices of gradients that are not views of the flat buffer)."""
         active, foreign = [], []
         for i, p in enumerate(b.params):
             if p.data_ptr() != b.ptrs[i]:
-                raise _Stale()  # e.g. model.to(...) replaced the storage: copy it into new buffers
+                raise Stale()  # e.g. model.to(...) replaced the storage: copy it into new buffers
             g = p.grad
             if g is None:
                 active.append(False)
@@ -405,10 +304,10 @@ class FlatOptimizer(torch.optim.Optimizer):
         return active, foreign
 
     @staticmethod
-    def _on(b: _Bucket, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    def _on(b: Bucket, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return None if t is None else t.to(b.device, non_blocking=True)
 
-    def _run(self, group: Dict[str, Any], b: _Bucket, active: List[bool], foreign: List[int],
+    def _run(self, group: Dict[str, Any], b: Bucket, active: List[bool], foreign: List[int],
              grad_scale: Optional[torch.Tensor], found_inf: Optional[torch.Tensor]) -> Tuple[int, int]:
         copies = 0
         if foreign:  # fresh gradients (zero_grad(set_to_none=True)): one copy into the flat buffer

@@ -2,7 +2,7 @@
 adamw_kernel.py): which elements a program owns, the learning rate, the step number, the
 parameter and gradient reads and writes of both modes (plain, or fp32 master + half workspace),
 loss-scale handling, and the capturable step-count hand-over. Each optimizer's kernel is its
-update rule between these calls; the host side (buckets, views, state_dict) is flat.py.
+update rule between these calls; the host side is flat.py (its buffers: flat_buffers.py).
 
 Triton is optional for the package: without it this module still imports (`jit` then leaves the
 functions undecorated; they are never launched, since the optimizers refuse to be built) and
