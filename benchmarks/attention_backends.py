@@ -9,7 +9,7 @@ Part 1, training steps (BERT-base shape, random init, bf16 autocast, fused AdamW
   "IMDb<=256": batches of real IMDb reviews' token lengths (truncated to 256, padded to a multiple
   of 8, as the loop's collator does): sdpa pays for the padding in every layer, xformers and
   triton run on the packed tokens (attention/packing.py).
-  eager: bertaccel's eager micro-step (train/step.py's model_inputs: no mask on full batches);
+  eager: bertaccel's eager micro-step (train/forward.py's model_inputs: no mask on full batches);
   step_graph: bertaccel's StepGraphs (train/step_graph.py), the whole step replayed.
   Each cell: median ms/step over --steps steps after --warmup (enqueued back to back, timed with
   CUDA events), samples/s = B / step, and the ratio to sdpa's samples/s in the same row.
@@ -88,7 +88,7 @@ def batches(workload: str, rows: int, lengths: List[int], n: int, seed: int = 0)
 def build(attention: str):
     from bertaccel.attention.packing import pass_masks_through
     from bertaccel.model import build_model
-    from bertaccel.train.step import sdpa_backends
+    from bertaccel.train.forward import sdpa_backends
 
     key_mask = attention == "sdpa [B,1,1,S]"
     cfg = compose([f"attention={'sdpa' if key_mask else attention}", "model=bert_base_random"])
@@ -106,7 +106,7 @@ def autocast():
 
 
 def eager_stepper(model, ctx) -> Callable[[Dict[str, torch.Tensor]], None]:
-    from bertaccel.train.step import model_inputs
+    from bertaccel.train.forward import model_inputs
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5, fused=True)
@@ -123,11 +123,13 @@ def eager_stepper(model, ctx) -> Callable[[Dict[str, torch.Tensor]], None]:
 
 
 def graph_stepper(model, ctx, data: List[Dict[str, torch.Tensor]]) -> Callable[[Dict[str, torch.Tensor]], None]:
+    from bertaccel.options.precision import Precision
+    from bertaccel.train.forward import Forward
     from bertaccel.train.step_graph import StepGraphs
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=torch.tensor(1e-5, device=DEV), fused=True, capturable=True)
-    graphs = StepGraphs(model, model, opt, autocast, ctx, 1.0, DEV, drop_full_mask=True)
+    graphs = StepGraphs(Forward(model, Precision("bf16", DEV), DEV, ctx), opt, 1.0)
     rows = data[0]["input_ids"].shape[0]
     graphs.capture(rows, sorted({b["input_ids"].shape[1] for b in data}))
     return lambda host: graphs.step([host], rows)

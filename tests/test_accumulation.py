@@ -6,7 +6,8 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel.data import PadCollator
 from bertaccel.options.precision import Precision
-from bertaccel.train.step import accumulate_window, model_inputs, windows
+from bertaccel.train.forward import Forward, model_inputs
+from bertaccel.train.step import accumulate_window, windows
 
 
 def _model():
@@ -28,7 +29,7 @@ def _samples(n, seed=1):
 
 def _grads(model, window):
     model.zero_grad(set_to_none=True)
-    accumulate_window(model, window, Precision("fp32", torch.device("cpu")), torch.device("cpu"))
+    accumulate_window(Forward(model, Precision("fp32", torch.device("cpu")), torch.device("cpu")), window)
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

@@ -10,6 +10,7 @@ from bertaccel.data import PadCollator
 from bertaccel.options.accumulation import GradVariance, next_k
 from bertaccel.options.checks import validate
 from bertaccel.options.precision import Precision
+from bertaccel.train.forward import Forward
 from bertaccel.train.step import accumulate_window, windows
 
 CPU = torch.device("cpu")
@@ -27,7 +28,7 @@ def _sigma2(model, window):
     model.zero_grad(set_to_none=True)
     gv = GradVariance(params)
     gv.begin()
-    accumulate_window(model, window, Precision("fp32", CPU), CPU, grad_variance=gv)
+    accumulate_window(Forward(model, Precision("fp32", CPU), CPU), window, grad_variance=gv)
     return gv.sigma2(), params
 
 

@@ -10,6 +10,7 @@ from bertaccel.attention.swap import FusedSelfAttention, swap_attention
 from bertaccel.attention.warmup import reset_kernel_caches
 from bertaccel.data import PadCollator, TokenizedSplit, make_loader
 from bertaccel.options.precision import Precision
+from bertaccel.train.forward import Forward
 from bertaccel.train.step import accumulate_window, eval_batch
 from bertaccel.train.warmup import WarmupPlan, data_lengths, padded_lengths, run_warmup
 
@@ -63,8 +64,8 @@ def test_warmup_runs_every_shape_through_the_triton_layers_and_leaves_no_trace()
     prec = Precision("fp32", cpu)
     rng = torch.get_rng_state()
     plan = WarmupPlan(train_rows=3, eval_rows=5, train_lengths=[8, 16], eval_lengths=[8])
-    seconds = run_warmup(model, plan, lambda b: accumulate_window(model, [b], prec, cpu),
-                         lambda b: eval_batch(model, b, prec, cpu), cpu)
+    forward = Forward(model, prec, cpu)
+    seconds = run_warmup(model, plan, lambda b: accumulate_window(forward, [b]), lambda b: eval_batch(forward, b), cpu)
     assert seconds > 0
     # Per train length: a step with a padded row, then one without (HF then passes no mask at
     # all: the dense path); then evaluation per eval length, at the eval rows. A padded batch

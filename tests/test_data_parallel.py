@@ -19,7 +19,8 @@ from transformers import BertConfig, BertForSequenceClassification
 from bertaccel import distributed
 from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
 from bertaccel.options.precision import Precision
-from bertaccel.predict_dp import PredictError, predict
+from bertaccel.plan.predict_dp import PredictError, predict
+from bertaccel.train.forward import Forward
 from bertaccel.train.step import accumulate_window, data_parallel, evaluate
 
 HANG_S = 240
@@ -46,8 +47,8 @@ def _step(model, step_model, windows_for_rank, no_sync=None):
     kwargs = {} if no_sync is None else {"no_sync": no_sync}
     for _ in range(2):
         opt.zero_grad(set_to_none=True)
-        accumulate_window(step_model, windows_for_rank, Precision("fp32", torch.device("cpu")), torch.device("cpu"),
-                          **kwargs)
+        accumulate_window(Forward(step_model, Precision("fp32", torch.device("cpu")), torch.device("cpu"), module=model),
+                          windows_for_rank, **kwargs)
         opt.step()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -65,8 +66,8 @@ def _rank_main(rank, port, micro, out_dir):
         window = [collate(mine[i:i + 8 // micro]) for i in range(0, 8, 8 // micro)]
         weights = _step(model, ddp, window, ddp.no_sync)
         # evaluation: 5 test batches split 3 / 2 over the ranks, accuracy over all of them
-        accuracy = evaluate(model, distributed.shard(_test_batches(), rank, 2, equal=False),
-                            Precision("fp32", torch.device("cpu")), torch.device("cpu"))
+        accuracy = evaluate(Forward(model, Precision("fp32", torch.device("cpu")), torch.device("cpu")),
+                            distributed.shard(_test_batches(), rank, 2, equal=False))
         torch.save({"weights": weights, "accuracy": accuracy}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -83,6 +84,7 @@ def _port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro", [1, 2], ids=["one-micro-batch", "accumulation-no_sync"])
 def test_two_ranks_of_batch_b_step_like_one_process_of_batch_2b(tmp_path, micro):
     ranks = mp.start_processes(_rank_main, args=(_port(), micro, str(tmp_path)), nprocs=2, start_method="spawn",
@@ -95,7 +97,8 @@ def test_two_ranks_of_batch_b_step_like_one_process_of_batch_2b(tmp_path, micro)
             pytest.fail(f"the 2 ranks did not finish in {HANG_S} s")
     model = _model()
     expected = _step(model, model, [PadCollator(0)(_samples(16))])
-    expected_accuracy = evaluate(model, _test_batches(), Precision("fp32", torch.device("cpu")), torch.device("cpu"))
+    expected_accuracy = evaluate(Forward(model, Precision("fp32", torch.device("cpu")), torch.device("cpu")),
+                                 _test_batches())
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         for name, w in expected.items():
@@ -131,6 +134,7 @@ def test_ranks_get_disjoint_equal_shares_of_the_same_bucketed_batches():
     assert not set(i for b in plain[0] for i in b) & set(i for b in plain[1] for i in b)
 
 
+@pytest.mark.slow
 def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import tiny_training
 
-from bertaccel.train.events import FreezingSchedule, new_optimizer
+from bertaccel.train.events import FreezingSchedule
 from bertaccel.train.loop import _prepare
 from bertaccel.train.step import windows
 from bertaccel.train.warmup import warm_first_update
@@ -35,7 +35,7 @@ def _train_steps(run, batches, warm: bool):
     if warm:
         params = [p for p in run.model.parameters() if p.requires_grad]
         assert warm_first_update(run.step.update, params, run.step.precision.scaler, CPU) > 0
-        run.step.optimizer = new_optimizer(run)
+        run.step.renew_optimizer()
     run.step.epoch_start(run, 0)
     torch.manual_seed(7)  # the same dropout draws in both runs
     for window in batches[:STEPS]:
@@ -54,8 +54,8 @@ def test_the_warmed_first_update_leaves_training_bit_identical(compose_cfg, tmp_
     model, (tr, te), _ = tiny_training(cfg)
     batches = list(windows(tr, 1))
     twin = copy.deepcopy(model)
-    plain = _train_steps(_prepare(model, tr, te, cfg, CPU, lambda m: None, None), batches, warm=False)
-    warmed = _train_steps(_prepare(twin, tr, te, cfg, CPU, lambda m: None, None), batches, warm=True)
+    plain = _train_steps(_prepare(model, tr, te, cfg, CPU, lambda m: None), batches, warm=False)
+    warmed = _train_steps(_prepare(twin, tr, te, cfg, CPU, lambda m: None), batches, warm=True)
     for (name, a), b in zip(plain.model.named_parameters(), warmed.model.parameters()):
         assert torch.equal(a, b), name
     for a, b in zip(_state(plain.step.optimizer), _state(warmed.step.optimizer)):
@@ -71,8 +71,8 @@ def test_keeping_the_warmed_optimizer_would_change_training(compose_cfg, tmp_pat
     model, (tr, te), _ = tiny_training(cfg)
     batches = list(windows(tr, 1))
     twin = copy.deepcopy(model)
-    plain = _train_steps(_prepare(model, tr, te, cfg, CPU, lambda m: None, None), batches, warm=False)
-    kept = _prepare(twin, tr, te, cfg, CPU, lambda m: None, None)
+    plain = _train_steps(_prepare(model, tr, te, cfg, CPU, lambda m: None), batches, warm=False)
+    kept = _prepare(twin, tr, te, cfg, CPU, lambda m: None)
     FreezingSchedule().epoch_start(kept, 0)
     warm_first_update(kept.step.update, list(kept.model.parameters()), kept.step.precision.scaler, CPU)
     kept.step.epoch_start(kept, 0)

@@ -15,8 +15,8 @@ from conftest import tiny_training
 from bertaccel.measure.collectors import build_collectors
 from bertaccel.measure.host_work import HostWork
 from bertaccel.options.optimizer import optimizer_class
-from bertaccel.train.events import Callback
 from bertaccel.train.loop import train
+from bertaccel.train.state import Callback
 
 CPU = torch.device("cpu")
 # Steps 0-1 are skipped (first-use costs); steps 2-11 are counted: ten steps, one of which logs
@@ -45,7 +45,7 @@ KINDS = ("calls", "ops")
 # The span is a loop event object, so it lives here: measure/ sits below train/ in the layers
 # (pyproject's import-linter contract), and only this test counts a loop's steps.
 class StepSpan(Callback):
-    """A loop event object (train/events.py Callback) that counts host work over optimizer steps
+    """A loop event object (train/state.py Callback) that counts host work over optimizer steps
     [first, first + steps): started at step `first`'s step_start and stopped at step
     `first + steps`'s, so each counted period holds every hook the loop runs between two steps.
     As the innermost event object its step_start runs last: the period is from after the other

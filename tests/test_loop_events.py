@@ -1,4 +1,4 @@
-"""The loop's events (train/events.py): their order, which side of the timed window each runs
+"""The loop's events (train/loop.py's list, train/events.py's objects): their order, which side of the timed window each runs
 on, and a few of the event objects alone. Real tiny model and data, the real loop."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from conftest import tiny_training
 from bertaccel.measure.collectors import CollectorSet
 from bertaccel.measure.collectors.base import Collector, Reading
 from bertaccel.options.optimizer import lr_factor
-from bertaccel.train.events import (Callback, CompileEventCount, FreezingSchedule, LrSchedule, NonFiniteCheck,
-                                    NonFiniteLoss)
-from bertaccel.train.loop import Window, _prepare, train
+from bertaccel.train.events import CompileEventCount, FreezingSchedule, LrSchedule, NonFiniteCheck, NonFiniteLoss
+from bertaccel.train.loop import _prepare, train
+from bertaccel.train.state import Callback, Window
 from bertaccel.train.step import windows
 
 CPU = torch.device("cpu")
@@ -113,7 +113,7 @@ def test_events_run_in_order_and_only_the_steps_are_timed(compose_cfg, tmp_path)
 
 def _run_and_window(compose_cfg, tmp_path, overrides=()):
     cfg, model, (tr, te) = _setup(compose_cfg, tmp_path, list(overrides))
-    run = _prepare(model, tr, te, cfg, CPU, lambda m: None, None)
+    run = _prepare(model, tr, te, cfg, CPU, lambda m: None)
     return run, next(iter(windows(tr, 1)))
 
 
@@ -141,7 +141,7 @@ def test_nonfinite_check_alone(compose_cfg, tmp_path):
 def test_freezing_schedule_and_lr_schedule_alone(compose_cfg, tmp_path):
     run, _ = _run_and_window(compose_cfg, tmp_path, ["freezing=layerwise", "optimizer.schedule=linear",
                                                     "optimizer.warmup_ratio=0.5"])
-    freezing, schedule = FreezingSchedule(), LrSchedule()
+    freezing, schedule = FreezingSchedule(), LrSchedule(run.cfg.optimizer)
     trainable = []
     for epoch in range(2):
         freezing.epoch_start(run, epoch)
@@ -153,7 +153,7 @@ def test_freezing_schedule_and_lr_schedule_alone(compose_cfg, tmp_path):
     for step in range(3):
         run.global_step = step
         schedule.step_start(run, win)
-        expected = run.base_lr * lr_factor("linear", step, run.total_steps, 0.5, run.cfg.optimizer.min_lr_ratio)
+        expected = run.step.base_lr * lr_factor("linear", step, run.total_steps, 0.5, run.cfg.optimizer.min_lr_ratio)
         assert run.result.lr_per_step[-1] == pytest.approx(expected)
         assert all(g["lr"] == run.result.lr_per_step[-1] for g in run.step.optimizer.param_groups)
     assert run.result.lr_per_step[0] < run.result.lr_per_step[1] < run.result.lr_per_step[2]  # warming up
@@ -169,3 +169,67 @@ def test_eager_window_counts_no_compiles(compose_cfg, tmp_path):
     count.epoch_end(run, win)
     assert win.compiles_in_window == 0 and lines == []
     assert math.isfinite(float(win.loss_sum))
+
+
+class RaisesAtWindowStart(Callback):
+    def window_start(self, run, win):
+        raise RuntimeError("a window_start hook failed")
+
+
+def test_a_window_start_that_raises_still_ends_what_started(compose_cfg, tmp_path):
+    """The window's hooks nest as with-blocks (state.Events.window): when a window_start raises,
+    every object whose window_start ran gets its window_end (the collectors stop, no sampler is
+    left running), in reverse order; the objects after it get neither."""
+    cfg, model, (tr, te) = _setup(compose_cfg, tmp_path, ["train.epochs=1", "train.max_steps_per_epoch=1"])
+    rec = Recorder(model)
+    with pytest.raises(RuntimeError, match="a window_start hook failed"):
+        train(model, tr, te, cfg, CPU, log=lambda m: None, collectors=CollectorSet([WindowWatch(rec)]),
+              callbacks=[rec, RaisesAtWindowStart()])
+    assert rec.seen == [("run_start", False), ("epoch_start", False), ("collectors start", False),
+                        ("window_start", False), ("window_end", False), ("collectors stop", False)]
+
+
+def _train_imports() -> dict:
+    """Each module of bertaccel/train and the modules of bertaccel/train it imports anywhere in
+    its text (inside functions and under TYPE_CHECKING too: an import there is still a circle)."""
+    import ast
+    from pathlib import Path
+
+    import bertaccel.train
+
+    root = Path(bertaccel.train.__file__).parent
+    names = {p.stem for p in root.glob("*.py")}
+    graph = {}
+    for path in root.glob("*.py"):
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:  # relative: from . import x / from .x import y
+                    module = "bertaccel.train" + (f".{module}" if module else "")
+                if module == "bertaccel.train":
+                    edges |= {a.name for a in node.names if a.name in names}
+                elif module.startswith("bertaccel.train."):
+                    edges.add(module.split(".")[2])
+            elif isinstance(node, ast.Import):
+                edges |= {a.name.split(".")[2] for a in node.names if a.name.startswith("bertaccel.train.")}
+        graph[path.stem] = edges - {path.stem}
+    return graph
+
+
+def test_train_has_no_import_circle():
+    graph = _train_imports()
+    assert {"loop", "events", "state", "step", "forward"} <= set(graph)
+    state = dict.fromkeys(graph, 0)  # 0 unvisited, 1 on the current path, 2 done
+
+    def visit(module, path):
+        state[module] = 1
+        for other in sorted(graph[module]):
+            assert state[other] != 1, f"import circle in bertaccel/train: {' -> '.join(path + [module, other])}"
+            if state[other] == 0:
+                visit(other, path + [module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if state[module] == 0:
+            visit(module, [])

@@ -27,7 +27,7 @@ unit is a layer; at 4 ranks it missed by 24 % on an H200 host. The model (the lo
 chain started at its own backward start, so a collective waits for the last rank's bucket,
 applied pass by pass (the slowest rank changes from pass to pass) and the median taken.
 A 1-rank run's per-layer times and gradient bytes are what predict_step_ms needs to predict N
-GPUs (bertaccel.predict_dp).
+GPUs (bertaccel.plan.predict_dp).
 """
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ class _BucketMarks:
         return fut.then(done)
 
 
-def _timed_pass(step: Callable[[Dict[str, torch.Tensor]], torch.Tensor], batch: Dict[str, torch.Tensor],
+def _timed_pass(loss_of: Callable[[Dict[str, torch.Tensor]], torch.Tensor], batch: Dict[str, torch.Tensor],
                 groups: Sequence[Tuple[str, List[torch.nn.Parameter]]], device: torch.device,
                 buckets: Optional[_BucketMarks]) -> Dict[str, Any]:
     """One forward+backward, every rank starting it together; times in ms from the pass's start."""
@@ -181,7 +181,7 @@ def _timed_pass(step: Callable[[Dict[str, torch.Tensor]], torch.Tensor], batch: 
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the host leaves the all-reduce when every rank has
         t0 = marks.now()
-        loss = step(batch)
+        loss = loss_of(batch)
         marks.start = marks.now()
         loss.backward()
         marks.end = marks.now()
@@ -226,11 +226,12 @@ def _bucket_estimate(passes: Sequence[Sequence[Dict[str, Any]]], comm_ms: Sequen
     return out
 
 
-def measure(model: torch.nn.Module, step: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
+def measure(model: torch.nn.Module, loss_of: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
             batches: Iterable[Dict[str, torch.Tensor]], device: torch.device, steps: int,
             parallel: Optional[torch.nn.Module] = None) -> Optional[BackpropTiming]:
-    """step(batch) -> loss: the run's forward (through `parallel`, the DDP model, when there
-    are several ranks). None if no batch. Every rank calls it; rank 0's result is the one logged."""
+    """loss_of(batch) -> loss: the run's forward and loss (train.forward.Forward.loss) through the
+    eager model (through `parallel`, the DDP model, when there are several ranks). None if no
+    batch. Every rank calls it; rank 0's result is the one logged."""
     groups = layer_groups(model)
     buckets = None
     if parallel is not None and distributed.active():
@@ -242,7 +243,7 @@ def measure(model: torch.nn.Module, step: Callable[[Dict[str, torch.Tensor]], to
     for i, batch in enumerate(batches):
         if i == steps + 1:
             break
-        rec = _timed_pass(step, batch, groups, device, buckets)
+        rec = _timed_pass(loss_of, batch, groups, device, buckets)
         model.zero_grad(set_to_none=True)
         if i:  # the first pass warms up (allocator, DDP's first-iteration bucket rebuild)
             passes.append(rec)

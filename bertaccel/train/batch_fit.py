@@ -92,12 +92,14 @@ def release_device(device: torch.device) -> None:
 
 def training_step(model: torch.nn.Module, cfg: Any, device: torch.device, length: int,
                   optimizer: torch.optim.Optimizer) -> Callable[[int], None]:
-    """One real optimizer step of the run's kind on a synthetic batch of `size` rows x length."""
+    """One real optimizer step of the run's kind on a synthetic batch of `size` rows x length,
+    through the run's forward and loss (eager, the all-ones mask kept: the padded batches the
+    longest length brings carry a mask)."""
     from bertaccel.options.precision import Precision
-    from bertaccel.train.step import sdpa_backends
+    from bertaccel.train.forward import Forward, sdpa_backends
 
     precision = Precision(cfg.precision, device)
-    attention_ctx = sdpa_backends(cfg)
+    forward = Forward(model, precision, device, sdpa_backends(cfg), drop_full_mask=False)
     vocab = int(model.config.vocab_size)
     labels = int(model.config.num_labels)
 
@@ -105,9 +107,7 @@ def training_step(model: torch.nn.Module, cfg: Any, device: torch.device, length
         g = torch.Generator().manual_seed(size)
         ids = torch.randint(0, vocab, (size, length), generator=g).to(device)
         target = torch.randint(0, labels, (size,), generator=g).to(device)
-        with precision.autocast(), attention_ctx():
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        loss = torch.nn.functional.cross_entropy(logits.float(), target)
+        loss = forward.loss({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": target}, size)
         precision.scaler.scale(loss).backward()
         precision.scaler.step(optimizer)
         precision.scaler.update()

@@ -1,8 +1,9 @@
-"""One training step's pieces, apart from the epoch loop that runs them (train/loop.py): host batch
-to model inputs, a window of accumulated micro-batches, an evaluation batch, and the per-run
-wrappers around the model (torch.compile, DDP, dynamo settings, SDPA backends).
+"""The optimizer step (`Step`) and its pieces, apart from the epoch loop that runs them
+(train/loop.py): windows of micro-batches, a window's accumulated forward+backward, an
+evaluation batch, and the per-run wrappers around the model (torch.compile, DDP, dynamo
+settings). The model runs through the run's `Forward` (forward.py) everywhere.
 
-The warm-up (warmup.py) runs the same functions the loop runs, so what it compiles is what
+The warm-up (warmup.py) runs the same methods the loop runs, so what it compiles is what
 the loop will execute.
 """
 from __future__ import annotations
@@ -11,24 +12,18 @@ from contextlib import nullcontext
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 import torch
-import torch.nn.functional as F
 
 from bertaccel import distributed
+from bertaccel.options.compile import compiles, uses_cuda_graphs
 from bertaccel.measure.step_clock import PhaseClock
 from bertaccel.options.accumulation import GradVariance
-from bertaccel.options.precision import Precision
+from bertaccel.options.optimizer import build_optimizer
+from bertaccel.train.accumulation import Accumulation
+from bertaccel.train.forward import Forward, real_rows
+from bertaccel.train.result import TrainResult
+from bertaccel.train.state import Callback, Run, Window
+from bertaccel.train.step_graph import StepGraphs
 from bertaccel.train.warmup import IGNORE_INDEX
-
-
-def sdpa_backends(cfg: Any):
-    """Context restricting torch SDPA to the configured backends (no-op when none are set)."""
-    names = list(cfg.attention.sdpa_backends) if cfg.attention.hf_implementation == "sdpa" else []
-    if not names:
-        return nullcontext
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backends = [getattr(SDPBackend, n) for n in names]
-    return lambda: sdpa_kernel(backends)
 
 
 def windows(batches: Iterable[Dict[str, torch.Tensor]], k: Union[int, Callable[[], int]]
@@ -47,70 +42,33 @@ def windows(batches: Iterable[Dict[str, torch.Tensor]], k: Union[int, Callable[[
         yield window
 
 
-def real_rows(batch: Dict[str, torch.Tensor]) -> int:
-    """Rows that are data (compiled runs fill a short batch up with ignored rows: warmup.py)."""
-    return int((batch["labels"] != IGNORE_INDEX).sum())
-
-
-def mark_length_dynamic(batch: Dict[str, torch.Tensor]) -> None:
-    """One compiled graph for every padded length: dim 1 symbolic instead of a graph per length.
-    maybe_: where the model's code specializes on the length, dynamo keeps it static instead of
-    failing, and the warm-up then simply compiles one graph per length."""
-    for key in ("input_ids", "attention_mask"):
-        if batch[key] is not None:  # no mask: the batch has no padding (model_inputs)
-            torch._dynamo.maybe_mark_dynamic(batch[key], 1)
-
-
-def model_inputs(host_batch: Dict[str, torch.Tensor], device: torch.device,
-                 drop_full_mask: bool = True) -> Dict[str, Optional[torch.Tensor]]:
-    """The batch on the device; drop_full_mask: attention_mask None where the batch has no padding.
-
-    An all-ones mask means "attend everywhere", exactly what no mask means. Eager Hugging Face
-    drops it itself, but by reading the device mask (a host sync per forward); here the check is
-    made on the host batch before the copy. Compiled runs keep the mask (train() passes False):
-    the no-mask variant is the one SDPA could run as flash attention, but on an H200 (torch 2.11)
-    Inductor's compile of that variant hung in async_compile.wait and never returned."""
-    mask = host_batch["attention_mask"]
-    unpadded = drop_full_mask and mask.device.type == "cpu" and bool(mask.all())
-    batch = {key: t.to(device, non_blocking=True) for key, t in host_batch.items() if key != "attention_mask"}
-    batch["attention_mask"] = None if unpadded else mask.to(device, non_blocking=True)
-    return batch
-
-
-def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], precision: Precision,
-                      device: torch.device, attention_ctx: Callable = nullcontext,
-                      prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None,
-                      drop_full_mask: bool = True,
+def accumulate_window(forward: Forward, window: List[Dict[str, torch.Tensor]],
                       no_sync: Callable[[], Any] = nullcontext,
                       phases: Optional[PhaseClock] = None,
                       grad_variance: Optional[GradVariance] = None) -> torch.Tensor:
-    """Forward+backward over one window; returns the window's mean loss (detached).
+    """Forward+backward over one window of host batches; returns the window's mean loss (detached).
 
-    Each micro-batch's summed loss is divided by the window's sample count n, so the gradient
-    equals that of one batch of n samples. With k equal micro-batches of b that is the usual
-    mean/k scaling; a partial last micro-batch or window is weighted exactly, not by 1/k.
+    Each micro-batch's summed loss is divided by the window's sample count n (Forward.loss), so
+    the gradient equals that of one batch of n samples. With k equal micro-batches of b that is
+    the usual mean/k scaling; a partial last micro-batch or window is weighted exactly, not by 1/k.
     Filler rows (label IGNORE_INDEX) add nothing to the loss, its gradient or n.
-    prepare: called on each device batch before the forward (dynamic-length marking).
-    drop_full_mask: see model_inputs. no_sync: data parallel, DDP's no_sync: the gradient
-    all-reduce runs once, in the window's last backward, not after every micro-batch.
+    no_sync: data parallel, DDP's no_sync: the gradient all-reduce runs once, in the window's last
+    backward, not after every micro-batch.
     Under data parallel n is this rank's count and DDP averages over the ranks: the gradient of
     the global batch when ranks have equal counts (every full step; see data.shard).
     phases: marks the forward/backward boundaries of the one-step breakdown (step_clock.py).
     grad_variance: accumulation=adaptive, sees each micro-batch's gradient (options/accumulation.py).
     """
     n = sum(real_rows(b) for b in window)
-    total = torch.zeros((), device=device)
+    total = torch.zeros((), device=forward.device)
+    scaler = forward.precision.scaler
     for i, batch in enumerate(window):
-        batch = model_inputs(batch, device, drop_full_mask)
-        if prepare is not None:
-            prepare(batch)
+        batch = forward.inputs(batch)
         with (no_sync() if i < len(window) - 1 else nullcontext()):
-            with precision.autocast(), attention_ctx():
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum", ignore_index=IGNORE_INDEX) / n
+            loss = forward.loss(batch, n)
             if phases is not None:
                 phases.forward_done()
-            precision.scaler.scale(loss).backward()
+            scaler.scale(loss).backward()
             if phases is not None:
                 phases.backward_done()
             if grad_variance is not None:
@@ -119,48 +77,119 @@ def accumulate_window(model: Callable, window: List[Dict[str, torch.Tensor]], pr
     return total
 
 
-def eval_batch(model: Callable, batch: Dict[str, torch.Tensor], precision: Precision, device: torch.device,
-               attention_ctx: Callable = nullcontext,
-               prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None,
-               drop_full_mask: bool = True) -> torch.Tensor:
-    """Correct predictions among the batch's data rows (a device scalar: no host sync)."""
-    batch = model_inputs(batch, device, drop_full_mask)
-    if prepare is not None:
-        prepare(batch)
-    with torch.no_grad(), precision.autocast(), attention_ctx():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+def eval_batch(forward: Forward, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """Correct predictions among the host batch's data rows (a device scalar: no host sync)."""
+    batch = forward.inputs(batch)
+    with torch.no_grad():
+        logits = forward.logits(batch)
     return ((logits.argmax(-1) == batch["labels"]) & (batch["labels"] != IGNORE_INDEX)).sum()
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: Iterable, precision: Precision, device: torch.device,
-             attention_ctx: Callable = nullcontext, step_model: Optional[Callable] = None,
-             prepare: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None,
-             drop_full_mask: bool = True) -> float:
-    """Test accuracy. step_model: the compiled model (its eval graphs were warmed up too)."""
-    model.eval()
-    correct = torch.zeros((), dtype=torch.long, device=device)
+def evaluate(forward: Forward, loader: Iterable) -> float:
+    """Test accuracy, through the run's forward (a compiled one's eval graphs were warmed up too)."""
+    forward.module.eval()
+    correct = torch.zeros((), dtype=torch.long, device=forward.device)
     seen = 0
     for batch in loader:
-        correct += eval_batch(model if step_model is None else step_model, batch, precision, device, attention_ctx,
-                              prepare, drop_full_mask)
+        correct += eval_batch(forward, batch)
         seen += real_rows(batch)
-    model.train()
+    forward.module.train()
     # Data parallel: each rank saw its share of the test split (data.make_loader); the accuracy
     # is over the whole split.
-    correct_all, seen_all = distributed.sum_across([int(correct), seen], device)
+    correct_all, seen_all = distributed.sum_across([int(correct), seen], forward.device)
     return correct_all / seen_all
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class Step(Callback):
+    """The optimizer step over a window, through the run's Forward; the same forward/backward
+    serves the warm-up and evaluation (what is compiled is what runs). It owns the optimizer
+    (renew_optimizer) and, under compile.step_graph, the step's CUDA graphs (capture_graphs);
+    event objects ask it for them rather than set them. As an event object it follows the
+    parameters trainable each epoch and keeps the one-step phase clock for the window only."""
+
+    def __init__(self, cfg: Any, forward: Forward, no_sync: Callable, accumulation: Accumulation,
+                 result: TrainResult, base_lr: float):
+        self.cfg, self.forward, self.no_sync = cfg, forward, no_sync
+        self.precision = forward.precision
+        self.accumulation, self.result = accumulation, result
+        self.base_lr = base_lr  # the optimizer's lr when built; LrSchedule scales it per step
+        # Per step: a plain value, not an OmegaConf read (~20 Python calls each) a plain loop does not pay.
+        self.max_grad_norm = cfg.optimizer.max_grad_norm
+        # compile=reduce-overhead with accumulation: the first micro-batch's gradients would be the
+        # CUDA graph's output buffers, overwritten by the next micro-batch's replay before autograd
+        # adds to them. Gradients in buffers of our own (zeroed, not freed, per step) make autograd
+        # add into them in place. Without accumulation the optimizer reads them before any replay.
+        self.graph_grad_buffers = uses_cuda_graphs(cfg.compile.mode) and accumulation.first > 1
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.trainable_params: List[torch.Tensor] = []
+        self.graphs: Optional[StepGraphs] = None  # compile.step_graph: captured once the optimizer exists
+        self.phases: Optional[PhaseClock] = None  # the current window's one-step breakdown
+
+    def renew_optimizer(self) -> None:
+        """The run's optimizer over the parameters trainable now, with fresh state."""
+        self.optimizer = build_optimizer(self.forward.module, self.cfg.optimizer,
+                                         capturable=self.cfg.compile.step_graph, lr=self.base_lr)
+
+    def capture_graphs(self, rows: int, lengths: List[int]) -> None:
+        """compile.step_graph: the whole step captured per length (step_graph.py), over the
+        optimizer built so far; the loop's steps replay them from then on."""
+        self.graphs = StepGraphs(self.forward, self.optimizer, self.max_grad_norm)
+        self.graphs.capture(rows, lengths)
+
+    def __call__(self, window: List[Dict[str, torch.Tensor]]) -> torch.Tensor:
+        """Forward+backward over one window, then the update; returns the window's mean loss."""
+        if self.graphs is not None:
+            return self.graphs.step(window, sum(real_rows(b) for b in window))
+        if self.phases is not None:
+            self.phases.begin_step()
+        variance = self.accumulation.variance(self.trainable_params)
+        window_loss = accumulate_window(self.forward, window, self.no_sync, self.phases, variance)
+        if variance is not None:
+            self.accumulation.after_window(variance, window, self.precision, self.result)
+        self.update(self.trainable_params)
+        if self.phases is not None:
+            self.phases.step_done()
+        return window_loss
+
+    def update(self, params: List[torch.Tensor]) -> None:
+        """Clip, step, zero: the update after a window's backward (also the warm-up's first update)."""
+        scaler = self.precision.scaler
+        if self.max_grad_norm:
+            scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.optimizer.zero_grad(set_to_none=not self.graph_grad_buffers)
+
+    def micro(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """One micro-batch's forward+backward, no update (the warm-up)."""
+        return accumulate_window(self.forward, [batch])
+
+    def eval_forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        return eval_batch(self.forward, batch)
+
+    def evaluate(self, loader: Any) -> float:
+        return evaluate(self.forward, loader)
+
+    def epoch_start(self, run: Run, epoch: int) -> None:
+        self.trainable_params = [p for p in self.forward.module.parameters() if p.requires_grad]
+        if self.graph_grad_buffers:
+            for p in self.trainable_params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+
+    def window_start(self, run: Run, win: Window) -> None:
+        self.phases = PhaseClock(self.forward.device)
+
+    def window_end(self, run: Run, win: Window) -> None:
+        win.phases, self.phases = self.phases, None  # the profiler window after training is not timed
 
 
 def uses_fixed_shapes(cfg: Any) -> bool:
     """Compiled runs pad every batch to a fixed row count, so the batch dimension never
     changes and the shape set is just the padded lengths (eager runs gain nothing from it)."""
-    return cfg.compile.mode != "off" or cfg.compile.step_graph
+    return compiles(cfg.compile) or cfg.compile.step_graph
 
 
 def uses_triton(cfg: Any, device_type: str) -> bool:
@@ -170,11 +199,11 @@ def uses_triton(cfg: Any, device_type: str) -> bool:
 
 def compiles_anything(cfg: Any, device_type: str) -> bool:
     """Whether a run has a warm-up to compile: torch.compile, our Triton kernels, step graphs."""
-    return cfg.compile.mode != "off" or uses_triton(cfg, device_type) or bool(cfg.compile.step_graph)
+    return compiles(cfg.compile) or uses_triton(cfg, device_type) or bool(cfg.compile.step_graph)
 
 
 def compile_model(model: torch.nn.Module, cfg: Any) -> Callable:
-    if cfg.compile.mode == "off":
+    if not compiles(cfg.compile):
         return model
     return torch.compile(model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
 
@@ -211,7 +240,7 @@ def dynamo_settings(cfg: Any, n_shapes: int):
       which dimensions were dynamic in earlier runs, and a run's graphs would depend on what
       ran before it on this machine.
     """
-    if cfg.compile.mode == "off":
+    if not compiles(cfg.compile):
         return nullcontext()
     limit = max(8, 4 * n_shapes + 8)  # train/eval x padded/unpadded per length, and slack
     return torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, 4 * limit),

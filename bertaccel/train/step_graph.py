@@ -5,9 +5,9 @@ and kernel launches (forward, autograd, clipping, the optimizer); torch.compile'
 reduce-overhead graphs the model but still launches the loss, clipping and update from Python.
 Here everything is captured:
 - one "micro" graph per padded length (and, on top of compile=off, per mask variant: a batch
-  without padding runs with no mask, as step.model_inputs does): forward under autocast, summed loss times a device
-  scalar 1/n (the window's sample count, as in train.accumulate_window), backward accumulating
-  into gradient buffers that live outside the graphs;
+  without padding runs with no mask, as forward.model_inputs does): the run's Forward.loss, the
+  one the eager step calls, with n (the window's sample count) read from a device scalar, then
+  the backward accumulating into gradient buffers that live outside the graphs;
 - one "update" graph: gradient clipping, the optimizer step (capturable: lr and state on the
   device), gradients zeroed in place.
 A window of k micro-batches is then k micro replays and one update replay; the host only copies
@@ -21,12 +21,12 @@ back exactly as they were, so the capture leaves no trace on training.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
-from bertaccel.train.warmup import IGNORE_INDEX, synthetic_batch
+from bertaccel.train.forward import Batch, Forward
+from bertaccel.train.warmup import synthetic_batch
 
 
 def restore_first_step(params: List[torch.Tensor], weights: List[torch.Tensor],
@@ -49,6 +49,7 @@ class _MicroGraph:
         # None: this graph is for batches without padding, run with no mask at all.
         self.mask = torch.ones(rows, length, dtype=torch.long, device=device) if masked else None
         self.labels = torch.zeros(rows, dtype=torch.long, device=device)
+        self.batch: Batch = {"input_ids": self.ids, "attention_mask": self.mask, "labels": self.labels}
         self.graph = torch.cuda.CUDAGraph()
         self.loss: Optional[torch.Tensor] = None
 
@@ -61,23 +62,18 @@ class _MicroGraph:
 
 
 class StepGraphs:
-    def __init__(self, model: Callable, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 autocast: Callable, attention_ctx: Callable, max_grad_norm: Optional[float],
-                 device: torch.device, drop_full_mask: bool):
-        self.model, self.module, self.optimizer = model, module, optimizer
-        self.autocast, self.attention_ctx = autocast, attention_ctx
-        self.max_grad_norm, self.device = max_grad_norm, device
-        self.mask_variants = (True, False) if drop_full_mask else (True,)  # masked?
+    def __init__(self, forward: Forward, optimizer: torch.optim.Optimizer, max_grad_norm: Optional[float]):
+        self.forward, self.optimizer, self.max_grad_norm = forward, optimizer, max_grad_norm
+        self.device = device = forward.device
+        self.mask_variants = (True, False) if forward.drop_full_mask else (True,)  # masked?
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.inv_n = torch.ones((), device=device)
+        self.n = torch.ones((), device=device)  # the window's data rows, set before each replay
         self.micro: Dict[Tuple[int, int, bool], _MicroGraph] = {}  # (rows, length, masked)
         self.update = torch.cuda.CUDAGraph()
 
     # The two bodies, run eagerly once and then captured.
     def _micro_body(self, g: _MicroGraph) -> torch.Tensor:
-        with self.autocast(), self.attention_ctx():
-            logits = self.model(input_ids=g.ids, attention_mask=g.mask).logits
-        loss = F.cross_entropy(logits.float(), g.labels, reduction="sum", ignore_index=IGNORE_INDEX) * self.inv_n
+        loss = self.forward.loss(g.batch, self.n)
         loss.backward()
         return loss.detach()
 
@@ -94,7 +90,7 @@ class StepGraphs:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         weights = [p.detach().clone() for p in self.params]
-        vocab = self.module.config.vocab_size
+        vocab = self.forward.module.config.vocab_size
         for length in lengths:
             for masked in self.mask_variants:
                 g = _MicroGraph(rows, length, masked, self.device)
@@ -121,7 +117,7 @@ class StepGraphs:
 
     def step(self, window: List[Dict[str, torch.Tensor]], n: int) -> torch.Tensor:
         """One optimizer step over a window of host batches with n data rows; the window's loss."""
-        self.inv_n.fill_(1.0 / n)
+        self.n.fill_(n)
         total = torch.zeros((), device=self.device)
         for batch in window:
             # Host batches: the padding check reads no device memory.

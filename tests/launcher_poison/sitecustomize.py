@@ -12,7 +12,7 @@ BERTACCEL_TEST_POISON is a comma-separated list of faults, each `action:key=valu
   abort:seed=N                  the run with train.seed=N calls os.abort() (dies from SIGABRT)
   memory:seed=N                 the run with train.seed=N raises MemoryError
   kill:seed=N:rank=R:window=W   rank R of the run with train.seed=N sends itself SIGKILL at
-                                its W-th call of bertaccel.train.loop.accumulate_window
+                                its W-th call of bertaccel.train.step.accumulate_window
 All of them fire when the run enters training (bertaccel.runs.job.train), i.e. after the run's
 MLflow record is open, as a real crash in training would.
 
@@ -39,7 +39,7 @@ if _SPEC and _WORKER:
         _FAULTS.append((action, {k: int(v) for k, v in (c.split("=") for c in conds)}))
 
     def _kill_at(tmod, rank: int, window: int) -> None:
-        """Wrap accumulate_window (looked up by name in train/loop.py's loop) to die at call `window`."""
+        """Wrap accumulate_window (looked up by name in train/step.py's Step) to die at call `window`."""
         real, calls = tmod.accumulate_window, [0]
 
         def accumulate_window(*args, **kwargs):
@@ -55,7 +55,7 @@ if _SPEC and _WORKER:
         tmod.accumulate_window = accumulate_window
 
     def _poison(job_module) -> None:
-        import bertaccel.train.loop as tmod
+        import bertaccel.train.step as tmod
 
         real_train = job_module.train
 
