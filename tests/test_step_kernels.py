@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bertaccel.measure.profiling import categorize
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "step_kernels.py"
 
 
@@ -25,7 +27,12 @@ def test_cpu_rows_split_the_step_into_categories():
     assert cells["GPU ms/step"] == "-"  # no GPU timeline on a CPU: not measured, not 0
     per_category = [float(cells[f"{c} ms"]) for c in ("gemm", "attention", "elementwise", "optimizer", "other")]
     assert sum(per_category) > 0 and per_category[0] > 0  # the tiny model's linears are GEMMs
-    assert "most expensive kernels" in r.stdout and "_fused_adamw_" in r.stdout
+    # The fused AdamW update is categorized as the optimizer and counted in its column. Which
+    # kernels rank among the most expensive by time depends on the machine's load, so only the
+    # list's shape is checked: --top 3 names three per row.
+    assert categorize("aten::_fused_adamw_") == "optimizer" and per_category[3] > 0
+    listed = r.stdout.split("B=4 eager: most expensive kernels, ms/step\n", 1)[1].split("\n\n")[0].splitlines()
+    assert len(listed) == 3 and all(float(line.split()[0]) >= 0 for line in listed), r.stdout
     # encoder=fused's row: the same model with our layers (Triton's interpreter on a CPU)
     assert any(line.startswith("| 4 | fused |") for line in r.stdout.splitlines()), r.stdout
 
