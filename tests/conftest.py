@@ -61,6 +61,16 @@ def tiny_training(cfg):
     return model, loaders, data
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marks below count there
+def pytest_collection_modifyitems(config, items):
+    """A test that reads a page in Chromium (tests/browser.py's fixture) or starts PostgreSQL
+    (marked postgres) starts an outside program, installed with apt-get where missing: slow, like
+    a real training run (docs/contributing.md)."""
+    for item in items:
+        if "browser" in getattr(item, "fixturenames", ()) or item.get_closest_marker("postgres"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def compose_cfg():
     register_configs()

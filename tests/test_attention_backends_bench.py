@@ -49,6 +49,7 @@ def test_table_ratios_are_against_the_faster_sdpa():
     assert "| 640 | 800 (1.25x) | 320 (0.50x) |" in line, line  # best sdpa: 50 ms = 640 samples/s
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
 def test_without_a_gpu_it_says_so_in_one_line():
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_backends.py")], capture_output=True,

@@ -93,6 +93,7 @@ def test_batch_size_values(compose_cfg):
         validate(compose_cfg(["train.batch_size=auto", "num_gpus=2"]))
 
 
+@pytest.mark.slow
 def test_auto_on_the_cpu_is_one_line_and_exit_2(cli):
     r = cli([*TINY, "train.batch_size=auto"])
     assert r.returncode == 2

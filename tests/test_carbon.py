@@ -70,6 +70,7 @@ def test_fifth_weight_scores_carbon_and_four_weights_score_as_before(tmp_path):
     assert all(with_carbon.scores[s] == without.scores[s] for s in STRATEGIES)  # w5 = 0: the thesis' score
 
 
+@pytest.mark.slow
 def test_cli_five_weights_carbon_column_and_plot(tmp_path):
     (tmp_path / "c.csv").write_text(CSV)
     r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--csv", "c.csv", "--weights",

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 # (overrides, words the one stderr line must contain)
 BAD = {
     "unknown_precision": (["precision=fp8"], ["precision=fp8", "bf16", "fp16", "fp32"]),

@@ -14,6 +14,9 @@ from bertaccel.train.compile_cache import cache_key, cache_key_parts, compile_ca
 from bertaccel.train.loop import train
 from bertaccel.train.warmup import WarmupPlan, data_lengths
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 CPU = torch.device("cpu")
 
 

@@ -86,6 +86,7 @@ def test_types_are_enforced_on_composition(compose_cfg):
         compose_cfg(["precision=fp8"])  # not an option of the group
 
 
+@pytest.mark.slow
 def test_cli_bad_value_is_one_line_and_nonzero(cli):
     proc = cli(["accumulation=0"])
     assert proc.returncode == 2
@@ -93,6 +94,7 @@ def test_cli_bad_value_is_one_line_and_nonzero(cli):
     assert not (cli.dir / "mlflow.db").exists(), "a bad value must not write anything to the store"
 
 
+@pytest.mark.slow
 def test_cli_missing_gpu_is_one_line_and_nonzero(cli):
     import torch
 
@@ -103,6 +105,7 @@ def test_cli_missing_gpu_is_one_line_and_nonzero(cli):
     assert proc.stderr.strip().startswith("error: train.device=cuda but no CUDA GPU is visible")
 
 
+@pytest.mark.slow
 def test_cli_unknown_option_is_one_line_naming_the_options(cli):
     proc = cli(["attention=flashy"])
     assert proc.returncode == 2

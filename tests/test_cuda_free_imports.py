@@ -54,6 +54,7 @@ def _run(tmp_path, mode):
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_the_stand_in_opens_a_context_without_the_guard(tmp_path):
     # The control: through torch's own has_triton, the import reaches CUDA's initialisation.
     proc = _run(tmp_path, "plain")
@@ -61,6 +62,7 @@ def test_the_stand_in_opens_a_context_without_the_guard(tmp_path):
     assert proc.returncode != 0 and "every later fork is marked bad" in proc.stderr, proc.stdout + proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, expected", [("sm90", "True"), ("sm60", "False")])
 def test_inside_the_guard_the_answer_comes_from_nvml_and_the_original_is_put_back(tmp_path, mode, expected):
     pytest.importorskip("triton")
@@ -70,6 +72,7 @@ def test_inside_the_guard_the_answer_comes_from_nvml_and_the_original_is_put_bac
                                    "package", "True"]
 
 
+@pytest.mark.slow
 def test_where_nvml_cannot_answer_nothing_is_replaced(tmp_path):
     # Nothing to answer with: has_triton is left as it was (and would open the context it opens).
     proc = _run(tmp_path, "none")

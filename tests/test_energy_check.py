@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bertaccel.runs.tracking import search_runs
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "energy_check.py"
 

@@ -245,6 +245,7 @@ def test_half_params_needs_fused_half_precision_and_a_master_weight_optimizer(co
     assert not half_params(cfg, optimizer_class(compose_cfg(["optimizer=adamw_torch_fused"]).optimizer))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the skip is a CPU machine's (a GPU runs both)")
 def test_a_fused_run_trains_end_to_end_and_a_cpu_sweep_skips_it_with_the_reason(cli, monkeypatch):
     """The real CLI: in Triton's interpreter (this CPU, TRITON_INTERPRET=1) encoder=fused trains and
@@ -276,6 +277,7 @@ def test_step_graph_with_hugging_faces_eager_attention_is_refused_in_one_line(co
     validate(compose_cfg(["compile.step_graph=true", "attention=sdpa"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [
     ["freezing=layerwise", "accumulation=2", "train.epochs=2", "train.gradient_checkpointing=sqrt"],
     ["num_gpus=2", "accumulation=2"],  # on a CPU: two gloo rank processes, DDP over the fused layers
@@ -293,6 +295,7 @@ def test_fused_runs_with_the_other_techniques(cli, overrides):
     assert run.data.metrics["optimizer_steps"] == epochs and run.data.metrics["test_accuracy"] >= 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("half", [True, False])
 def test_half_parameters_train_with_the_optimizers_fp32_masters(compose_cfg, tmp_path, half):
     """encoder.half_params: train() keeps the parameters in bf16 (the optimizer's flat buffers hold

@@ -28,6 +28,7 @@ def test_each_rows_implementations_compute_the_same_function():
         torch.testing.assert_close(impls["ours"](*inputs[name]), impls["eager"](*inputs[name]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_cpu_only_machine_is_refused_in_one_line():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the benchmark runs")

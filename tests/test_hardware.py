@@ -105,6 +105,7 @@ def test_auto_reads_profiles_through_the_schema_hydra_applies(tmp_path, monkeypa
         hw.load_profiles()
 
 
+@pytest.mark.slow
 def test_profile_for_another_device_is_one_line_before_any_work(cli):
     r = cli([*TINY, "hardware=h100", "train.max_steps_per_epoch=2"])
     assert r.returncode == 2, r.stderr[-3000:]
@@ -116,6 +117,7 @@ def test_profile_for_another_device_is_one_line_before_any_work(cli):
     assert runs_by_status(cli.store, "bertaccel") == {}
 
 
+@pytest.mark.slow
 def test_what_if_profile_is_shown_by_the_record_and_the_report(cli):
     r = cli([*TINY, "hardware=h100", "hardware.what_if=true", "train.max_steps_per_epoch=2"])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -130,6 +132,7 @@ def test_what_if_profile_is_shown_by_the_record_and_the_report(cli):
     assert row.hardware == "h100 (what-if)"  # the report's hardware column and plot colour
 
 
+@pytest.mark.slow
 def test_a_mismatching_profile_in_a_sweep_is_recorded_and_the_sweep_goes_on(cli):
     r = cli(["-m", *TINY, "hardware=h100,auto", "train.max_steps_per_epoch=2"])
     assert r.returncode == 0, r.stderr[-3000:]

@@ -2,7 +2,12 @@
 skipped at once, with the reason and the offline alternative (the real CLI, HF_HUB_OFFLINE=1)."""
 from __future__ import annotations
 
+import pytest
+
 from bertaccel.runs.tracking import search_runs
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 
 def test_offline_sweep_needing_the_hub_skips_each_run_at_once_with_the_alternative(cli, monkeypatch, tmp_path):

@@ -13,10 +13,14 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
+import pytest
 
 from bertaccel.data import load_raw
 from bertaccel.report import load_rows
 from bertaccel.runs.tracking import IDENTITY_VERSION_TAG, legacy_config_hash, search_runs
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=32", "train.batch_size=16",

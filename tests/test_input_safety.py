@@ -41,6 +41,7 @@ def _tree(folder: Path):
             for p in sorted(folder.rglob("*"))}
 
 
+@pytest.mark.slow
 def test_a_refused_run_in_an_earlier_runs_folder_leaves_every_file_as_it_was(tmp_path):
     """hydra.run.dir=<a folder an earlier good run used, with the user's files>, then bad values:
     exit 2, one line, and every earlier file (its .hydra/, its run.log, the user's) byte-identical."""
@@ -71,6 +72,7 @@ def test_a_refused_run_in_an_earlier_runs_folder_leaves_every_file_as_it_was(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "work"]
 
 
+@pytest.mark.slow
 def test_a_key_the_schema_lacks_is_refused_with_or_without_plus_and_nothing_is_written(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     said = []
@@ -98,18 +100,22 @@ def _refused_sweep(tmp_path: Path, args, words):
     assert list(tmp_path.iterdir()) == []  # no store, no lock, no multirun/ folder, no cache
 
 
+@pytest.mark.slow
 def test_a_sweep_bad_in_every_configuration_is_refused_before_its_store(tmp_path):
     _refused_sweep(tmp_path, ["train.epochs=0", "precision=fp32,bf16"], ["train.epochs=0"])
 
 
+@pytest.mark.slow
 def test_a_sweep_with_an_unknown_key_is_refused_before_its_store(tmp_path):
     _refused_sweep(tmp_path, ["+train.bacth_size=64", "train.seed=1,2"], ["train.bacth_size", "train.batch_size"])
 
 
+@pytest.mark.slow
 def test_an_empty_sweep_is_refused_before_its_store(tmp_path):
     _refused_sweep(tmp_path, ["train.seed=range(1,1)"], ["train.seed=range(1,1)"])
 
 
+@pytest.mark.slow
 def test_a_configuration_given_twice_runs_once_and_bad_ones_among_good_are_recorded(tmp_path):
     """train.seed=1,1 x optimizer.lr=-1,5e-5,0.00005: six jobs, two configurations, one of them bad.
     Each repeat is said once and dropped (a value given twice, and two spellings of one value);

@@ -118,6 +118,7 @@ def _one_line_exit_2_nothing_written(cli, r):
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["optimizer.lr=inf", "launcher.timeout_s=nan"])
 def test_cli_non_finite_number_is_one_line_exit_2_nothing_written(cli, override):
     r = cli([*TINY, "train.max_steps_per_epoch=1", override], timeout=300)
@@ -125,6 +126,7 @@ def test_cli_non_finite_number_is_one_line_exit_2_nothing_written(cli, override)
     assert line.startswith(f"error: {override} is not a finite number; give a finite value, e.g. "), line
 
 
+@pytest.mark.slow
 def test_cli_optimizer_the_class_rejects_is_one_line_exit_2_nothing_written(cli):
     # The sweep's process leaves this check (it builds the optimizer: torch._dynamo's import) to
     # the run's own process, which asks it before anything is written: the same one line.
@@ -133,6 +135,7 @@ def test_cli_optimizer_the_class_rejects_is_one_line_exit_2_nothing_written(cli)
     assert line == "error: optimizer=adamw: Invalid beta parameter at index 0: 1.5", line
 
 
+@pytest.mark.slow
 def test_cli_sweep_records_the_optimizer_its_run_refused_and_runs_the_others(cli):
     r = cli(["-m", "optimizer.impl.eps=1e-8,-1", *TINY, "train.max_steps_per_epoch=2"], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -141,6 +144,7 @@ def test_cli_sweep_records_the_optimizer_its_run_refused_and_runs_the_others(cli
     assert runs["failed"][0].data.tags["reason"] == "bad input: optimizer=adamw: Invalid epsilon value: -1"
 
 
+@pytest.mark.slow
 def test_cli_sweep_records_the_nan_configuration_failed_and_runs_the_others(cli):
     r = cli(["-m", "optimizer.max_grad_norm=1.0,nan,0.5", *TINY, "train.max_steps_per_epoch=2"], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -196,6 +200,7 @@ def test_token_cache_tells_apart_splits_whose_rows_only_join_alike(tmp_path, com
 
 # --- paths a run is given: one line, exit 2, nothing written ---
 
+@pytest.mark.slow
 def test_cli_cache_dir_that_is_a_file_is_one_line_exit_2_nothing_written(cli):
     (cli.dir / "cache").write_text("not a directory")  # the cli fixture's cache_dir
     r = cli([*TINY, "train.max_steps_per_epoch=1"], timeout=300)
@@ -259,6 +264,7 @@ def test_a_local_model_directory_without_config_is_refused(compose_cfg, tmp_path
         validate(compose_cfg(["model=bert_base_uncased", f"model.pretrained={tmp_path}"]))
 
 
+@pytest.mark.slow
 def test_cli_model_package_not_installed_is_one_line_exit_2_nothing_written(cli):
     r = cli(["model=minilm_l6", "train.device=cpu", "model.pretrained=no_such_pkg"], timeout=300)
     line = _one_line_exit_2_nothing_written(cli, r)

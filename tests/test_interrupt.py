@@ -13,6 +13,9 @@ from mlflow.tracking import MlflowClient
 
 from bertaccel.runs.tracking import search_runs
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 # Long enough to be still training when the signal comes (the tiny model on the CPU).
 LONG = ["model=tiny", "train.device=cpu", "dataset.train_subset=4000", "dataset.test_subset=64",
         "train.batch_size=8", "train.max_steps_per_epoch=100000", "train.epochs=50"]

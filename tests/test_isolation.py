@@ -2,10 +2,14 @@
 dynamo; a run alone in its process (launcher=process) only seeds, and keeps what it has."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bertaccel.train.isolation import isolated_run
 from bertaccel.train.warmup import compiled_graph_count
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 
 def _compiled_twice(shared_process: bool) -> int:

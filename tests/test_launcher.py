@@ -20,6 +20,9 @@ import pytest
 
 from bertaccel.runs.tracking import search_runs
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 POISON_DIR = Path(__file__).resolve().parent / "launcher_poison"
 # A tiny BERT on 32 train / 16 test rows of the bundled AG News sample: 2 optimizer steps a run.
 SMALL = ["model=tiny", "train.device=cpu", "dataset.train_subset=32", "dataset.test_subset=16",

@@ -23,6 +23,9 @@ from services import free_port, mlflow_service
 
 from bertaccel.runs.tracking import search_runs
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 AXES = "precision=fp32,bf16 x attention=eager,sdpa"
 PAGE_WAIT_S = 60

@@ -22,6 +22,9 @@ from bertaccel.config import GROUPS
 from bertaccel.runs.record import run_label
 from bertaccel.runs.tracking import flatten, search_runs
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=32", "train.batch_size=16"]
 SHARED_IMDB = Path(__file__).resolve().parents[2] / "shared" / "data" / "imdb"

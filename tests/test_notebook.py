@@ -7,8 +7,12 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+import pytest
 
 from bertaccel.runs.tracking import search_runs
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,9 +15,13 @@ from pathlib import Path
 
 import psutil
 from mlflow.tracking import MlflowClient
+import pytest
 
 from bertaccel.runs.tracking import search_runs
 from bertaccel.store import sqlite_state
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=32", "train.batch_size=16"]

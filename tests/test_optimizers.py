@@ -84,6 +84,7 @@ def test_cosine_decays_to_its_floor_and_linear_scaling_counts_the_global_batch(c
         validate(compose_cfg(["optimizer.min_lr_ratio=1.5"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option, cls", [("adan_fused", "AdanFused"), ("adamw_fused", "AdamWFused")])
 def test_a_gpu_only_optimizer_is_a_skip_on_the_cpu_not_bad_input(option, cls):
     # Without the Triton interpreter, the flat-buffer Triton optimizers cannot run on a CPU: the
@@ -110,6 +111,7 @@ def test_a_gpu_only_optimizer_is_a_skip_on_the_cpu_not_bad_input(option, cls):
     assert out.stdout.strip().startswith(f"optimizer={option} cannot run on cpu: {cls}"), out.stdout
 
 
+@pytest.mark.slow
 def test_optimizer_benchmark_prints_every_option_side_by_side():
     import os
     import subprocess

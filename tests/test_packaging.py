@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 # What the wheel is built from; the rest of the checkout (tests, notebooks, .git) stays out.
 SOURCES = ("pyproject.toml", "README.md", "bertaccel", "hydra_plugins")

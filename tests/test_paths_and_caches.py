@@ -53,6 +53,7 @@ def _garbage(path: Path) -> None:
     path.write_bytes(os.urandom(len(path.read_bytes())))
 
 
+@pytest.mark.slow
 def test_a_truncated_or_garbage_cache_entry_is_named_and_rebuilt_and_the_run_ends_alike(tmp_path):
     store, cache = tmp_path / "mlflow.db", tmp_path / "cache"
     first = _run(tmp_path, store, cache)
@@ -126,6 +127,7 @@ def test_an_entry_that_cannot_be_removed_is_one_line_and_the_data_is_read_afresh
     assert len(said) == 1 and "cannot be removed" in said[0] and "cache_dir=" in said[0], said
 
 
+@pytest.mark.slow
 def test_a_damaged_entry_in_a_read_only_cache_dir_is_one_line_and_the_run_goes_on(tmp_path, caplog):
     cfg, tok, cache, raw, good, entry = _tokens_cached(tmp_path)
     _garbage(entry)
@@ -149,6 +151,7 @@ def test_a_damaged_entry_in_a_read_only_cache_dir_is_one_line_and_the_run_goes_o
 # ---------------------------------------------------------------------------------------------
 # 11. Artifacts of a store moved with its mlartifacts/, and experiment names that look like paths.
 
+@pytest.mark.slow
 def test_a_store_moved_with_its_artifacts_keeps_them_and_the_old_folder_is_not_made_again(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
@@ -186,6 +189,7 @@ def test_an_experiment_name_that_looks_like_a_path_writes_inside_the_store_folde
     assert artifacts.resolve().is_relative_to(folder / "mlartifacts") and artifacts.resolve() != folder / "mlartifacts"
 
 
+@pytest.mark.slow
 def test_an_empty_experiment_name_is_one_line_and_exit_2(tmp_path):
     result = _run(tmp_path, tmp_path / "mlflow.db", tmp_path / "cache", "tracking.experiment= ")
     assert result.returncode == 2
@@ -221,6 +225,7 @@ def test_integer_labels_are_kept_by_value(tmp_path):
     assert raw.label_names == ["0", "1", "sports"] and raw.train.labels == [0, 1, 1, 1, 2]
 
 
+@pytest.mark.slow
 def test_a_nan_label_is_one_line_exit_2_for_a_run_and_a_failed_run_with_that_reason_in_a_sweep(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("text,label\nthe cat sat,0\na dog ran,1\nbirds fly,NaN\n")

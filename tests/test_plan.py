@@ -231,6 +231,7 @@ def _plan(args, cwd, timeout=300):
                           timeout=timeout, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,expected", [
     (["optimizer=adamw,nope"], "optimizer=nope is not an option of optimizer; choose one of:"),
     (["accumulation=[1,"], "cannot read the override 'accumulation=[1,'"),
@@ -246,6 +247,7 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, expect
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_cli_plans_a_tiny_grid_and_lists_an_invalid_one(tmp_path):
     from bertaccel.report import rows_from_csv
 

@@ -60,6 +60,7 @@ def test_the_prediction_pays_the_overhead_per_optimizer_step():
     assert p3.train_time_s == pytest.approx(0.64)
 
 
+@pytest.mark.slow
 def test_a_probe_of_the_tiny_model_is_cached_by_configuration_and_by_machine(compose_cfg, tmp_path, monkeypatch):
     from bertaccel.plan import probe as probe_mod
     from bertaccel.plan.predict import Planner
@@ -115,6 +116,7 @@ def test_a_probe_of_the_tiny_model_is_cached_by_configuration_and_by_machine(com
                                             + planner.walls.scratch.record_s)
 
 
+@pytest.mark.slow
 def test_configurations_that_compile_nothing_are_probed_together_in_one_process(compose_cfg, tmp_path, monkeypatch):
     import threading
 
@@ -158,6 +160,7 @@ def test_configurations_that_compile_nothing_are_probed_together_in_one_process(
     assert len(planner.walls.machine.later_process_s) == 1
 
 
+@pytest.mark.slow
 def test_compiled_configurations_caches_are_filled_side_by_side_then_each_probed_warm(compose_cfg, tmp_path,
                                                                                         monkeypatch):
     """Two compiled configurations: their persistent compile caches filled by two processes at
@@ -194,6 +197,7 @@ def test_compiled_configurations_caches_are_filled_side_by_side_then_each_probed
                for n in planner.prober.notes)
 
 
+@pytest.mark.slow
 def test_when_the_shared_probe_process_dies_each_is_probed_alone(compose_cfg, tmp_path, monkeypatch, capsys):
     from bertaccel.plan import probe as probe_mod
     from bertaccel.plan.predict import Planner
@@ -242,6 +246,7 @@ def test_probes_sharing_a_process_read_their_data_once(compose_cfg, tmp_path):
     assert len(read) == 2 and other_s != first_s
 
 
+@pytest.mark.slow
 def test_without_a_gpu_the_probe_says_what_it_cannot_probe(compose_cfg, tmp_path):
     from bertaccel.plan.probe import Prober
     from bertaccel.model import hf_config
@@ -293,6 +298,7 @@ def test_a_probe_on_one_gpu_predicts_another_through_the_roofline(compose_cfg, t
     assert moved.cost_usd == pytest.approx(moved.train_time_s / 3600 * 2.99)
 
 
+@pytest.mark.slow
 def test_the_plan_predicts_a_real_cpu_sweeps_wall_before_it_runs(tmp_path):
     """benchmarks/plan_check.py on the CPU: plan --probe on an empty store, then the sweep (2 runs of
     the tiny model); every run logs the plan's prediction of its waits, and the sweep's wall is

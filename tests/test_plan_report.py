@@ -12,6 +12,9 @@ import pytest
 from bertaccel.report.predicted import comparison, error_pct, median_abs
 from bertaccel.report.scoring import Row
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 
 def _store(tmp_path, runs):
     from mlflow import MlflowClient

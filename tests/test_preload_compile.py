@@ -55,6 +55,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_run_forked_from_a_compiling_sweeps_server_finds_inductor_imported(tmp_path):
     script = tmp_path / "fork_child.py"
     script.write_text(SCRIPT)

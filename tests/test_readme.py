@@ -68,6 +68,7 @@ def readme_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("readme")
 
 
+@pytest.mark.slow
 def test_the_readme_default_job_trains_to_its_accuracy(readme_dir):
     """The first command a user runs: the real pretrained MiniLM on the bundled AG News sample, one
     epoch, on this machine's CPU (about 5 minutes on 2 cores)."""
@@ -83,6 +84,7 @@ def test_the_readme_default_job_trains_to_its_accuracy(readme_dir):
     assert (readme_dir / "mlflow.db").is_file()
 
 
+@pytest.mark.slow
 def test_the_readme_sweep_records_every_run(readme_dir):
     """On a GPU it trains the four runs; on a CPU each is recorded skipped with its reason. Its
     baseline (the config groups' defaults, which none of the four has) is the default job the user
@@ -116,6 +118,7 @@ def card_store(tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_the_readme_report_names_the_winner_it_shows(card_store):
     p = subprocess.run(command("python -m bertaccel.report"), cwd=card_store, env=ENV, capture_output=True,
                        text=True, timeout=600)
@@ -130,6 +133,7 @@ def test_the_readme_report_names_the_winner_it_shows(card_store):
     assert "not like for like" not in (card_store / "report" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_readme_plan_predicts_each_run(card_store):
     p = subprocess.run(command("python -m bertaccel.plan"), cwd=card_store, env=ENV, capture_output=True,
                        text=True, timeout=600)
@@ -140,6 +144,7 @@ def test_the_readme_plan_predicts_each_run(card_store):
             assert re.search(rf"^\d+\s+precision={prec},attention={attn}\s+1\s+1 x 6000\s+188\s", table, re.M), table
 
 
+@pytest.mark.slow
 def test_the_readme_ui_serves_the_sweep(card_store):
     """`mlflow ui` as the README writes it, on a free local port, lists the sweep's runs."""
     argv = command("mlflow ui") + ["--host", "127.0.0.1", "--port", str(free_port())]

@@ -13,6 +13,7 @@ from bertaccel.runs.tracking import runs_by_status
 SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 
+@pytest.mark.slow
 def test_pretrained_default_run_records_the_built_shape_and_the_resolved_profile(cli):
     # The defaults a new user gets: model=minilm_l6 (pretrained, 384/6/12/1536), hardware=auto.
     r = cli(["train.device=cpu", "dataset.train_subset=16", "dataset.test_subset=16", "dataset.max_length=32",

@@ -103,6 +103,7 @@ def _cli(args, cwd):
     return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_cli_report_on_csv_writes_markdown_html_and_plots(tmp_path):
     r = _cli(["--csv", str(THESIS_CSV), "--weights", "mine=0.4,0.4,0.1,0.1", "--baseline", "Unfused Single Adan",
               "--out", "rep"], tmp_path)
@@ -119,6 +120,7 @@ def test_cli_report_on_csv_writes_markdown_html_and_plots(tmp_path):
         "weight_map.png"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content,expected", [
     ("name,time_s,cost_usd\na,1,2\n", "missing column(s) energy_kwh, occupancy_pct, accuracy"),
     ("name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy\na,fast,1,1,1,1\n", "line 2 column time_s: 'fast' is not a number"),
@@ -132,6 +134,7 @@ def test_cli_bad_csv_is_one_line_exit_2_nothing_written(tmp_path, content, expec
     assert not (tmp_path / "rep").exists()
 
 
+@pytest.mark.slow
 def test_cli_unknown_baseline_and_bad_weights(tmp_path):
     r = _cli(["--csv", str(THESIS_CSV), "--baseline", "nope"], tmp_path)
     assert r.returncode == 2 and "--baseline 'nope'" in r.stderr
@@ -142,6 +145,7 @@ def test_cli_unknown_baseline_and_bad_weights(tmp_path):
 HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line,expected", [
     ("a,-10,1,1,50,0.9", "line 2 column time_s: '-10' must be > 0"),
     ("a,0,1,1,50,0.9", "line 2 column time_s: '0' must be > 0"),
@@ -160,6 +164,7 @@ def test_cli_out_of_range_value_is_one_line_exit_2_nothing_written(tmp_path, lin
     assert not (tmp_path / "rep").exists() and not list(tmp_path.glob(".report-*"))
 
 
+@pytest.mark.slow
 def test_cli_report_folder_has_the_users_umask_permissions(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--csv", str(THESIS_CSV), "--out", "rep"],
                        cwd=tmp_path, capture_output=True, text=True, preexec_fn=lambda: os.umask(0o022))
@@ -169,6 +174,7 @@ def test_cli_report_folder_has_the_users_umask_permissions(tmp_path):
     assert stat.S_IMODE((tmp_path / "rep" / "report.md").stat().st_mode) == 0o644
 
 
+@pytest.mark.slow
 def test_cli_time_only_ranking_is_said_once_and_a_shared_null_reason_printed_once(tmp_path):
     # No energy, no occupancy, cost = time x one rate: every strategy ranks by time alone.
     (tmp_path / "runs.csv").write_text(f"{HEADER}\nslow,100,0.1,,,0.9\nfast,50,0.05,,,0.89\nmid,80,0.08,,,0.91\n")

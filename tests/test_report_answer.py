@@ -54,6 +54,7 @@ def test_default_choices_are_config_yamls_defaults_list():
     assert d["precision"] == "fp32" and d["compile"] == "off" and d["preset"] == "none"
 
 
+@pytest.mark.slow
 def test_baseline_given_then_defaults_run_then_slowest(tmp_path):
     defaults = default_choices()
     store = Store(tmp_path)
@@ -100,6 +101,7 @@ def _compile_pair(store, compile_time_s, steps=188):
                "compile_time_s": compile_time_s, "optimizer_steps": steps})
 
 
+@pytest.mark.slow
 def test_a_winner_whose_warm_up_does_not_pay_off_is_warned_beside_it(tmp_path):
     store = Store(tmp_path)
     _compile_pair(store, compile_time_s=100.0)  # 100 s / (2 ms saved a step) = 50,000 steps; it took 188
@@ -119,6 +121,7 @@ def test_a_winner_whose_warm_up_does_not_pay_off_is_warned_beside_it(tmp_path):
     assert _row(answer, "all 7 strategies")[1] == "default" and "pays off" not in answer
 
 
+@pytest.mark.slow
 def test_runs_of_different_sweeps_datasets_and_devices_are_warned_beside_the_answer(tmp_path):
     store = Store(tmp_path)
     _run(store, "a", {}, 10.0, tags={"sweep_id": "sw1", "device_name": "cpu"}, params={"dataset.name": "imdb"})
@@ -139,6 +142,7 @@ def test_runs_of_different_sweeps_datasets_and_devices_are_warned_beside_the_ans
     assert "not like for like" not in (tmp_path / "rep2" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_no_repeats_is_warned_with_the_runner_up_and_repeats_say_ties(tmp_path):
     store = Store(tmp_path)  # two configurations (their params differ), once each
     _run(store, "a", {"attention": "eager"}, 10.0)
@@ -180,6 +184,7 @@ def test_no_repeats_is_warned_with_the_runner_up_and_repeats_say_ties(tmp_path):
     assert "Adopt" not in md
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given", [None, "precision=bf16"])
 def test_the_answer_leads_the_page_and_its_chart_is_drawn_in_chromium(tmp_path, browser, given):
     from selenium.webdriver.common.by import By
@@ -214,6 +219,7 @@ def test_the_answer_leads_the_page_and_its_chart_is_drawn_in_chromium(tmp_path, 
     assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
 
 
+@pytest.mark.slow
 def test_weights_given_are_the_question_the_answer_answers(tmp_path):
     """With --weights the answer has a row per given strategy only (the thesis' seven stay in the
     tables below); a CSV has no group choices, so without --baseline its slowest row is the baseline."""

@@ -54,6 +54,7 @@ def grid_report(tmp_path_factory):
     return (tmp / "rep" / "report.md").read_text(), (tmp / "rep" / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_effects_table_arithmetic_against_a_hand_computation(grid_report):
     md, _ = grid_report
     cells = _cells(md, "The effect of each axis")
@@ -72,6 +73,7 @@ def test_effects_table_arithmetic_against_a_hand_computation(grid_report):
     assert "References: precision: fp32 (the default); train.batch_size: 32 (the default)" in note
 
 
+@pytest.mark.slow
 def test_the_effects_table_comes_right_after_the_answer(grid_report):
     md, page = grid_report
     titles = [s.splitlines()[0] for s in md.split("\n## ")[1:]]

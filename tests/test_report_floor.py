@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from report_store import Store
 
 from bertaccel.report.floor import Floor, left_out, resolve
@@ -32,6 +34,7 @@ def _store(tmp_path):
     return store
 
 
+@pytest.mark.slow
 def test_a_fast_run_two_points_below_the_best_is_left_out_and_named(tmp_path):
     store = _store(tmp_path)
     r = _cli(["--uri", store.uri, "--out", "rep"], tmp_path)

@@ -34,6 +34,7 @@ def test_differences_name_what_and_how_many():
         ["device: t4 (1 run), a100 (1 run)"]
 
 
+@pytest.mark.slow
 def test_cli_warns_in_every_ranking_table_when_runs_differ(tmp_path):
     (tmp_path / "runs.csv").write_text(f"{HEADER},device,dataset\n"
                                        "a,10,0.1,,,0.9,cpu,imdb\nb,12,0.12,,,0.9,cpu,ag_news\n")
@@ -69,6 +70,7 @@ def test_mlflow_rows_carry_device_dataset_rows_and_energy_meter(tmp_path):
                                        "energy source: RAPL (CPU package) (1 run), NVML (GPU board) (1 run)"]
 
 
+@pytest.mark.slow
 def test_occupancy_metric_picks_what_plays_o_from_mlflow(tmp_path):
     store = Store(tmp_path)
     # Hopper-like: low occupancy, high SM activity for the tensor-core-bound run.
@@ -95,6 +97,7 @@ def test_occupancy_metric_picks_what_plays_o_from_mlflow(tmp_path):
     assert "| # | run | hardware | precision | time_s | cost_usd | energy_kwh | sm_active_pct | accuracy |" in md
 
 
+@pytest.mark.slow
 def test_occupancy_metric_on_a_csv_needs_its_column(tmp_path):
     (tmp_path / "runs.csv").write_text(f"{HEADER}\na,10,0.1,0.01,13,0.9\n")
     r = _cli(["--csv", "runs.csv", "--occupancy-metric", "tensor_active", "--out", "rep"], tmp_path)

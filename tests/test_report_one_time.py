@@ -7,9 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from report_store import Store
 
 from bertaccel.report.baseline import default_choices
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 
 def _run(store, name, choices, time_s, compile_time_s, steps=100, samples=3200, accuracy=0.9):

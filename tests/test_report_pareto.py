@@ -96,6 +96,7 @@ def test_weight_shares_of_groups_average_their_runs_and_unmeasured_corners_have_
     assert wm.unscored == 21 and wm.won == {1: 1750}  # y's mean 11.5 < x's mean 12
 
 
+@pytest.mark.slow
 def test_cli_writes_the_front_the_shares_and_their_plots(tmp_path):
     csv = tmp_path / "runs.csv"
     csv.write_text("name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy,hardware\n"

@@ -14,6 +14,9 @@ from typing import Dict, List, Optional
 import pytest
 from report_store import Store
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy"
 GOOD_CSV = f"{HEADER}\nslow,100,0.1,0.02,40,0.90\nfast,50,0.06,0.01,45,0.89\n"
 MARKER = ".bertaccel-output"

@@ -62,6 +62,7 @@ def _section(md: str, title_start: str) -> str:
     return next(p for p in parts if p.startswith(title_start))
 
 
+@pytest.mark.slow
 def test_runs_are_labelled_by_their_values_and_the_order_is_said_once(grid):
     out, md, html, ids = grid
     answer = _section(md, "The answer")
@@ -76,6 +77,7 @@ def test_runs_are_labelled_by_their_values_and_the_order_is_said_once(grid):
     assert f"title='{full}'>fused / adan_<wbr>fused / fp16 / 32</td>" in html.read_text()
 
 
+@pytest.mark.slow
 def test_no_table_is_wider_than_a_1200_px_window(grid, browser):  # noqa: F811
     _, _, html, _ = grid
     browser.set_window_size(1200, 1000)
@@ -87,6 +89,7 @@ def test_no_table_is_wider_than_a_1200_px_window(grid, browser):  # noqa: F811
     assert widest <= inner and browser.execute_script("return document.documentElement.scrollWidth") <= inner
 
 
+@pytest.mark.slow
 def test_a_hollow_marker_is_hoverable_at_its_centre(grid, browser):  # noqa: F811
     _, _, html, _ = grid
     browser.get(html.as_uri())
@@ -104,6 +107,7 @@ def test_a_hollow_marker_is_hoverable_at_its_centre(grid, browser):  # noqa: F81
     assert count > 0 and hit == mark
 
 
+@pytest.mark.slow
 def test_the_baseline_table_shows_accuracy_changes_in_points(grid):
     _, md, _, _ = grid
     table = _section(md, "Against the baseline")
@@ -116,6 +120,7 @@ def test_the_baseline_table_shows_accuracy_changes_in_points(grid):
     assert rows[0][-1].rstrip(" |") == "+0.20 pts"
 
 
+@pytest.mark.slow
 def test_no_time_vs_cost_plot_when_cost_is_time_at_one_price(grid):
     out, md, _, _ = grid
     plots = {p.name for p in (out / "plots").iterdir()}
@@ -124,6 +129,7 @@ def test_no_time_vs_cost_plot_when_cost_is_time_at_one_price(grid):
     assert "cost = time x one price (3 USD/h) for every run: no time-vs-cost plot" in md
 
 
+@pytest.mark.slow
 def test_predicted_vs_measured_is_the_last_section_and_names_its_basis(grid):
     _, md, html, ids = grid
     last = re.split(r"^## ", md, flags=re.M)[-1]

@@ -100,6 +100,7 @@ def test_mlflow_groups_by_tag_and_by_params_for_runs_without_it(tmp_path):
     assert all(r.group.startswith("params:") for r in rows)
 
 
+@pytest.mark.slow
 def test_csv_seed_and_group_columns_and_the_cli_tables(tmp_path):
     csv = tmp_path / "runs.csv"
     csv.write_text("name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy,seed,group\n"
@@ -120,6 +121,7 @@ def test_csv_seed_and_group_columns_and_the_cli_tables(tmp_path):
     assert "| balance | fast |" in best and "clear: no other interval overlaps" in best
 
 
+@pytest.mark.slow
 def test_cli_without_repeats_says_so_once(tmp_path):
     csv = tmp_path / "runs.csv"
     csv.write_text("name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy\na,10,0.1,,,0.9\nb,12,0.12,,,0.91\n")
@@ -141,6 +143,7 @@ def test_config_key_noseed_ignores_only_the_seed():
     assert config_key_noseed(cfg) != config_key_noseed(other_batch)
 
 
+@pytest.mark.slow
 def test_real_sweep_over_two_seeds_is_one_configuration(cli, tmp_path):
     from conftest import TINY
 

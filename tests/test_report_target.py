@@ -56,6 +56,7 @@ def test_unknown_when_inputs_are_missing_and_null_energy_says_why():
     assert no_energy.cost_usd == pytest.approx(0.33)
 
 
+@pytest.mark.slow
 def test_from_a_real_mlflow_store_and_the_cli(tmp_path):
     store = Store(tmp_path)
     t0 = 1_700_000_000.0
@@ -83,6 +84,7 @@ def test_from_a_real_mlflow_store_and_the_cli(tmp_path):
     assert (tmp_path / "rep" / "plots" / "time_to_target.png").is_file()
 
 
+@pytest.mark.slow
 def test_csv_columns_and_bad_input(tmp_path):
     (tmp_path / "runs.csv").write_text(f"{HEADER},epoch_accuracy,epoch_time_s\n"
                                        "a,33,0.33,0.033,50,0.9,0.80;0.86;0.90,10;12;11\nb,20,0.2,0.02,50,0.7,,\n")

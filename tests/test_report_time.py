@@ -125,6 +125,7 @@ def test_projection_nulls_say_why_and_are_kept_from_best():
     assert no_time.why["cost_usd"] == "no average rate: train_time_s not logged"
 
 
+@pytest.mark.slow
 def test_cli_on_csv_writes_the_new_tables_and_the_mode_note(tmp_path):
     r = _cli(["--csv", str(TIMING_CSV), "--time", "total", "--project-epochs", "3", "--out", "rep"], tmp_path)
     assert r.returncode == 0, r.stderr
@@ -148,6 +149,7 @@ def test_cli_on_csv_writes_the_new_tables_and_the_mode_note(tmp_path):
     assert "| 3000 | 100 | no |" in md  # break-even against the run's own 100 steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,content,expected", [
     (["--time", "total"], None, "no compile_time_s column, which --time total needs"),
     (["--project-epochs", "3"], None, "no step_time_ms column, which --project-epochs needs"),

@@ -10,6 +10,9 @@ from conftest import TINY
 
 from bertaccel.runs.tracking import runs_by_status
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy,train_samples,step_time_ms,train_rows_full,batch_size"
 
 

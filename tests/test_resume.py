@@ -8,9 +8,14 @@ import sys
 import time
 from collections import Counter
 
+import pytest
+
 from conftest import TINY
 
 from bertaccel.runs.tracking import runs_by_status, search_runs
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 SWEEP = ["-m", "train.seed=1,2,3", *TINY, "dataset.train_subset=384", "train.epochs=2"]
 

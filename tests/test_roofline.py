@@ -180,6 +180,7 @@ def test_profiles_carry_a_datasheet_bandwidth_and_refuse_a_bad_one(compose_cfg, 
                                "(TB/s; null: unknown, no roofline)")
 
 
+@pytest.mark.slow
 def test_plan_cli_prices_h100_from_a_run_recorded_on_h200(tmp_path):
     """A store with one finished run of the planned configuration, recorded on an H200: the plan's
     h100 row is that run's time moved through the roofline, and the hardware table ranks both."""

@@ -13,6 +13,9 @@ from bertaccel.runs import startup
 from bertaccel.runs.record import run_settings
 from bertaccel.runs.tracking import runs_by_status
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 MEASURES = ("energy_kwh", "avg_power_w", "energy_per_sample_j", "samples_per_kwh", "occupancy_pct",
             "sm_active_pct", "tensor_active_pct", "dram_bw_util_pct", "gpu_util_pct", "mfu",
             "model_flops", "achieved_tflops", "padded_tokens", "real_tokens", "co2e_kg") + tuple(

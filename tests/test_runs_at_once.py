@@ -14,6 +14,7 @@ from hydra_plugins.bertaccel_launcher.bertaccel_launcher import GpuPool, visible
 SMALL = ["model=tiny", "train.device=cpu", "dataset.train_subset=32", "dataset.test_subset=16", "train.batch_size=16"]
 
 
+@pytest.mark.slow
 def test_two_at_a_time_each_on_its_own_gpu_all_in_one_store(cli, monkeypatch):
     # Two "GPUs" by name: the launcher hands them out from CUDA_VISIBLE_DEVICES as it would on a
     # GPU host (the runs themselves use the CPU, so the names need not exist).

@@ -104,6 +104,7 @@ def test_sqrt_checkpointing_keeps_fewer_boundaries_than_every_layer():
     assert none > every > sqrt
 
 
+@pytest.mark.slow
 def test_checkpointing_benchmark_prints_the_three_modes():
     import subprocess
     import sys

@@ -42,6 +42,7 @@ def test_bad_search_settings_are_one_line(compose_cfg, overrides, message):
         validate(compose_cfg(overrides))
 
 
+@pytest.mark.slow
 def test_search_on_the_cpu_trials_are_runs_of_the_sweep_and_a_missing_objective_fails_the_trial(cli):
     """mfu is null on a CPU (the cpu profile has no peak FLOP/s): every trial fails as a trial, while
     its run is recorded finished under the sweep's parent; the search goes on to n_trials."""

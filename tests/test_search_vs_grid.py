@@ -6,6 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "search_vs_grid.py"
 SMALL = ["dataset.train_subset=64", "dataset.test_subset=32", "train.max_steps_per_epoch=2", "train.epochs=1"]
 

@@ -9,10 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import FORKED_PARTS, JOB_PARTS, MAIN_PARTS, startup_phases_of
 from mlflow.tracking import MlflowClient
 
 from bertaccel.runs import startup
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "startup.py"
 

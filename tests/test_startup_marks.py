@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from bertaccel.runs import startup
 
 
@@ -28,6 +30,7 @@ def test_rounded_phases_sum_to_the_rounded_total_however_many():
     assert abs(sum(out.values()) - 0.016) < 1e-9 and min(out.values()) >= 0
 
 
+@pytest.mark.slow
 def test_the_main_process_marks_reach_its_first_job_only_and_not_its_children(monkeypatch):
     monkeypatch.setenv(startup.MARKS_ENV, "")  # (and gone again after the test)
     started = time.time() - 1
@@ -47,6 +50,7 @@ def test_the_main_process_marks_reach_its_first_job_only_and_not_its_children(mo
     assert json.loads(os.environ[startup.MARKS_ENV])["pid"] == os.getpid()
 
 
+@pytest.mark.slow
 def test_a_process_start_is_read_to_the_clock_tick():
     # A child started now: its start within the time it took to start it (and a tick either way),
     # where psutil's create_time may read up to a second early.

@@ -6,7 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bertaccel.measure.profiling import categorize
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "step_kernels.py"
 

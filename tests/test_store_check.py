@@ -5,7 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import TINY
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 # Port 9 (discard) has no listener here: the connection is refused. Without the check MLflow
 # retries for minutes, so the subprocess timeout (not a timing assert) is what a regression hits.

@@ -42,6 +42,7 @@ def _rerun_closes_everything(tmp_path, args, store, n):
 # ---------------------------------------------------------------------------------------------
 # An experiment deleted in the MLflow UI (soft delete: MLflow keeps it in its trash).
 
+@pytest.mark.slow
 def test_a_deleted_experiment_is_one_line_and_exit_2_before_any_work(tmp_path):
     db = tmp_path / "mlflow.db"
     store = f"sqlite:///{db}"
@@ -60,6 +61,7 @@ def test_a_deleted_experiment_is_one_line_and_exit_2_before_any_work(tmp_path):
     assert client.search_runs([exp], run_view_type=ViewType.ALL) == []
 
 
+@pytest.mark.slow
 def test_an_experiment_deleted_mid_sweep_stops_it_with_one_line_and_the_next_sweep_closes_what_it_left(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = ["-m", *TINY, "train.seed=1,2", *SLOW]
@@ -111,6 +113,7 @@ def _fill(disk: Path) -> Path:
     return filler
 
 
+@pytest.mark.slow
 def test_a_disk_filling_mid_sweep_is_one_line_naming_the_cause_and_what_is_left_open(tmp_path, small_disk):
     store = f"sqlite:///{small_disk / 'mlflow.db'}"
     args = ["-m", *TINY, "train.seed=1,2", *SLOW]
@@ -153,6 +156,7 @@ def test_a_store_deleted_mid_sweep_stops_it_and_is_not_made_again(tmp_path):
     assert _group_gone(proc.pid, 30)
 
 
+@pytest.mark.slow
 def test_a_kept_store_deleted_during_a_hold_is_not_left_as_an_empty_file(tmp_path, monkeypatch):
     """The race behind the test above's rare 'replaced by another file': the store is deleted after
     store_lock checked it, and a new pooled connection (here sqlite3's own, as SQLAlchemy's pool
@@ -201,6 +205,7 @@ def test_a_store_replaced_mid_sweep_stops_it_and_the_file_in_its_place_is_not_wr
 # ---------------------------------------------------------------------------------------------
 # A suspended sweep (Ctrl-Z: its whole process group stopped) does not hold up an identical sweep.
 
+@pytest.mark.slow
 def test_a_stopped_sweep_does_not_hold_up_the_configurations_another_sweep_is_free_to_run(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = ["-m", *TINY, "train.seed=1,2", *SLOW]

@@ -24,6 +24,9 @@ from mlflow.tracking import MlflowClient
 from bertaccel.store import sqlite_state
 from test_nothing_lost import ENV, TINY, _cmd, _listing, _said, _wait_for
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 SWEEP = ["-m", "accumulation=1,2"]
 QUICK = TINY + ["train.max_steps_per_epoch=2"]
 

@@ -46,6 +46,7 @@ def _kill_job_running(pid: int) -> int:
     return task.pid
 
 
+@pytest.mark.slow
 def test_four_jobs_land_four_runs_a_bad_one_is_not_submitted_a_killed_one_is_resumed(cli):
     cmd = [sys.executable, "-m", "bertaccel.run", *SWEEP, f"tracking.uri={cli.store}",
            f"cache_dir={cli.dir / 'cache'}"]
@@ -97,6 +98,7 @@ def test_four_jobs_land_four_runs_a_bad_one_is_not_submitted_a_killed_one_is_res
     assert Counter(k.data.tags["status"] for k in kids)["interrupted"] == 1
 
 
+@pytest.mark.slow
 def test_hydras_own_submitit_launcher_is_refused_with_the_preset_to_use(cli):
     proc = cli(["-m", "hydra/launcher=submitit_slurm", "train.seed=1,2", *TINY])
     assert proc.returncode == 2

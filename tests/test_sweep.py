@@ -1,12 +1,16 @@
 """Multiruns through the real CLI into a temp MLflow store: names, statuses, cache, exit codes."""
 from __future__ import annotations
 
+import pytest
 import yaml
 from conftest import TINY
 from mlflow.tracking import MlflowClient
 
 from bertaccel.runs.record import run_settings
 from bertaccel.runs.tracking import runs_by_status
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 PARAMS = ["precision", "attention", "compile", "accumulation", "freezing", "optimizer", "hardware",
           "num_gpus", "model", "dataset", "precision.name", "attention.name", "optimizer.name",

@@ -2,9 +2,14 @@
 sweeps of the tiny model into a real store, the launch order read back from MLflow."""
 from __future__ import annotations
 
+import pytest
+
 from conftest import TINY
 
 from bertaccel.runs.tracking import runs_by_status
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 QUICK = [o for o in TINY if not o.startswith(("train.batch_size", "dataset.test_subset"))] + [
     "train.max_steps_per_epoch=2", "dataset.test_subset=32"]

@@ -68,6 +68,7 @@ def test_presets_change_what_the_studies_say(conf_with_sweeps):
     GlobalHydra.instance().clear()
 
 
+@pytest.mark.slow
 def test_a_study_is_found_by_name_from_any_directory(cli):
     """The real CLI in a temp directory (no checkout around it): `--config-name <study>` alone."""
     p = cli(["--config-name", "quick", "--cfg", "all"], timeout=120)

@@ -5,9 +5,14 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import TINY
 
 from bertaccel.runs.tracking import search_runs
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
 
 ONE = ["-m", "train.seed=1", *TINY, "train.max_steps_per_epoch=2"]
 

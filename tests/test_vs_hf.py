@@ -9,6 +9,11 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+import pytest
+
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "bertaccel" / "samples" / "ag_news" / "train.csv.gz"
 

@@ -17,6 +17,7 @@ def test_install_line_builds_from_source_for_the_torch_at_hand():
     assert PIP_LINE in XFORMERS_INSTALL and "TORCH_CUDA_ARCH_LIST=" in XFORMERS_INSTALL
 
 
+@pytest.mark.slow
 def test_reason_when_xformers_is_absent_names_the_install_line():
     # A None entry in sys.modules makes `import xformers` raise ImportError, as on a machine without it.
     script = textwrap.dedent("""
