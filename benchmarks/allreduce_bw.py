@@ -1,4 +1,4 @@
-"""All-reduce bus bandwidth on this host: the number `python -m bertaccel.predict_dp` asks for.
+"""All-reduce bus bandwidth on this host: the number `python -m bertaccel.plan.predict_dp` asks for.
 
     python benchmarks/allreduce_bw.py --gpus 2 [--sizes-mib 1,8,64,256] [--iters 20]
     python benchmarks/allreduce_bw.py --device cpu --gpus 2      # gloo, checks the script

@@ -75,7 +75,7 @@ SMI_COLUMNS = ("kWh nvidia-smi", "diff %", "smi mean W")
 
 def run_rows(uri: str, experiment: str) -> List:
     """The training runs of the experiment, oldest first: a sweep's parent run (tag
-    bertaccel.role=sweep, bertaccel/runs/sweep.py) holds no measurements and is left out."""
+    bertaccel.role=sweep, bertaccel/record/sweep.py) holds no measurements and is left out."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)

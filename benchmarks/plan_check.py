@@ -57,7 +57,7 @@ def _f(v: Optional[float], spec: str = ".3g") -> str:
 
 def _table(runs: List, overrides: List[str]):
     """The side-by-side lines, the errors per column, the predicted sweep wall and the runs' spans."""
-    from bertaccel.runs.readings import run_waits
+    from bertaccel.record.readings import run_waits
 
     lines = [f"# plan --probe, then the sweep ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"overrides: {' '.join(overrides)}", ""]
@@ -122,7 +122,7 @@ def _net(plan_log: Path, runs: List, added_s: float, sweep_s: float) -> List[str
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from bertaccel.runs.tracking import search_runs
+    from bertaccel.record.tracking import search_runs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--uri", default="sqlite:///plan_check.db")

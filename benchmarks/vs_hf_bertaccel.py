@@ -35,7 +35,7 @@ def compose(overrides: List[str]):
 def bertaccel_part(index: int, spec: str, store_uri: Callable[[], str], device: torch.device) -> Row:
     from bertaccel.config import GROUPS, register_configs
     from bertaccel.runs.job import execute
-    from bertaccel.runs.record import run_label
+    from bertaccel.record.run_record import run_label
 
     overrides = shlex.split(spec)
     keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}

@@ -74,13 +74,13 @@ from bertaccel.options.checks import unknown_setting
 from bertaccel.options.search import trial_result, uses_search
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.interrupt import install as install_signal_handlers
-from bertaccel.runs.store_failure import StoreFailed
-from bertaccel.runs.store_failure import stopped as store_stopped
+from bertaccel.record.store_failure import StoreFailed
+from bertaccel.record.store_failure import stopped as store_stopped
 from bertaccel.runs.launch import launch
-from bertaccel.runs.record import group_choices, record_bad_input, run_label
+from bertaccel.record.run_record import group_choices, record_bad_input, run_label
 from bertaccel.runs.run_dir import Refused
 from bertaccel.runs.startup import MAIN_COMPOSE, Mark, job_marks, mark_main, process_started_at
-from bertaccel.runs.sweep import context_from_env, interrupt_parent, set_env
+from bertaccel.record.sweep import context_from_env, interrupt_parent, set_env
 from bertaccel.runs.sweep_plan import SweepRefused
 
 register_configs()
@@ -222,7 +222,7 @@ def cli() -> None:
         # (its line is printed; here only without bertaccel's frame among Hydra's callbacks, e.g. a
         # primary config of the user's own: nothing is undone then, nothing is deleted)
         sys.exit(2)
-    except StoreFailed as e:  # the store or its disk failed under a run: one line (runs/store_failure.py)
+    except StoreFailed as e:  # the store or its disk failed under a run: one line (record/store_failure.py)
         sys.exit(store_stopped(e))
     except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as e:
         if user_full_error:

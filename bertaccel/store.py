@@ -1,6 +1,7 @@
-"""The MLflow store itself, apart from the runs in it (tracking.py): where a `sqlite:///` store
-lives, whether a tracking URI can be used at all (one line saying why not, before any work),
-one writer at a time (store_lock), and a SQLite store created whole or not at all.
+"""The MLflow store itself, apart from the runs in it (record/tracking.py): whether a tracking URI
+can be used at all (one line saying why not, before any work), one writer at a time (store_lock),
+and a SQLite store created whole or not at all. Where a `sqlite:///` store's file is and what it
+holds: store_file.py; the store a sweep writes to staying that file: store_keep.py.
 
 Why creation is ours and not MLflow's: MLflow creates its ~30 tables and then runs its schema
 migrations in place, in the store file itself, not in one transaction. A run that died in those
@@ -27,22 +28,12 @@ import psutil
 from hydra.core.utils import env_override
 
 from bertaccel.config import ConfigError
-from bertaccel.store_file import flock_saying_who
+from bertaccel.store_file import flock_saying_who, sqlite_file
 from bertaccel.store_file import sqlite_state  # noqa: F401 - what a store's file holds (one home: store_file.py)
+from bertaccel.store_keep import check_kept, is_kept, no_empty_in_place
 
 CHECK_TIMEOUT_S = 5.0  # how long the store check waits on a tracking server
 CREATING = ".creating-"  # infix of a store being built beside its target: <db>.creating-<pid>
-# "<db file> <device>:<inode>": the store a sweep writes to (keep_store), set in the environment, so
-# its run processes see it too. While set, store_lock neither makes a store where it went nor
-# writes to another file put in its place: it raises StoreLost.
-KEEP_ENV = "BERTACCEL_STORE_KEPT"
-
-
-def sqlite_file(uri: str) -> Optional[Path]:
-    """The database file of a `sqlite:///` URI (relative to the working directory), else None."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///"):]).expanduser().resolve()
 
 
 def _read_only(db: Path) -> Optional[str]:
@@ -197,57 +188,6 @@ def _build_store(db: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-class StoreLost(Exception):
-    """The store a sweep writes to was deleted or replaced while it ran (keep_store)."""
-
-
-def _identity(db: Path) -> str:
-    st = db.stat()
-    return f"{st.st_dev}:{st.st_ino}"
-
-
-def keep_store(uri: Optional[str]) -> None:
-    """From now on (None: no longer), in this process and the processes it starts, the sqlite:///
-    store of `uri` must stay the file it is now: a sweep's runs and its parent run are in it, and
-    a new empty store made in its place (what store_lock does for a missing file) would take the
-    rest of the sweep without a word."""
-    db = sqlite_file(uri) if uri else None
-    if db is not None and db.is_file():
-        os.environ[KEEP_ENV] = f"{db} {_identity(db)}"
-    else:
-        os.environ.pop(KEEP_ENV, None)
-
-
-def check_kept(db: Path) -> None:
-    """StoreLost if `db` is the store keep_store keeps and it is gone or another file now."""
-    kept, _, identity = os.environ.get(KEEP_ENV, "").rpartition(" ")
-    if kept != str(db):
-        return
-    if not db.exists():
-        raise StoreLost(f"the store {db} was deleted while the sweep ran; a new one is not made in its place (the "
-                        "sweep's runs are not in it): put the file back, or give another tracking.uri=, then run the "
-                        "same command again")
-    if db.stat().st_size == 0:  # (a store is never empty: a connection opened on the path made this one)
-        raise StoreLost(f"the store {db} was deleted while the sweep ran; a new one is not made in its place (the "
-                        "sweep's runs are not in it): put the file back, or give another tracking.uri=, then run the "
-                        "same command again")
-    if _identity(db) != identity:
-        raise StoreLost(f"the store {db} was replaced by another file while the sweep ran; nothing more is written "
-                        "to it: if it is the store you mean, run the same command again (it resumes there)")
-
-
-def _is_kept(db: Path) -> bool:
-    return os.environ.get(KEEP_ENV, "").rpartition(" ")[0] == str(db)
-
-
-def _no_empty_in_place(db: Path, kept: bool) -> None:
-    """At the end of a hold of the kept store: if it was deleted during the hold and a new
-    connection of MLflow's engine pool (opened after the hold's check) made an empty file in its
-    place, that file is not left there (a store is never empty; the next check says deleted)."""
-    if kept and db.is_file() and db.stat().st_size == 0:
-        db.unlink(missing_ok=True)
-
-
 _held = threading.local()
 
 
@@ -358,14 +298,14 @@ def store_lock(uri: str, shared: bool = False) -> Iterator[None]:
     kept = False
     try:
         check_kept(db)
-        kept = _is_kept(db)
+        kept = is_kept(db)
         # (a stat per call; the table read only while the file is missing or empty)
         if not shared and not (db.is_file() and db.stat().st_size > 0):
             _build_store(db)
         yield
     finally:
         _held.depth, _held.shared = 0, False
-        _no_empty_in_place(db, kept)
+        no_empty_in_place(db, kept)
         if fd is not None:
             try:
                 if created and (shared or not db.exists()) and _exclusive_now(fd):

@@ -1,5 +1,5 @@
-"""What the file of a `sqlite:///` store holds, read without writing (a read-only connection), and
-whether bertaccel may build a store over it (store.py).
+"""Where the file of a `sqlite:///` store is (sqlite_file), what it holds, read without writing (a
+read-only connection), and whether bertaccel may build a store over it (store.py).
 
 The rule: a file bertaccel did not make is never rebuilt, only refused. The one file rebuilt is
 one that is provably an abandoned, empty MLflow store creation (an older version's run killed
@@ -35,6 +35,13 @@ MLFLOW_OWN_ROWS = {"experiments": "experiment_id = 0 and name = 'Default'", "wor
 LABELS = {"runs": "run", "experiments": "experiment", "registered_models": "registered model",
           "model_versions": "model version", "datasets": "dataset", "logged_models": "logged model",
           "trace_info": "trace"}
+
+
+def sqlite_file(uri: str) -> Optional[Path]:
+    """The database file of a `sqlite:///` URI (relative to the working directory), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///"):]).expanduser().resolve()
 
 
 def _head_revision() -> Optional[str]:

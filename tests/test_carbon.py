@@ -48,7 +48,7 @@ def test_bad_carbon_settings_are_one_line(compose_cfg, override, message):
 
 
 def test_carbon_is_not_part_of_the_config_hash(compose_cfg):
-    from bertaccel.runs.record import cfg_hash
+    from bertaccel.record.run_record import cfg_hash
 
     assert cfg_hash(compose_cfg(["carbon.region=fr"])) == cfg_hash(compose_cfg(["carbon.region=us"]))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bertaccel.runs.tracking import search_runs
+from bertaccel.record.tracking import search_runs
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow

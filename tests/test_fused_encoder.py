@@ -252,7 +252,7 @@ def test_a_fused_run_trains_end_to_end_and_a_cpu_sweep_skips_it_with_the_reason(
     records its metrics and FLOPs; without the interpreter a sweep records it skipped, and goes on."""
     from conftest import TINY
 
-    from bertaccel.runs.tracking import runs_by_status
+    from bertaccel.record.tracking import runs_by_status
 
     r = cli([*TINY, "encoder=fused", "train.max_steps_per_epoch=3", "dataset.test_subset=32"])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -285,7 +285,7 @@ def test_step_graph_with_hugging_faces_eager_attention_is_refused_in_one_line(co
 def test_fused_runs_with_the_other_techniques(cli, overrides):
     from conftest import TINY
 
-    from bertaccel.runs.tracking import runs_by_status
+    from bertaccel.record.tracking import runs_by_status
 
     # One step an epoch, a few test rows: Triton's interpreter runs every kernel program in Python.
     r = cli([*TINY, "encoder=fused", "train.max_steps_per_epoch=1", "dataset.test_subset=16", *overrides])

@@ -9,7 +9,7 @@ from bertaccel.config import ConfigError
 from bertaccel.options.hardware import (Capabilities, check_gpu_count, load_profiles, match_profile, resolve_profile,
                                         skip_reason)
 from bertaccel.report import rows_from_mlflow
-from bertaccel.runs.tracking import runs_by_status
+from bertaccel.record.tracking import runs_by_status
 
 
 @pytest.mark.parametrize("device_name, profile", [

@@ -17,7 +17,7 @@ import pytest
 
 from bertaccel.data import load_raw
 from bertaccel.report import load_rows
-from bertaccel.runs.tracking import IDENTITY_VERSION_TAG, legacy_config_hash, search_runs
+from bertaccel.record.tracking import IDENTITY_VERSION_TAG, legacy_config_hash, search_runs
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from bertaccel.config import ConfigError, RunConfig, schema_fields
 from bertaccel.data import RawData, RawSplit, load_raw, tokenize_cached
 from bertaccel.model import load_tokenizer
 from bertaccel.options.checks import validate
-from bertaccel.runs.tracking import runs_by_status
+from bertaccel.record.tracking import runs_by_status
 
 
 def _numeric_fields(cls=RunConfig, prefix=""):

@@ -18,7 +18,7 @@ from typing import Dict, List
 
 import pytest
 
-from bertaccel.runs.tracking import search_runs
+from bertaccel.record.tracking import search_runs
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -162,7 +162,7 @@ def test_forkserver_workers_see_the_launchers_environment_of_now(compose_cfg, tm
     import time
 
     from bertaccel.runs.launch import launch
-    from bertaccel.runs.sweep import SweepContext, set_env
+    from bertaccel.record.sweep import SweepContext, set_env
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -11,13 +11,13 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 from report_store import Store
 
-from bertaccel import sweep_report
+from bertaccel.report import sweep_report
 from bertaccel.data import RawData, RawSplit, load_raw, split_fingerprint
-from bertaccel.runs.datasets import DIGEST_CHARS, dataset_inputs
+from bertaccel.record.datasets import DIGEST_CHARS, dataset_inputs
 from bertaccel.runs.progress import sweep_axes
-from bertaccel.runs.sweep import SweepContext, open_parent, set_env
-from bertaccel.runs.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RunTracker, experiment_id, ui_address
-from bertaccel.sweep_report import REASON_TAG, REPORT_TAG, SweepReport, attach_report
+from bertaccel.record.sweep import SweepContext, open_parent, set_env
+from bertaccel.record.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RunTracker, experiment_id, ui_address
+from bertaccel.report.sweep_report import REASON_TAG, REPORT_TAG, SweepReport, attach_report
 
 CONF = Path(__file__).resolve().parents[1] / "bertaccel" / "conf"
 
@@ -195,7 +195,7 @@ def test_the_report_callback_comes_after_the_sweeps_frame_and_takes_its_context(
     report's callback finds the parent run opened and attaches before the parent is closed."""
     callbacks = OmegaConf.load(CONF / "config.yaml").hydra.callbacks
     assert list(callbacks) == ["sweep_progress", "sweep_report"]
-    assert callbacks.sweep_report._target_ == "bertaccel.sweep_report.SweepReport"
+    assert callbacks.sweep_report._target_ == "bertaccel.report.sweep_report.SweepReport"
     ctx = SweepContext("sw1", "parent-id", ["precision"], "sqlite:///x.db")
     set_env(ctx)
     try:

@@ -21,7 +21,7 @@ from browser import browser  # noqa: F401 - the fixture
 from conftest import TINY
 from services import free_port, mlflow_service
 
-from bertaccel.runs.tracking import search_runs
+from bertaccel.record.tracking import search_runs
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow

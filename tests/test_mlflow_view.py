@@ -19,8 +19,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from bertaccel.config import GROUPS
-from bertaccel.runs.record import run_label
-from bertaccel.runs.tracking import flatten, search_runs
+from bertaccel.record.run_record import run_label
+from bertaccel.record.tracking import flatten, search_runs
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -92,7 +92,7 @@ def test_each_group_choice_is_one_param_and_the_swept_one_differs(sweep):
 
 
 def test_the_settings_a_choice_restates_are_still_recorded(sweep):
-    from bertaccel.runs.record import run_settings
+    from bertaccel.record.run_record import run_settings
 
     client = MlflowClient(tracking_uri=sweep["store"])
     for run in sweep["children"]:

@@ -17,7 +17,7 @@ import psutil
 from mlflow.tracking import MlflowClient
 import pytest
 
-from bertaccel.runs.tracking import search_runs
+from bertaccel.record.tracking import search_runs
 from bertaccel.store import sqlite_state
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
@@ -162,10 +162,10 @@ def test_three_identical_sweeps_at_once_one_killed_and_rerun_count_each_configur
 
 def test_a_parent_run_stays_open_while_another_sweep_process_is_on_it(tmp_path):
     """The first of two sweeps of one command to end does not close their shared parent run."""
-    from bertaccel.runs.sweep import close_parent, open_parent, process_tags
+    from bertaccel.record.sweep import close_parent, open_parent, process_tags
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    other = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom bertaccel.runs.sweep import open_parent\n"
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom bertaccel.record.sweep import open_parent\n"
                               f"open_parent({store!r}, 'bertaccel', 's1', [], 2)\nprint('open', flush=True)\n"
                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True, env=ENV)
     try:

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from bertaccel.data import DataError, load_raw, tokenize_cached
 from bertaccel.model import load_tokenizer
-from bertaccel.runs.tracking import RunTracker, search_runs
+from bertaccel.record.tracking import RunTracker, search_runs
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=32", "train.batch_size=16"]

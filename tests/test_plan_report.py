@@ -41,7 +41,7 @@ def test_errors_and_medians_on_a_synthetic_store(tmp_path):
         ("c", {**measured, "predicted_train_time_s": 20.0}, {"prediction_basis": "profile 'a100': ..."}),
         ("d", measured, {"prediction_basis": "not predicted: no similar finished run"})])
     from bertaccel.report import rows_from_mlflow
-    from bertaccel.runs.tracking import search_runs
+    from bertaccel.record.tracking import search_runs
 
     rows = rows_from_mlflow(uri, "bertaccel")
     runs = {r.info.run_id: r for r in search_runs(uri, "bertaccel")}
@@ -71,7 +71,7 @@ def test_runs_log_their_prediction_and_the_plan_counts_their_work(cli, tmp_path)
     """Two runs of a sweep: the first has no similar run before it (CPU profile: no peak), the
     second is predicted from the first. The plan, run afterwards on the same command line, counts
     exactly the padded tokens and FLOPs the runs measured."""
-    from bertaccel.runs.tracking import search_runs
+    from bertaccel.record.tracking import search_runs
 
     grid = ["-m", "model=tiny", "train.device=cpu", "dataset.train_subset=96", "dataset.test_subset=32",
             "train.batch_size=16", "train.epochs=2", "freezing=layerwise", "optimizer=adamw,adamw_fused",

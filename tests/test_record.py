@@ -7,8 +7,8 @@ from mlflow import MlflowClient
 
 from bertaccel.config import ConfigError
 from bertaccel.options.checks import validate
-from bertaccel.runs.record import run_settings
-from bertaccel.runs.tracking import runs_by_status
+from bertaccel.record.run_record import run_settings
+from bertaccel.record.tracking import runs_by_status
 
 SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -21,7 +21,7 @@ def test_pretrained_default_run_records_the_built_shape_and_the_resolved_profile
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
     # The built shape and the profile restate the model and hardware choices: tags config.*,
-    # read back with the params by run_settings (runs/record.py).
+    # read back with the params by run_settings (record/run_record.py).
     params, metrics = run_settings(run), run.data.metrics
     assert not any(k.startswith(("model.", "hardware.")) for k in run.data.params)
     assert {k: params.get(f"model.{k}") for k in SHAPE} == {

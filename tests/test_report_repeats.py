@@ -132,8 +132,8 @@ def test_cli_without_repeats_says_so_once(tmp_path):
 
 
 def test_config_key_noseed_ignores_only_the_seed():
-    from bertaccel.runs.record import config_key_noseed
-    from bertaccel.runs.tracking import config_hash
+    from bertaccel.record.run_record import config_key_noseed
+    from bertaccel.record.tracking import config_hash
 
     cfg = {"train": {"seed": 1, "batch_size": 16}, "model": {"name": "tiny"}, "tracking": {"uri": "a"}}
     other_seed = {**cfg, "train": {"seed": 2, "batch_size": 16}, "tracking": {"uri": "b"}}

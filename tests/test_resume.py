@@ -12,7 +12,7 @@ import pytest
 
 from conftest import TINY
 
-from bertaccel.runs.tracking import runs_by_status, search_runs
+from bertaccel.record.tracking import runs_by_status, search_runs
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -85,7 +85,7 @@ def test_sigkill_mid_sweep_then_rerun_finishes_every_configuration_exactly_once(
 
 WRITER = """
 import sys
-from bertaccel.runs.tracking import RunTracker
+from bertaccel.record.tracking import RunTracker
 uri, name = sys.argv[1], sys.argv[2]
 t = RunTracker(uri, "parallel", name, {f"p{i}": str(i) for i in range(150)}, {"status": "running"}, "x: 1")
 for step in range(25):

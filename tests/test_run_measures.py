@@ -10,8 +10,8 @@ from mlflow import MlflowClient
 from bertaccel.measure.profiling import CATEGORIES
 from bertaccel.options.optimizer import lr_factor
 from bertaccel.runs import startup
-from bertaccel.runs.record import run_settings
-from bertaccel.runs.tracking import runs_by_status
+from bertaccel.record.run_record import run_settings
+from bertaccel.record.tracking import runs_by_status
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow

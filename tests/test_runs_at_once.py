@@ -8,7 +8,7 @@ import pytest
 
 from bertaccel.config import ConfigError
 from bertaccel.options.checks import validate
-from bertaccel.runs.tracking import search_runs
+from bertaccel.record.tracking import search_runs
 from hydra_plugins.bertaccel_launcher.bertaccel_launcher import GpuPool, visible_gpus
 
 SMALL = ["model=tiny", "train.device=cpu", "dataset.train_subset=32", "dataset.test_subset=16", "train.batch_size=16"]

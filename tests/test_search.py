@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 from bertaccel.config import ConfigError
 from bertaccel.options.checks import validate
 from bertaccel.options.search import Objectives, TrialFailed, trial_result
-from bertaccel.runs.record import Outcome
-from bertaccel.runs.tracking import runs_by_status, search_runs
+from bertaccel.record.run_record import Outcome
+from bertaccel.record.tracking import runs_by_status, search_runs
 
 SEARCH = OmegaConf.create({"objectives": ["train_time_s", "test_accuracy"], "directions": ["minimize", "maximize"]})
 

@@ -164,7 +164,8 @@ def test_a_kept_store_deleted_during_a_hold_is_not_left_as_an_empty_file(tmp_pat
     file there, and the next hold says the store was deleted."""
     import sqlite3
 
-    from bertaccel.store import KEEP_ENV, StoreLost, keep_store, store_lock
+    from bertaccel.store import store_lock
+    from bertaccel.store_keep import KEEP_ENV, StoreLost, keep_store
 
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"

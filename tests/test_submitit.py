@@ -18,7 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from bertaccel.config import CONF_DIR, register_configs
-from bertaccel.runs.tracking import search_runs
+from bertaccel.record.tracking import search_runs
 from hydra_plugins.bertaccel_launcher.submitit_launchers import BertaccelSlurmLauncher, resources_problem
 
 # Four good configurations and a bad one (lr < 0). inline: the run in the job's own process (one

@@ -6,8 +6,8 @@ import yaml
 from conftest import TINY
 from mlflow.tracking import MlflowClient
 
-from bertaccel.runs.record import run_settings
-from bertaccel.runs.tracking import runs_by_status
+from bertaccel.record.run_record import run_settings
+from bertaccel.record.tracking import runs_by_status
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow

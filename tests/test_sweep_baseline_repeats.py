@@ -6,7 +6,7 @@ import pytest
 
 from conftest import TINY
 
-from bertaccel.runs.tracking import runs_by_status
+from bertaccel.record.tracking import runs_by_status
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow

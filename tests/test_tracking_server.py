@@ -24,7 +24,7 @@ from nbclient import NotebookClient
 
 from services import apt_install, free_port, mlflow_service
 
-from bertaccel.runs.tracking import search_runs
+from bertaccel.record.tracking import search_runs
 
 pytestmark = pytest.mark.postgres
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from bertaccel.measure.flops import peak_tflops
-from bertaccel.runs.readings import run_waits
-from bertaccel.runs.record import run_settings
+from bertaccel.record.readings import run_waits
+from bertaccel.record.run_record import run_settings
 
 from .fit import fit_overhead
 from .roofline import Parts, Uncounted, transfer

@@ -36,7 +36,7 @@ class Grid:
     config_name: str
     configs: List[PlannedConfig]
     swept: List[str] = field(default_factory=list)
-    sweep_id: str = ""               # the id `bertaccel.run -m` gives this sweep (runs/sweep.py: sweep_identity)
+    sweep_id: str = ""               # the id `bertaccel.run -m` gives this sweep (record/sweep.py: sweep_identity)
 
 
 def _sweeper_jobs(master: DictConfig, arguments: Sequence[str], config_loader: Any) -> List[List[str]]:
@@ -72,8 +72,8 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
 
     from bertaccel.options.checks import validate
     from bertaccel.runs.progress import swept_keys
-    from bertaccel.runs.record import cfg_hash, group_choices, run_label
-    from bertaccel.runs.sweep import sweep_identity
+    from bertaccel.record.run_record import cfg_hash, group_choices, run_label
+    from bertaccel.record.sweep import sweep_identity
 
     from ..config import CONF_DIR, GROUPS, ConfigError, register_configs
 

@@ -44,7 +44,7 @@ def _predict_and_log(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: 
                      profile: Mapping[str, Any], run_name: str) -> str:
     """Logs the prediction; returns why there is none ('' when there is)."""
     from bertaccel.options.hardware import load_profiles
-    from bertaccel.runs.record import run_settings
+    from bertaccel.record.run_record import run_settings
     from bertaccel.store import store_lock
 
     from .predict import predict_one, store_references
@@ -84,7 +84,7 @@ def _predict_and_log(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: 
 
 def _planned(cfg: Any, config_hash: str) -> Any:
     """The plan's saved prediction of this configuration for this sweep, or None."""
-    from bertaccel.runs.sweep import context_from_env
+    from bertaccel.record.sweep import context_from_env
 
     from .saved import read_plan
 

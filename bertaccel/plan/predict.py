@@ -28,7 +28,7 @@ SCRATCH_BESIDE_PROBES_CORES = 4  # cores from which the scratch store is timed b
 
 def run_params(cfg: Any, choices: Mapping[str, str], config: Any) -> Dict[str, str]:
     """The params the run of this configuration logs (record.open_tracker), the model shape included."""
-    from bertaccel.runs.tracking import flatten
+    from bertaccel.record.tracking import flatten
 
     from ..model import built_shape
 
@@ -57,7 +57,7 @@ def own_profile(cfg: Any) -> Tuple[Optional[Dict[str, Any]], str]:
 def store_references(uri: str, experiment: str, memo: Optional[Dict[Tuple[str, str], Any]] = None
                      ) -> Tuple[List[Reference], str]:
     """The store's runs that can calibrate, and a note on the store ('' when it was read)."""
-    from bertaccel.runs.tracking import search_runs
+    from bertaccel.record.tracking import search_runs
     from bertaccel.store import sqlite_file, sqlite_state, store_problem
 
     if memo is not None and (uri, experiment) in memo:

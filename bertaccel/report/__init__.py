@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from .data import ReportInputError, rows_from_csv, rows_from_mlflow
+from .data import ReportInputError, parse_weights, rows_from_csv, rows_from_mlflow
 from .pareto import OBJECTIVES, TIME_ACCURACY, pareto
-from .scoring import STRATEGIES, Row, parse_weights, score_rows
+from .scoring import STRATEGIES, Row, score_rows
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, TimeView, time_view
 
 __all__ = ["DEFAULT_TIME_MODE", "OBJECTIVES", "ReportInputError", "Row", "STRATEGIES", "TIME_MODES", "TimeView",

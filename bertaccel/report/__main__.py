@@ -22,7 +22,7 @@ from typing import List, Optional
 
 from . import floor, load_rows
 from .args import OneLineParser
-from .data import OPTIONAL_COLUMNS, Column, ReportInputError
+from .data import OPTIONAL_COLUMNS, Column, ReportInputError, parse_weights
 from .extend import extend
 from .folder import check_folder, write_folder
 from .gate import warning
@@ -31,7 +31,7 @@ from .occupancy import DEFAULT_OCCUPANCY_METRIC, OCCUPANCY_METRICS, o_column, wi
 from .plots import all_plots
 from .predicted import add_to_report as add_predicted
 from .render import build, to_html, to_markdown, unequal_work
-from .scoring import STRATEGIES, parse_weights, score_rows
+from .scoring import STRATEGIES, score_rows
 from .search_front import add_to_report as add_search_front
 from .stop import held, run
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .runinfo import group_keys, run_fields
-from .scoring import Row
+from .scoring import METRICS, THESIS_TERMS, Row
 from .timing import COMPILE_MODES, pairing_key
 
 
@@ -90,6 +90,24 @@ class Column:
         if not low_ok or (self.high is not None and value > self.high):
             raise ReportInputError(f"{where}: {text.strip()!r} must be {self.allowed} ({self.meaning})")
         return value
+
+
+def parse_weights(text: str) -> Tuple[float, ...]:
+    """'0.4,0.4,0.1,0.1' or '0.3,0.3,0.1,0.1,0.2' -> weights; raises ValueError with the reason."""
+    # Weights are relative: any finite numbers >= 0 will do. A nan or inf one would make every
+    # score nan, and min() would still crown a "best" row.
+    weight = Column("weight", "weights are relative numbers >= 0, e.g. 0.3,0.3,0.3,0.1", low=0)
+    parts = text.replace(" ", "").split(",")
+    if len(parts) not in (THESIS_TERMS, len(METRICS)):
+        raise ValueError(f"--weights {text!r}: give four numbers w1,w2,w3,w4 (time, cost, energy, occupancy), "
+                         "or five with w5 for carbon (co2e_kg)")
+    w = tuple(weight.parse(p, f"--weights {text!r} w{k}", given=True) for k, p in enumerate(parts, 1))
+    if sum(w) == 0:
+        raise ValueError(f"--weights {text!r}: weights must not all be 0")
+    if not math.isfinite(sum(w)):
+        raise ValueError(f"--weights {text!r}: too large to add up; weights are relative, so scale them down, "
+                         "e.g. 0.3,0.3,0.3,0.1")
+    return w  # type: ignore[return-value]
 
 
 NOT_MEASURED_HINT = "leave the cell empty if not measured"
@@ -221,7 +239,7 @@ def _rows_from_text(text: str, path: str, require: Sequence[Tuple[str, str]]) ->
 
 def _mlflow_timing(metrics: Mapping[str, float], params: Mapping[str, str], tags: Mapping[str, str]) -> Dict[str, Any]:
     """Row fields for --time total, --project-epochs and break-even, with why each is null."""
-    from bertaccel.runs.tracking import HASH_EXCLUDED_KEYS
+    from bertaccel.record.tracking import HASH_EXCLUDED_KEYS
 
     fields: Dict[str, Any] = {}
     extra: Dict[str, str] = {}
@@ -288,9 +306,9 @@ def _why_none_finished(uri: str, experiment: str, sweep_id: Optional[str]) -> st
 def _configuration_runs(uri: str, experiment: str, sweep_id: Optional[str], flt: str) -> List[Any]:
     """The configuration runs (not sweep parents, which hold no metrics) matching an MLflow filter:
     of the experiment, or of one sweep, those it ran and those it took from earlier runs or from
-    another sweep (runs/sweep.py sweep_runs), through the shared query, under the store lock."""
-    from bertaccel.runs.sweep import sweep_runs
-    from bertaccel.runs.tracking import search_runs
+    another sweep (record/sweep.py sweep_runs), through the shared query, under the store lock."""
+    from bertaccel.record.sweep import sweep_runs
+    from bertaccel.record.tracking import search_runs
 
     if sweep_id:
         tag_equals("sweep_id", sweep_id, "--sweep")  # (an id with both quotes, which no sweep has: one line)
@@ -308,8 +326,8 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
         where = f"sweep {sweep_id} of " if sweep_id else ""
         raise ReportInputError(f"no finished runs in {where}experiment {experiment} ({uri})"
                                + _why_none_finished(uri, experiment, sweep_id))
-    from bertaccel.runs.record import run_settings
-    from bertaccel.runs.sweep import MEMBER_TAG
+    from bertaccel.record.run_record import run_settings
+    from bertaccel.record.sweep import MEMBER_TAG
 
     rows = []
     client = MlflowClient(tracking_uri=uri)

@@ -64,7 +64,7 @@ def norm(v: Any) -> Optional[str]:
 
 def _name_items(name: str) -> Dict[str, str]:
     """'precision=fp16,train.lr=1e-4' -> its items; {} for a name that is not key=value items."""
-    from bertaccel.runs.tracking import HASH_EXCLUDED_KEYS
+    from bertaccel.record.tracking import HASH_EXCLUDED_KEYS
 
     items = [p.split("=", 1) for p in name.split(",")]
     if not name or any(len(p) != 2 or not p[0].strip() for p in items):

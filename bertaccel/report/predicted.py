@@ -160,7 +160,7 @@ def triples(values: Sequence[str]) -> List[str]:
 
 def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> None:
     """The report's hook: a table (and a plot) when any of the rows' runs logged a prediction."""
-    from bertaccel.runs.tracking import search_runs
+    from bertaccel.record.tracking import search_runs
 
     runs = {r.info.run_id: r for r in search_runs(uri, experiment, "tags.status = 'finished'")}
     cells, s = comparison(rows, runs)
@@ -192,7 +192,7 @@ def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> N
 def wait_comparison(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Tuple[str, str, List[str], List[List[str]]]]:
     """What each run waited for, predicted (by a saved plan: plan/saved.py) vs measured, and each
     sweep's wall: from its first run's process start to its last run's record."""
-    from bertaccel.runs.readings import run_waits
+    from bertaccel.record.readings import run_waits
 
     cells, sweeps = [], {}
     for r in rows:

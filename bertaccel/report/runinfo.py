@@ -27,11 +27,11 @@ def group_keys(runs: Sequence[Any]) -> Tuple[List[str], str]:
     """(one key per run, how the keys were made). The tag when every run has it, computed by one
     identity version (tracking.IDENTITY_VERSION: the launcher's settings left out since 2); else
     every key from params, so that runs logged before the tag (or its version) and after it still
-    group together. Runs that read other rows (their dataset digests, runs/datasets.py) are
+    group together. Runs that read other rows (their dataset digests, record/datasets.py) are
     never repeats of one configuration: where the runs' data differ, each key names its data."""
-    from bertaccel.runs.datasets import data_key
-    from bertaccel.runs.record import run_settings
-    from bertaccel.runs.tracking import HASH_EXCLUDED_KEYS, IDENTITY_VERSION_TAG
+    from bertaccel.record.datasets import data_key
+    from bertaccel.record.run_record import run_settings
+    from bertaccel.record.tracking import HASH_EXCLUDED_KEYS, IDENTITY_VERSION_TAG
 
     tags = [r.data.tags.get(GROUP_TAG) for r in runs]
     versions = {r.data.tags.get(IDENTITY_VERSION_TAG, "1") for r in runs}
@@ -77,7 +77,7 @@ def _windows(text: Optional[str]) -> Tuple[Tuple[float, ...], str]:
 def run_fields(run: Any, client: Any) -> Dict[str, Any]:
     """Row fields from one run, and why each empty one is empty (under "extra")."""
     from bertaccel.options.dataset import label
-    from bertaccel.runs.record import run_settings
+    from bertaccel.record.run_record import run_settings
 
     tags, params, metrics = run.data.tags, run_settings(run), run.data.metrics
     extra: Dict[str, str] = {}
@@ -88,7 +88,7 @@ def run_fields(run: Any, client: Any) -> Dict[str, Any]:
             extra[name] = tags.get(f"{name}_source", "not logged")
     from bertaccel.config import GROUPS
 
-    # A run logs each group's option as a param named for the group (runs/record.py open_tracker).
+    # A run logs each group's option as a param named for the group (record/run_record.py open_tracker).
     fields["choices"] = {g: params[g] for g in GROUPS if g in params}
     fields["sweep"] = tags.get("sweep_id", "")
     fields["device"] = tags.get("device_name", "")

@@ -82,26 +82,6 @@ def full_weights(weights: Sequence[float]) -> Tuple[float, ...]:
     return tuple(weights) + (0.0,) * (len(METRICS) - len(weights))
 
 
-def parse_weights(text: str) -> Tuple[float, ...]:
-    """'0.4,0.4,0.1,0.1' or '0.3,0.3,0.1,0.1,0.2' -> weights; raises ValueError with the reason."""
-    from .data import Column  # (data.py builds Rows of this module)
-
-    # Weights are relative: any finite numbers >= 0 will do. A nan or inf one would make every
-    # score nan, and min() would still crown a "best" row.
-    weight = Column("weight", "weights are relative numbers >= 0, e.g. 0.3,0.3,0.3,0.1", low=0)
-    parts = text.replace(" ", "").split(",")
-    if len(parts) not in (THESIS_TERMS, len(METRICS)):
-        raise ValueError(f"--weights {text!r}: give four numbers w1,w2,w3,w4 (time, cost, energy, occupancy), "
-                         "or five with w5 for carbon (co2e_kg)")
-    w = tuple(weight.parse(p, f"--weights {text!r} w{k}", given=True) for k, p in enumerate(parts, 1))
-    if sum(w) == 0:
-        raise ValueError(f"--weights {text!r}: weights must not all be 0")
-    if not math.isfinite(sum(w)):
-        raise ValueError(f"--weights {text!r}: too large to add up; weights are relative, so scale them down, "
-                         "e.g. 0.3,0.3,0.3,0.1")
-    return w  # type: ignore[return-value]
-
-
 def column_max(rows: Sequence[Row]) -> Dict[str, Optional[float]]:
     out = {}
     for m in METRICS:

@@ -38,7 +38,7 @@ class SearchFront:
 
 def find(uri: str, experiment: str, rows: Sequence[Row], sweep_id: Optional[str] = None) -> List[SearchFront]:
     """The searches whose trials are among rows (or the one sweep_id names), each with its front."""
-    from bertaccel.runs.tracking import search_runs
+    from bertaccel.record.tracking import search_runs
 
     ids = {r.run_id for r in rows}
     found = []

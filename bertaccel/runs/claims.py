@@ -1,4 +1,4 @@
-"""A configuration another live sweep runs now (its `running` run is the claim: runs/sweep.py
+"""A configuration another live sweep runs now (its `running` run is the claim: record/sweep.py
 previous_outcome, job.execute): this sweep waits for that run's end, then takes its outcome or runs
 the configuration again (runs/launch.py). In a job's first turn (job_turn: the sweep launcher's
 first pass over its jobs, hydra_plugins/bertaccel_launcher) the configuration is put off instead
@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from bertaccel.runs import interrupt
 from bertaccel.runs.startup import Mark, job_marks
-from bertaccel.runs.sweep import RUNNING_ELSEWHERE
+from bertaccel.record.sweep import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")
 
@@ -90,7 +90,7 @@ def _stopped_holder(cfg: DictConfig, run_id: str) -> Optional[int]:
     else None: a wait on it lasts until someone continues or ends it."""
     from mlflow.tracking import MlflowClient
 
-    from bertaccel.runs.sweep import process_alive
+    from bertaccel.record.sweep import process_alive
     from bertaccel.store import store_lock
 
     try:

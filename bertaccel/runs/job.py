@@ -1,5 +1,5 @@
 """One configuration, end to end: checks, data, model, training, and its MLflow record filled
-(record.py opens it and records what never reaches training).
+(record/run_record.py opens it and records what never reaches training).
 
 `execute` never raises for a problem of the run itself: it returns an Outcome whose status is
 finished, skipped (this machine cannot run the combination) or failed (an exception while
@@ -32,13 +32,13 @@ from bertaccel.options.checks import validate
 from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from bertaccel.plan.hook import log_prediction
 from bertaccel.runs.cuda_free_imports import run_process_cuda_check
-from bertaccel.runs.datasets import dataset_inputs
+from bertaccel.record.datasets import dataset_inputs
 from bertaccel.runs.interrupt import Interrupted
-from bertaccel.runs.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
-from bertaccel.runs.record import Outcome, RankTracker, open_tracker, restated_tags, resumed
+from bertaccel.record.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
+from bertaccel.record.run_record import Outcome, RankTracker, open_tracker, restated_tags, resumed
 from bertaccel.runs.startup import Mark, startup_phases
-from bertaccel.runs.store_failure import close_or_name, failed
-from bertaccel.runs.tracking import RunTracker
+from bertaccel.record.store_failure import close_or_name, failed
+from bertaccel.record.tracking import RunTracker
 from bertaccel.store import store_lock
 from bertaccel.train.batch_fit import cpu_refusal, fitted_batch
 from bertaccel.train.compile_cache import compile_caches
@@ -126,7 +126,7 @@ def _run(cfg: DictConfig, run_name: str, started: Tuple[float, str, List[Mark]],
         reason = unavailable or skip_reason(cfg, device, probe())
         if reason:
             return _end(tracker, outcome, "skipped", reason)
-        tracker.log_inputs(dataset_inputs(cfg.dataset, raw))  # the UI's Dataset column (runs/datasets.py)
+        tracker.log_inputs(dataset_inputs(cfg.dataset, raw))  # the UI's Dataset column (record/datasets.py)
         with isolated_run(cfg.train.seed, shared_process=cfg.launcher.name == "inline"), \
                 tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
                 compile_caches(cfg.cache_dir, cfg.compile.cache, device) as ccache:
@@ -155,7 +155,7 @@ def _run(cfg: DictConfig, run_name: str, started: Tuple[float, str, List[Mark]],
         raise
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the sweep goes on
         store = failed(e, cfg.tracking.uri, cfg.tracking.experiment)
-        if store is not None:  # not the run's own: the store or the disk, the sweep stops (store_failure.py)
+        if store is not None:  # not the run's own: the store or the disk, the sweep stops (record/store_failure.py)
             raise store.leaving(close_or_name(cfg.tracking.uri, [(outcome.run_id, run_name)], store.reason)) from None
         log.error(f"run {run_name} failed:\n{traceback.format_exc()}")
         return _end(tracker, outcome, "failed", _first_line(e))
@@ -178,7 +178,7 @@ def _build_model(cfg: DictConfig, raw: Any, tokenizer: Any, tracker: Any,
     log.info(f"model {cfg.model.name}: {weights_note}")
     marks["model built"] = time.time()
     # What was built, where the config has no shape of its own (a pretrained model): the model
-    # choice restates it, so a tag beside the choice's param (runs/record.py CONFIG_TAG_PREFIX).
+    # choice restates it, so a tag beside the choice's param (record/run_record.py CONFIG_TAG_PREFIX).
     tracker.set_tags(restated_tags({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None}))
     return model, weights_note
 

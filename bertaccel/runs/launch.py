@@ -24,8 +24,8 @@ once it is gone, marks its run interrupted and exits (_die_with_launcher).
 
 One finished run per configuration, also with two sweeps on one store: a configuration another
 live process is running is waited for (or put off, in the sweep launcher's first pass), then taken
-as already finished or run again (runs/claims.py, runs/sweep.py previous_outcome, job.execute's
-claim). The store or its disk failing under a run stops the sweep (runs/store_failure.py).
+as already finished or run again (runs/claims.py, record/sweep.py previous_outcome, job.execute's
+claim). The store or its disk failing under a run stops the sweep (record/store_failure.py).
 """
 from __future__ import annotations
 
@@ -51,9 +51,9 @@ from bertaccel.runs.claims import second_turn, wait_for_others
 from bertaccel.runs.forkserver import start_forkserver
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
                                     PROCESS_SPAWN, Mark, fork_marks, process_started_at, resume_collector, stamp)
-from bertaccel.runs.store_failure import (StoreFailed, close_left_open, failed, quiet_store_errors,
+from bertaccel.record.store_failure import (StoreFailed, close_left_open, failed, quiet_store_errors,
                                          refuse_deleted_experiment)
-from bertaccel.runs.sweep import RUNNING_ELSEWHERE
+from bertaccel.record.sweep import RUNNING_ELSEWHERE
 
 log = logging.getLogger("bertaccel")
 
@@ -116,7 +116,7 @@ def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_
     from bertaccel.options.checks import validate
     from bertaccel.options.hardware import check_gpu_count, resolve_device
     from bertaccel.runs.hub import hub_skip_reason
-    from bertaccel.runs.record import record_skipped, resumed
+    from bertaccel.record.run_record import record_skipped, resumed
     from bertaccel.store import repair_store
 
     try:
@@ -227,8 +227,8 @@ def _die_with_launcher(job: Job) -> None:
     experiment = job.cfg["tracking"]["experiment"]
 
     def watch() -> None:
-        from bertaccel.runs.sweep import process_alive
-        from bertaccel.runs.tracking import finish_run, search_runs
+        from bertaccel.record.sweep import process_alive
+        from bertaccel.record.tracking import finish_run, search_runs
         from bertaccel.store import store_lock
 
         me = socket.gethostname()
@@ -375,8 +375,8 @@ def _record_failure(job: Job, cfg: DictConfig, reason: str, main: Any, status: s
     """Mark the job's MLflow run failed with the reason (opening one if none was). status
     "interrupted" (SIGINT / SIGTERM): the run is marked so if it was opened, and None returned
     if it was not (nothing ran that a record would tell of)."""
-    from bertaccel.runs.record import Outcome, record_bad_input
-    from bertaccel.runs.tracking import finish_run, search_runs
+    from bertaccel.record.run_record import Outcome, record_bad_input
+    from bertaccel.record.tracking import finish_run, search_runs
 
     log.warning(f"run {job.run_name}: {status}: {reason}")
     runs = search_runs(cfg.tracking.uri, cfg.tracking.experiment, f"tags.{LAUNCH_TAG} = '{job.launch_id}'")

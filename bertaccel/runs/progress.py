@@ -3,7 +3,7 @@
 Hydra calls this callback in the launching process; bertaccel's launcher runs every job's
 Hydra side there (also with launcher.runs_at_once > 1), so the outcomes collected here are
 all the sweep's runs. The parent run's id and the swept keys reach the jobs through an
-environment variable (runs/sweep.py: SWEEP_ENV).
+environment variable (record/sweep.py: SWEEP_ENV).
 
 The submitit launchers (hydra/launcher=slurm, slurm_gpu, slurm_ddp, local_jobs) run a job's
 Hydra side in the job's own process, with a pickled copy of this callback: there it only makes
@@ -25,9 +25,9 @@ from bertaccel.options.search import parent_tags, uses_search
 from bertaccel.runs import run_dir
 from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
-from bertaccel.runs.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
-from bertaccel.runs.tracking import experiment_id_of, ui_address
-from bertaccel.runs.store_failure import exit_if_experiment_deleted
+from bertaccel.record.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
+from bertaccel.record.tracking import experiment_id_of, ui_address
+from bertaccel.record.store_failure import exit_if_experiment_deleted
 from bertaccel.store import exit_if_store_unusable, repair_store
 
 # interrupted: a submitit job killed from outside (its run is marked so and runs again next time)

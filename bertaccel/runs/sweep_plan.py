@@ -98,7 +98,7 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
     cannot compose."""
     from bertaccel.config import ConfigError
     from bertaccel.options.checks import validate
-    from bertaccel.runs.record import cfg_hash
+    from bertaccel.record.run_record import cfg_hash
 
     try:
         jobs = grid_jobs(config)

@@ -1,6 +1,6 @@
 """What a run's training returns: per-epoch statistics (EpochStats) and the run's TrainResult,
 whose properties sum or take steady-state medians over the epochs' timed windows. Apart from the
-loop (loop.py) so that readers of a result (runs/readings.py, runs/job.py) need not import it."""
+loop (loop.py) so that readers of a result (record/readings.py, runs/job.py) need not import it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

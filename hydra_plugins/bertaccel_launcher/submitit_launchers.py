@@ -19,7 +19,7 @@ callback: parent run, "run k of N" lines, summary, exit status) lives:
   callback here; in the job's process the callback stays silent (runs/progress.py).
 - A job that ends without a result (scancel, the time limit, a node failure, SIGKILL) is no
   outcome of its configuration: its MLflow run, left "running", is marked interrupted with what
-  submitit said, and the same sweep command runs it again (runs/sweep.py previous_outcome).
+  submitit said, and the same sweep command runs it again (record/sweep.py previous_outcome).
 """
 # No `from __future__ import annotations` (see bertaccel_launcher.py). bertaccel is imported
 # lazily: Hydra imports every plugin module of the environment at start-up, for any app.
@@ -111,7 +111,7 @@ class _BertaccelSubmitit:
         from bertaccel.config import ConfigError
         from bertaccel.options.checks import validate
         from bertaccel.run import job_info
-        from bertaccel.runs.record import record_bad_input, resumed
+        from bertaccel.record.run_record import record_bad_input, resumed
         from bertaccel.runs.sweep_plan import task_config
 
         cfg = task_config(sweep_cfg)
@@ -188,10 +188,10 @@ class _BertaccelSubmitit:
         """A job killed from outside (not an outcome of its configuration): its run, if it opened
         one, is marked interrupted, which the same sweep command runs again."""
         from bertaccel.run import job_info
-        from bertaccel.runs.record import Outcome, cfg_hash
-        from bertaccel.runs.sweep import context_from_env
+        from bertaccel.record.run_record import Outcome, cfg_hash
+        from bertaccel.record.sweep import context_from_env
         from bertaccel.runs.sweep_plan import task_config
-        from bertaccel.runs.tracking import finish_run, search_runs
+        from bertaccel.record.tracking import finish_run, search_runs
 
         cfg = task_config(sweep_cfg)
         info = job_info(sweep_cfg.hydra)

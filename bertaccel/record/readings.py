@@ -154,7 +154,7 @@ def log_accumulation(tracker: Any, result: Any, metrics: Dict[str, Any]) -> None
 
 def log_backprop(tracker: Any, timing: Any, metrics: Dict[str, Any], device: torch.device) -> None:
     """layer_timing=true: the thesis' estimate against the measured backward, and the per-layer
-    table as an artifact (bertaccel.predict_dp reads it)."""
+    table as an artifact (bertaccel.plan.predict_dp reads it)."""
     values = {"backward_measured_ms": timing.measured_backward_ms,
               "backward_predicted_ms": timing.predicted_backward_ms,
               "backward_estimate_error_pct": timing.error_pct,

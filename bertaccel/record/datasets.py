@@ -5,7 +5,7 @@ The digest is the split's content fingerprint (data.split_fingerprint: the same 
 token cache), taken after dataset.train_subset / test_subset: two runs share a digest exactly when
 they saw the same rows. MLflow keeps 36 characters of a digest, so its first DIGEST_CHARS are logged.
 
-The same digests decide resume (runs/sweep.py previous_outcome): an earlier run is this
+The same digests decide resume (record/sweep.py previous_outcome): an earlier run is this
 configuration's only when it read the rows this run would read (current_digests, taken before the
 run starts, as cheaply as the run's own read: the parse cache keyed by the files' bytes).
 """

@@ -1,16 +1,15 @@
 """The report of a sweep, attached to its MLflow parent run when the sweep ends, so the MLflow UI
 shows it beside the runs it scores (artifact `report/report.html`, with report.md and plots/).
 
-Where it lives, and why: the sweep's end is in runs/ (runs/progress.py, SweepProgress), and the
-report is in report/, which stands above runs/ (pyproject.toml, [tool.importlinter]): runs/ may
-not import report/, and run.py, in report's layer, may not either. So this module is a layer of
-its own above both, and its Hydra callback is listed after SweepProgress in conf/config.yaml:
+Where it lives, and why: the sweep's end is in runs/ (runs/progress.py, SweepProgress), and runs/
+may not import report/, which stands above it (pyproject.toml, [tool.importlinter]). So the report
+attaches itself, from report/: its Hydra callback is listed after SweepProgress in conf/config.yaml,
 Hydra calls it by name (no import of it from below), starts callbacks in order and ends them in
 reverse, so it reads the sweep's context after SweepProgress has opened the parent run and
 attaches the report before SweepProgress closes it and prints the summary.
 
 It covers every configuration of the sweep: the runs it ran and those it resumed from earlier
-runs or took from another sweep running them (tag in_sweep.<id>, runs/sweep.py adopt).
+runs or took from another sweep running them (tag in_sweep.<id>, record/sweep.py adopt).
 
 The parent run's description (the tag MLflow's UI shows as a run's description, DESCRIPTION_TAG)
 carries the answer: the report's headline and what changes it, and where the report is, so the
@@ -33,7 +32,7 @@ from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.file_utils import local_file_uri_to_path
 
-from bertaccel.runs.sweep import SweepContext, context_from_env, sweep_runs
+from bertaccel.record.sweep import SweepContext, context_from_env, sweep_runs
 from bertaccel.store import store_lock
 
 ARTIFACT_DIR = "report"  # on the parent run: report/report.html, report/report.md, report/plots/
@@ -46,7 +45,7 @@ DESCRIPTION_CHARS = 4000  # the answer's lines are cut here; the report's path a
 
 def finished_runs(uri: str, experiment: str, sweep_id: str) -> int:
     """The sweep's configuration runs that finished: this time or in an earlier run of it, and
-    those it took from earlier runs or from another sweep (runs/sweep.py sweep_runs)."""
+    those it took from earlier runs or from another sweep (record/sweep.py sweep_runs)."""
     return len(sweep_runs(uri, experiment, sweep_id, "tags.status = 'finished'"))
 
 

@@ -1,6 +1,6 @@
 """Predict a data-parallel step time on N GPUs from a 1-GPU run, before renting N GPUs.
 
-    python -m bertaccel.predict_dp --uri sqlite:///mlflow.db --run-id <1-GPU run with layer_timing=true> \
+    python -m bertaccel.plan.predict_dp --uri sqlite:///mlflow.db --run-id <1-GPU run with layer_timing=true> \
         --bus-bandwidth-gb-s 350 --gpus 2,4,8 [--latency-ms 0.02] [--check-run-id <N-GPU run>]
 
 The run's per-layer backward compute times and gradient bytes (artifact layer_timing.json) go

@@ -6,7 +6,7 @@ run and the configurations that already finished.
 
 Per configuration, `previous_outcome` looks at earlier runs with the same config_hash (or the
 hash an older version gave it: tracking.legacy_config_hashes) that read the same data (their
-dataset digests equal the ones the run would read now, runs/datasets.py; a run that recorded
+dataset digests equal the ones the run would read now, record/datasets.py; a run that recorded
 none, e.g. of a version before the digests, is taken as the same data, with a log line):
 finished -> not run again; failed/skipped -> not run again unless sweep.retry_failed; a run
 still marked "running" whose process is gone (same host, dead pid: e.g. a SIGKILLed sweep)
@@ -39,8 +39,9 @@ import psutil
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
-from bertaccel.runs.tracking import LAUNCH_SETTINGS, experiment_id, search_runs
-from bertaccel.store import keep_store, store_lock
+from bertaccel.record.tracking import LAUNCH_SETTINGS, experiment_id, search_runs
+from bertaccel.store import store_lock
+from bertaccel.store_keep import keep_store
 
 log = logging.getLogger("bertaccel")
 
@@ -167,7 +168,7 @@ def interrupt_parent(uri: str, run_id: str, reason: str, status: str = "interrup
     """A sweep stopped by SIGINT / SIGTERM: its parent run ends KILLED, status=interrupted (unless
     another sweep process of the same command is still on it). The same command later reopens it
     and runs what did not finish (open_parent, previous_outcome). status "failed": a sweep its
-    store stopped (runs/store_failure.py), FAILED."""
+    store stopped (record/store_failure.py), FAILED."""
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
         if _leave_parent(client, run_id):
@@ -188,7 +189,7 @@ def _earlier_runs(uri: str, experiment: str, hashes: Sequence[str],
                   data: Optional[Mapping[str, str]]) -> List[Any]:
     """Configuration runs recorded under any of these config hashes, oldest first, but those that
     read other data than `data` (split -> digest; None: not compared)."""
-    from bertaccel.runs.datasets import recorded_digests, same_data  # (torch: not at a sweep's start-up)
+    from bertaccel.record.datasets import recorded_digests, same_data  # (torch: not at a sweep's start-up)
 
     by_id: Dict[str, Any] = {}
     for h in dict.fromkeys(hashes):
@@ -205,7 +206,7 @@ def previous_outcome(uri: str, experiment: str, hashes: Sequence[str], retry_fai
     config_hash first, then those older versions recorded for it (tracking.legacy_config_hashes).
     data: the digests of the rows the run would read (datasets.current_digests), None where they
     cannot be had (a hub dataset): an earlier run that read other rows is another configuration's."""
-    from bertaccel.runs.datasets import recorded_digests
+    from bertaccel.record.datasets import recorded_digests
 
     runs = _earlier_runs(uri, experiment, hashes, data)
     for r in runs:
@@ -288,4 +289,4 @@ def set_env(ctx: Optional[SweepContext]) -> None:
     else:
         os.environ[SWEEP_ENV] = json.dumps({"sweep_id": ctx.sweep_id, "parent_run_id": ctx.parent_run_id,
                                             "swept": sorted(ctx.swept), "uri": ctx.uri})
-    keep_store(None if ctx is None else ctx.uri)  # the sweep's store is not made again if it goes (store.py)
+    keep_store(None if ctx is None else ctx.uri)  # the sweep's store is not made again if it goes (store_keep.py)

@@ -6,7 +6,7 @@ sweep.previous_outcome marks a run whose process is gone, open_parent reopens it
 The failures: the experiment deleted in the MLflow UI (MLflow keeps it in its trash, and its runs
 with it: nothing can be written to them until it is restored); the disk full (SQLite's "database
 or disk is full", or ENOSPC writing an artifact or a cache file); the store file deleted or
-replaced while the sweep ran (store.StoreLost); a store that became read-only. None of them is a
+replaced while the sweep ran (store_keep.StoreLost); a store that became read-only. None of them is a
 run's own failure: every later run would meet it too, and a sweep that recorded one failed run
 after another (or could not even record them) told nothing. So the sweep stops: StoreFailed is a
 BaseException, as interrupt.Interrupted is, and passes through Hydra's job handling (which keeps
@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from bertaccel.store import StoreLost, check_kept, sqlite_file
+from bertaccel.store_file import sqlite_file
+from bertaccel.store_keep import StoreLost, check_kept
 
 DISK_FULL = ("database or disk is full", "No space left on device")
 READ_ONLY = "attempt to write a readonly database"
@@ -111,7 +112,7 @@ def refuse_deleted_experiment(uri: str, name: str) -> None:
     """A deleted experiment: bad input (ConfigError) before a run; in a sweep, which refused it
     before its start (exit_if_experiment_deleted), it went while the sweep ran: StoreFailed."""
     from bertaccel.config import ConfigError
-    from bertaccel.runs.sweep import context_from_env
+    from bertaccel.record.sweep import context_from_env
 
     sweeping = context_from_env() is not None
     why = experiment_refusal(uri, name, while_sweeping=sweeping)
@@ -190,7 +191,7 @@ def close_or_name(uri: str, runs: Sequence[Tuple[str, str]], reason: str) -> Lis
     ends the same way, marked interrupted by the next sweep when it finds its process gone. Which
     of the two happens depends on whether SQLite still finds room for the write (a full disk may
     still take a write into pages the file already has)."""
-    from bertaccel.runs.tracking import finish_run
+    from bertaccel.record.tracking import finish_run
 
     left = []
     for run_id, name in runs:
@@ -205,7 +206,7 @@ def close_left_open(uri: str, experiment: str, job_filter: str, run_name: str, f
     """The store failed under a job (launch.py: its process sent `failure`): the job's run (found
     by `job_filter`), if its process opened one and could not close it, closed as close_or_name
     does, or named in the failure as left open where the store takes no write."""
-    from bertaccel.runs.tracking import search_runs
+    from bertaccel.record.tracking import search_runs
 
     try:
         runs = search_runs(uri, experiment, job_filter)
@@ -218,7 +219,7 @@ def close_left_open(uri: str, experiment: str, job_filter: str, run_name: str, f
 def stopped(e: StoreFailed) -> int:
     """run.cli: a run or a sweep its store stopped. The sweep's parent run is closed as failed if
     the store takes it; one line says the cause, what to do, and what is left open; exit status 1."""
-    from bertaccel.runs.sweep import context_from_env, interrupt_parent, set_env
+    from bertaccel.record.sweep import context_from_env, interrupt_parent, set_env
 
     left = list(e.left_open)
     sweep = context_from_env()

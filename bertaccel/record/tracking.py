@@ -22,7 +22,9 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.file_utils import local_file_uri_to_path
 from mlflow.utils.time import get_current_time_millis
 
-from bertaccel.store import check_kept, sqlite_file, store_lock
+from bertaccel.store import store_lock
+from bertaccel.store_file import sqlite_file
+from bertaccel.store_keep import check_kept
 
 INPUT_ATTEMPTS = 3  # log_inputs: a clash on a dataset's key is retried (RunTracker.log_inputs)
 
@@ -44,7 +46,7 @@ LAUNCH_SETTINGS = ("launcher.runs_at_once", "launcher.start_method", "launcher.t
                    "launcher.collective_timeout_s")
 HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search", *LAUNCH_SETTINGS)
 # What versions before IDENTITY_VERSION left out: their config_hash tags are found by
-# legacy_config_hashes (runs/sweep.py previous_outcome), so their stores stay resumable.
+# legacy_config_hashes (record/sweep.py previous_outcome), so their stores stay resumable.
 LEGACY_HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search")
 # A run's tag: the identity its config_hash and config_key_noseed follow. Runs without it were
 # recorded before: the report groups a mix of both by params (report/runinfo.py group_keys).
@@ -269,7 +271,7 @@ class RunTracker:
 
     @_locked
     def log_inputs(self, datasets: Sequence[Any]) -> None:
-        """The run's datasets (runs/datasets.py: DatasetInput per split).
+        """The run's datasets (record/datasets.py: DatasetInput per split).
 
         Once more after a unique-key clash: MLflow's store looks a dataset up and then inserts it
         in two steps, so runs of a parallel sweep on a tracking server (no store lock there) that

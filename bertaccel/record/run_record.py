@@ -11,8 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.config import CONF_DIR, GROUP_SCHEMAS, MODEL_SHAPE_FIELDS
 from bertaccel.options.dataset import data_name
-from bertaccel.runs.sweep import RUNNING_ELSEWHERE, adopt, context_from_env, previous_outcome, process_tags, scheduler_tags
-from bertaccel.runs.tracking import (IDENTITY_VERSION, IDENTITY_VERSION_TAG, RunTracker, config_hash, flatten, git_sha,
+from bertaccel.record.sweep import RUNNING_ELSEWHERE, adopt, context_from_env, previous_outcome, process_tags, scheduler_tags
+from bertaccel.record.tracking import (IDENTITY_VERSION, IDENTITY_VERSION_TAG, RunTracker, config_hash, flatten, git_sha,
                                      legacy_config_hashes)
 
 
@@ -116,7 +116,7 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     params, restated = split_settings(flat, options, sweep.swept if sweep is not None else ())
     params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
     # host, pid and its start let a later sweep tell a run whose process died (SIGKILL) from a
-    # live one (runs/sweep.py previous_outcome): the running run is the claim on its configuration.
+    # live one (record/sweep.py previous_outcome): the running run is the claim on its configuration.
     tags = {"config_hash": config_hash(resolved), "config_key_noseed": config_key_noseed(resolved),
             IDENTITY_VERSION_TAG: IDENTITY_VERSION, "git_sha": git_sha(), "status": "running",
             **restated_tags(restated), **process_tags(), **scheduler_tags(), **extra_tags}
@@ -128,11 +128,11 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
 
 def resumed(cfg: DictConfig, run_name: str, raw: Any = None) -> Optional[Outcome]:
     """In a sweep with sweep.resume: the outcome of an earlier run of this configuration, if
-    that means it is not run again (see runs/sweep.py previous_outcome). An earlier run is this
+    that means it is not run again (see record/sweep.py previous_outcome). An earlier run is this
     configuration's when its config_hash is this one's (or the one an older version gave it) and
     it read the rows this run would read: raw, the data as read (job.execute), else read here.
     An earlier run taken for the sweep is tagged as the sweep's (its report covers it)."""
-    from bertaccel.runs.datasets import current_digests, data_digests
+    from bertaccel.record.datasets import current_digests, data_digests
 
     sweep = context_from_env()
     if sweep is None or not cfg.sweep.resume:

@@ -1,0 +1,68 @@
+"""The store a sweep writes to stays the file it is now (keep_store), in the sweep's process and
+the run processes it starts: its runs and its parent run are in that file, and a new empty store
+made in its place (what store_lock does for a missing file) would take the rest of the sweep
+without a word. So while a store is kept, store_lock (store.py) neither makes a store where it
+went nor writes to another file put in its place: check_kept raises StoreLost, which
+record/store_failure.py turns into the sweep's one line and its stop.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from bertaccel.store_file import sqlite_file
+
+# "<db file> <device>:<inode>": the kept store, set in the environment so its run processes see it too.
+KEEP_ENV = "BERTACCEL_STORE_KEPT"
+
+
+class StoreLost(Exception):
+    """The store a sweep writes to was deleted or replaced while it ran (keep_store)."""
+
+
+def _identity(db: Path) -> str:
+    st = db.stat()
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def keep_store(uri: Optional[str]) -> None:
+    """From now on (None: no longer), in this process and the processes it starts, the sqlite:///
+    store of `uri` must stay the file it is now: a sweep's runs and its parent run are in it, and
+    a new empty store made in its place (what store_lock does for a missing file) would take the
+    rest of the sweep without a word."""
+    db = sqlite_file(uri) if uri else None
+    if db is not None and db.is_file():
+        os.environ[KEEP_ENV] = f"{db} {_identity(db)}"
+    else:
+        os.environ.pop(KEEP_ENV, None)
+
+
+def check_kept(db: Path) -> None:
+    """StoreLost if `db` is the store keep_store keeps and it is gone or another file now."""
+    kept, _, identity = os.environ.get(KEEP_ENV, "").rpartition(" ")
+    if kept != str(db):
+        return
+    if not db.exists():
+        raise StoreLost(f"the store {db} was deleted while the sweep ran; a new one is not made in its place (the "
+                        "sweep's runs are not in it): put the file back, or give another tracking.uri=, then run the "
+                        "same command again")
+    if db.stat().st_size == 0:  # (a store is never empty: a connection opened on the path made this one)
+        raise StoreLost(f"the store {db} was deleted while the sweep ran; a new one is not made in its place (the "
+                        "sweep's runs are not in it): put the file back, or give another tracking.uri=, then run the "
+                        "same command again")
+    if _identity(db) != identity:
+        raise StoreLost(f"the store {db} was replaced by another file while the sweep ran; nothing more is written "
+                        "to it: if it is the store you mean, run the same command again (it resumes there)")
+
+
+def is_kept(db: Path) -> bool:
+    return os.environ.get(KEEP_ENV, "").rpartition(" ")[0] == str(db)
+
+
+def no_empty_in_place(db: Path, kept: bool) -> None:
+    """At the end of a hold of the kept store: if it was deleted during the hold and a new
+    connection of MLflow's engine pool (opened after the hold's check) made an empty file in its
+    place, that file is not left there (a store is never empty; the next check says deleted)."""
+    if kept and db.is_file() and db.stat().st_size == 0:
+        db.unlink(missing_ok=True)
