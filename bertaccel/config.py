@@ -15,6 +15,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+# How a value is refused has its own module; imported here too, where the schema's users look.
+from bertaccel.option import ConfigError, Range, bounded, first_line, not_count_or, not_one_of  # noqa: F401
+
 # Inside the package, so a plain `pip install` (a wheel) carries them: the config groups Hydra
 # composes (run.py's config_path) and the studies, primary configs found by name
 # (hydra_plugins/bertaccel_searchpath adds SWEEPS_DIR to Hydra's search path).
@@ -32,75 +35,6 @@ DEVICES = ("auto", "cpu", "cuda")
 LAUNCHERS = ("inline", "process")
 START_METHODS = ("forkserver", "spawn")
 GRADIENT_CHECKPOINTING = ("none", "every", "sqrt")  # train.gradient_checkpointing (train/checkpointing.py)
-
-
-def uses_cuda_graphs(mode: str) -> bool:
-    """Whether this torch.compile mode replays CUDA graphs (reduce-overhead, max-autotune): read
-    from Inductor's own table of modes, so a mode that gains or drops graphs is followed here."""
-    if mode in ("off", "default"):
-        return False
-    from torch._inductor import list_mode_options
-
-    return bool(list_mode_options(mode).get("triton.cudagraphs", False))
-
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message is the one line the user sees."""
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric setting may take, declared on its field (`bounded`) so the setting and
-    its check have one home; checks.py walks the schema and applies every declared Range. A null
-    passes: an Optional field's null has its own meaning, said in the field's comment and note.
-    Written as `not (value > low)` etc., so NaN is refused here too, not only by the finite check."""
-    gt: Optional[float] = None
-    ge: Optional[float] = None
-    lt: Optional[float] = None
-    le: Optional[float] = None
-    note: str = ""  # why the range, or what null means: said with the refusal
-
-    def text(self) -> str:
-        def num(x: float) -> str:  # 4294967295, not 4.29497e+09
-            return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-        low = f"[{num(self.ge)}" if self.ge is not None else f"({num(self.gt)}" if self.gt is not None else None
-        high = f"{num(self.le)}]" if self.le is not None else f"{num(self.lt)})" if self.lt is not None else None
-        if low and high:
-            return f"in {low}, {high}"
-        if low:
-            return (">= " if self.ge is not None else "> ") + low[1:]
-        return ("<= " if self.le is not None else "< ") + high[:-1]
-
-    def refusal(self, key: str, value: Any) -> Optional[str]:
-        """Why `key=value` is out of range (one line), or None."""
-        if value is None:
-            return None
-        ok = ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
-              and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le))
-        if ok:
-            return None
-        return f"{key}={value!r} must be {self.text()}" + (f" ({self.note})" if self.note else "")
-
-
-def not_one_of(key: str, value: Any, allowed: Tuple[str, ...]) -> Optional[str]:
-    """Why `key=value` is none of a setting's named options (one line), or None."""
-    return None if value in allowed else f"{key}={value!r} is not one of {', '.join(allowed)}"
-
-
-def not_count_or(key: str, value: Any, word: str) -> Optional[str]:
-    """Why an Any-typed setting (accumulation, train.batch_size) is neither an integer >= 1 nor
-    its one word (adaptive, auto), or None. bool is refused: true would count as 1."""
-    if value == word or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return None
-    return f"{key}={value!r} must be an integer >= 1 or {word}"
-
-
-def bounded(default: Any, *, gt: Optional[float] = None, ge: Optional[float] = None, lt: Optional[float] = None,
-            le: Optional[float] = None, note: str = "") -> Any:
-    """A numeric schema field with its range: `lr: float = bounded(5e-5, gt=0)`."""
-    return field(default=default, metadata={"range": Range(gt, ge, lt, le, note)})
 
 
 def schema_fields(cls: type = None, prefix: str = "") -> Iterator[Tuple[str, Field]]:
@@ -179,12 +113,12 @@ class OptimizerConfig:
     """conf/optimizer/<name>.yaml: the optimizer class and the learning-rate schedule; meaning and
     checks in bertaccel/options/optimizer.py."""
     name: str = "adamw"
-    lr: float = bounded(5e-5, gt=0)  # peak learning rate (after warm-up)
+    lr: float = bounded(1e-4, gt=0)  # peak learning rate (after warm-up)
     weight_decay: float = bounded(0.01, ge=0)  # decoupled; not applied to biases and LayerNorm weights
     schedule: str = "linear"  # after warm-up: constant, linear decay to 0, or cosine to min_lr_ratio x lr
     warmup_ratio: float = bounded(0.1, ge=0, lt=1)  # fraction of the optimizer steps
     min_lr_ratio: float = bounded(0.0, ge=0, lt=1)  # cosine: decay to this fraction of lr (seed 001 eq. 10: 0.1)
-    scale_lr: str = "none"              # linear: lr x effective batch / base_batch_size (seed 001 eq. 11)
+    scale_lr: str = "none"  # linear: lr x effective batch (batch_size x accumulation x num_gpus) / base_batch_size (seed 001 eq. 11)
     base_batch_size: int = bounded(32, gt=0)  # the batch lr was tuned for (scale_lr=linear)
     max_grad_norm: Optional[float] = bounded(1.0, gt=0, note="null: no clipping")  # null disables clipping
     # The optimizer itself (bertaccel/options/optimizer.py): `_target_` a torch.optim.Optimizer class,
@@ -294,7 +228,8 @@ class TrainConfig:
     pin_memory: Optional[bool] = None
     # Batches of similar length (shuffled), so dynamic padding pads little; false = plain shuffle.
     group_by_length: bool = True
-    # Round each batch's padded length up to this multiple (1 = exact longest sequence).
+    # Round each batch's padded length up to this multiple (1 = exact longest sequence): it bounds
+    # the distinct shapes that per-shape kernels and torch.compile see.
     pad_to_multiple_of: int = bounded(8, gt=0, note="1: exact longest sequence")
     # Stop an epoch after this many optimizer steps (null = whole epoch); for smoke runs.
     max_steps_per_epoch: Optional[int] = bounded(None, gt=0, note="null: whole epoch")
@@ -314,7 +249,7 @@ class TelemetryConfig:
     # Background sampling period of NVML power, GPM and utilization (RAPL polls at >= 1 s).
     # At most threading.TIMEOUT_MAX: the samplers wait on a threading.Event for this long.
     interval_s: float = bounded(0.2, gt=0, le=threading.TIMEOUT_MAX)
-    # Where Linux exposes RAPL energy counters.
+    # Where Linux exposes RAPL energy counters (CPU runs: package energy).
     rapl_root: str = "/sys/class/powercap"
 
 

@@ -130,3 +130,60 @@ def test_the_defaults_list_names_exactly_the_groups():
     named = [next(iter(d)) for d in defaults if isinstance(d, dict) and not next(iter(d)).startswith("override hydra/")]
     assert sorted(named) == sorted(GROUPS)
     assert all((CONF_DIR / group).is_dir() for group in GROUPS)
+
+
+def test_every_problem_is_said_one_line_each(compose_cfg):
+    """A config bad in several ways is refused with each problem on its own line (an option's own,
+    another option's, and a rule between sections), not only the first one found."""
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg(["precision.loss_scaling=true", "train.device=tpu", "launcher.name=slurm",
+                              "num_gpus=2", "freezing=layerwise"]))
+    assert str(info.value).splitlines() == [
+        "precision fp32: loss_scaling=true needs autocast_dtype float16 (GradScaler guards fp16's 5-bit "
+        "exponent; float32 does not underflow so)",
+        "launcher.name='slurm' is not one of inline, process",
+        "train.device='tpu' is not one of auto, cpu, cuda",
+        "num_gpus=2 with freezing=layerwise: DDP registers its gradient hooks once, for the parameters "
+        "trainable at the start; use num_gpus=1 or freezing=none"]
+
+
+def test_a_rule_is_asked_only_when_the_sections_it_reads_passed_their_own_check(compose_cfg):
+    """freezing.name=sometimes is refused by the freezing option itself; the rule freezing x num_gpus
+    then says nothing about a value its section did not vouch for."""
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg(["freezing.name=sometimes", "num_gpus=2"]))
+    assert str(info.value) == "freezing.name='sometimes' is not one of none, layerwise"
+
+
+def test_every_option_and_rule_names_real_sections():
+    """The registry covers what validate() checks: each option's section and each rule's sections
+    are settings of the schema, and the sections that have checks of their own are registered once."""
+    from dataclasses import fields
+
+    from bertaccel.config import RunConfig
+    from bertaccel.options.registry import options
+    from bertaccel.options.rules import RULES
+
+    sections = [o.section for o in options()]
+    top = {f.name for f in fields(RunConfig)}
+    assert len(sections) == len(set(sections)) and set(sections) <= top
+    assert all(set(rule.reads) <= top for rule in RULES)
+    assert len({rule.name for rule in RULES}) == len(RULES)
+
+
+def test_defaults_have_one_home():
+    """conf/config.yaml picks options and Hydra's settings, no leaf default of the schema; an
+    optimizer's YAML names only what differs from OptimizerConfig (lr, schedule, ... are its)."""
+    import dataclasses
+
+    import yaml
+
+    from bertaccel.config import OptimizerConfig
+
+    main = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
+    assert set(main) == {"defaults", "hydra"}
+    schema = {f.name: f.default for f in dataclasses.fields(OptimizerConfig) if f.default is not dataclasses.MISSING}
+    for path in sorted((CONF_DIR / "optimizer").glob("*.yaml")):
+        option = yaml.safe_load(path.read_text())
+        same = [k for k, v in option.items() if k in schema and schema[k] == v and k != "name"]  # (each names itself)
+        assert same == [], f"{path.name} repeats the schema's defaults {same}"

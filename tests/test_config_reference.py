@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from bertaccel.config import COMPILE_MODES, CONF_DIR, schema_fields
-from bertaccel.options.checks import option_checks
-from bertaccel.options.reference import COMMAND, generate, show
+from bertaccel.options.reference import COMMAND, check_title, generate, section_checks, show
+from bertaccel.options.rules import RULES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference" / "config.md"
@@ -51,8 +51,10 @@ def test_a_changed_default_and_a_removed_option_change_the_page(page, tmp_path):
     shutil.copytree(CONF_DIR, conf)
     main = conf / "config.yaml"
     text = main.read_text()
-    assert "  epochs: 1\n" in text and "  - precision: fp32\n" in text  # (what this test edits is there)
-    main.write_text(text.replace("  epochs: 1\n", "  epochs: 3\n").replace("  - precision: fp32\n", "  - precision: bf16\n"))
+    assert "  - precision: fp32\n" in text and "\nhydra:\n" in text  # (what this test edits is there)
+    # (config.yaml sets no leaf itself: the schema's default is the default, and a value set here wins)
+    main.write_text(text.replace("  - precision: fp32\n", "  - precision: bf16\n")
+                    .replace("\nhydra:\n", "\ntrain:\n  epochs: 3\n\nhydra:\n"))
     (conf / "optimizer" / "lamb.yaml").unlink()
     changed = generate(conf_dir=conf).splitlines()
     lines = page.splitlines()
@@ -74,9 +76,13 @@ def test_every_key_shows_its_composed_default(page, compose_cfg):
 
 
 def test_every_check_and_its_allowed_values_are_on_the_page(page):
-    """Each check validate() asks is listed under its section, and the values a check tests a key
-    against are read from the check's code (compile.mode: config.COMPILE_MODES)."""
-    for check in option_checks():
-        assert f"- `{check.__module__}.{check.__name__}`: " in page, check
+    """Each registered option's checks (its own, its machine check, its later ones) and each rule
+    between sections are listed, and the values a check tests a key against are read from the
+    check's code (compile.mode: config.COMPILE_MODES)."""
+    for checks in section_checks().values():
+        for check in checks:
+            assert f"- `{check_title(check)}`: " in page, check
+    for rule in RULES:
+        assert f"- rule `{rule.name}` (reads {', '.join(rule.reads)}): " in page, rule.name
     modes = ", ".join(f"`{m}`" for m in COMPILE_MODES)
     assert any(line.startswith("| `compile.mode` |") and f"one of {modes}" in line for line in page.splitlines())

@@ -75,8 +75,8 @@ def test_non_finite_anywhere_in_the_config_is_refused(compose_cfg, override, key
 def test_the_message_gives_a_working_example(compose_cfg):
     with pytest.raises(ConfigError) as info:
         validate(compose_cfg(["optimizer.lr=inf"]))
-    assert str(info.value) == "optimizer.lr=inf is not a finite number; give a finite value, e.g. optimizer.lr=5e-05"
-    validate(compose_cfg(["optimizer.lr=5e-05"]))  # (and the example is accepted)
+    assert str(info.value) == "optimizer.lr=inf is not a finite number; give a finite value, e.g. optimizer.lr=0.0001"
+    validate(compose_cfg(["optimizer.lr=0.0001"]))  # (and the example is accepted)
 
 
 @pytest.mark.parametrize("override, message", [

@@ -9,40 +9,40 @@ backend in attention/swap.py (the forward and the "can this machine run it" chec
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import torch
+
+from bertaccel.config import AttentionConfig
+from bertaccel.option import Option
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 HF_IMPLEMENTATIONS = ("eager", "sdpa")
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 
 
-def check_attention(a: Any) -> Optional[str]:
-    """Why these settings cannot work anywhere (one line), or None."""
+def check_attention(a: Any) -> List[str]:
+    """Why these settings cannot work anywhere, one line each."""
     from .swap import BACKENDS
 
+    found = []
     if a.hf_implementation not in HF_IMPLEMENTATIONS:
-        return (f"attention {a.name}: hf_implementation={a.hf_implementation!r} is not one of "
-                f"{', '.join(HF_IMPLEMENTATIONS)}")
+        found.append(f"attention {a.name}: hf_implementation={a.hf_implementation!r} is not one of "
+                     f"{', '.join(HF_IMPLEMENTATIONS)}")
     if a.swap is not None:
         if a.swap not in BACKENDS:
-            return f"attention {a.name}: swap={a.swap!r} is not one of {', '.join(BACKENDS)} (or null for none)"
+            found.append(f"attention {a.name}: swap={a.swap!r} is not one of {', '.join(BACKENDS)} (or null for none)")
         if a.hf_implementation != "eager":
-            return (f"attention {a.name}: swap={a.swap} replaces the eager BertSelfAttention modules; "
-                    f"set hf_implementation=eager")
+            found.append(f"attention {a.name}: swap={a.swap} replaces the eager BertSelfAttention modules; "
+                         f"set hf_implementation=eager")
     if a.sdpa_backends and a.hf_implementation != "sdpa":
-        return f"attention {a.name}: sdpa_backends apply to hf_implementation=sdpa only; set sdpa_backends=[]"
+        found.append(f"attention {a.name}: sdpa_backends apply to hf_implementation=sdpa only; set sdpa_backends=[]")
     for backend in a.sdpa_backends:
         if backend not in SDPA_BACKENDS:
-            return f"attention.sdpa_backends[]={backend!r} is not one of {', '.join(SDPA_BACKENDS)}"
-    return None
-
-
-def check(cfg: Any) -> Optional[str]:
-    """Refuses an hf_implementation Hugging Face does not build (eager, sdpa), a swap that is no
-    backend of attention/swap.py, a swap over sdpa (it replaces the eager modules), and
-    sdpa_backends outside torch's names or with an hf_implementation other than sdpa."""
-    return check_attention(cfg.attention)
+            found.append(f"attention.sdpa_backends[]={backend!r} is not one of {', '.join(SDPA_BACKENDS)}")
+    return found
 
 
 def attention_unusable(a: Any, device: torch.device) -> Optional[str]:
@@ -50,3 +50,20 @@ def attention_unusable(a: Any, device: torch.device) -> Optional[str]:
     from .swap import BACKENDS
 
     return BACKENDS[a.swap].unusable(device) if a.swap is not None else None
+
+
+class AttentionOption(Option):
+    section, schema, effect = "attention", AttentionConfig, "bertaccel.model.build_model"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses an hf_implementation Hugging Face does not build (eager, sdpa), a swap that is no
+        backend of attention/swap.py, a swap over sdpa (it replaces the eager modules), and
+        sdpa_backends outside torch's names or with an hf_implementation other than sdpa."""
+        return check_attention(cfg.attention)
+
+    def unusable(self, cfg: "RunConfig", device: torch.device, caps: Any) -> Optional[str]:
+        """The swap backend's own machine check (attention/swap.py BACKENDS)."""
+        return attention_unusable(cfg.attention, device)
+
+
+OPTION = AttentionOption()

@@ -8,11 +8,15 @@ switch of the option (packed, fused_kernels, half_params) so that each can be me
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import torch
 
 from bertaccel.config import EncoderConfig, not_one_of
+from bertaccel.option import Option, problems
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 LAYERS = ("hf", "fused")
 # The switches that mean something for layer=fused only, with the value encoder=hf implies.
@@ -20,25 +24,12 @@ FUSED_ONLY = {"packed": EncoderConfig.packed, "fused_kernels": EncoderConfig.fus
               "half_params": EncoderConfig.half_params}
 
 
-def check_encoder(e: Any) -> Optional[str]:
-    why = not_one_of("encoder.layer", e.layer, LAYERS)
-    if why:
-        return why
-    if e.layer == "hf":
-        for key, default in FUSED_ONLY.items():
-            if e[key] != default:
-                return (f"encoder.{key}={e[key]} applies to encoder=fused only (Hugging Face's layer has no such "
-                        f"switch); drop it or use encoder=fused")
-    return None
-
-
-def check(cfg: Any) -> Optional[str]:
-    """Refuses a layer other than hf or fused, and a fused-only switch (packed, fused_kernels,
-    half_params) changed from its default under layer=hf, which has no such switch. With
-    encoder=fused and attention=sdpa, sdpa_backends do not apply (the fused layer calls torch's
-    varlen flash / memory-efficient kernels itself, encoder/attention.py): not refused, since
-    conf/attention/sdpa.yaml names backends by default."""
-    return check_encoder(cfg.encoder)
+def check_encoder(e: Any) -> List[str]:
+    """Why these settings cannot work anywhere, one line each."""
+    if e.layer != "hf":
+        return problems(not_one_of("encoder.layer", e.layer, LAYERS))
+    return [f"encoder.{key}={getattr(e, key)} applies to encoder=fused only (Hugging Face's layer has no such "
+            f"switch); drop it or use encoder=fused" for key, default in FUSED_ONLY.items() if getattr(e, key) != default]
 
 
 def encoder_unusable(cfg: Any, device: torch.device) -> Optional[str]:
@@ -57,6 +48,26 @@ def encoder_unusable(cfg: Any, device: torch.device) -> Optional[str]:
                 "(TRITON_INTERPRET=1), which is for correctness tests, not training")
     why = core_unusable(core_for(cfg.attention), device)
     return f"encoder=fused: {why}" if why else None
+
+
+class EncoderOption(Option):
+    section, schema, effect = "encoder", EncoderConfig, "bertaccel.encoder.swap.fuse_encoder"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses a layer other than hf or fused, and a fused-only switch (packed, fused_kernels,
+        half_params) changed from its default under layer=hf, which has no such switch. With
+        encoder=fused and attention=sdpa, sdpa_backends do not apply (the fused layer calls torch's
+        varlen flash / memory-efficient kernels itself, encoder/attention.py): not refused, since
+        conf/attention/sdpa.yaml names backends by default."""
+        return check_encoder(cfg.encoder)
+
+    def unusable(self, cfg: "RunConfig", device: torch.device, caps: Any) -> Optional[str]:
+        """encoder=fused without triton, off a CUDA GPU (outside Triton's interpreter), or with an
+        attention core this machine cannot run."""
+        return encoder_unusable(cfg, device)
+
+
+OPTION = EncoderOption()
 
 
 def half_params(cfg: Any, optimizer_factory: Any) -> bool:

@@ -1,6 +1,6 @@
 """Carbon: a run's co2e_kg from its measured energy, a grid's carbon intensity and the data
 centre's PUE. The one home of the `carbon` config block (conf/config.yaml): its settings'
-meaning, their checks (validate() asks check) and their effect (job.py logs co2e_kg).
+meaning, their checks (CarbonOption, options/registry.py) and their effect (job.py logs co2e_kg).
 
 co2e_kg = energy_kwh x PUE x intensity_g_per_kwh / 1000
 
@@ -15,9 +15,14 @@ co2e_kg = energy_kwh x PUE x intensity_g_per_kwh / 1000
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple, Optional
 
+from bertaccel.config import CarbonConfig
 from bertaccel.measure.collectors import Reading
+from bertaccel.option import Option
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 
 class Intensity(NamedTuple):
@@ -41,23 +46,30 @@ REGIONS: Mapping[str, Intensity] = {
 DEFAULT_REGION = "world"
 
 
-def check_carbon(carbon: Any, pue: Optional[float]) -> Optional[str]:
-    """Why the carbon block (or the profile's pue) cannot work, in one line; None when it can."""
+def check_carbon(carbon: Any, pue: Optional[float]) -> List[str]:
+    """Why the carbon block (or the profile's pue) cannot work, one line each."""
+    found = []
     if carbon.intensity_g_per_kwh is None and carbon.region not in REGIONS:
-        return (f"carbon.region={carbon.region!r} is not in bertaccel/measure/carbon.py's table; choose one of "
-                f"{', '.join(REGIONS)}, or give carbon.intensity_g_per_kwh=<grams CO2e per kWh> for another grid")
+        found.append(f"carbon.region={carbon.region!r} is not in bertaccel/measure/carbon.py's table; choose one of "
+                     f"{', '.join(REGIONS)}, or give carbon.intensity_g_per_kwh=<grams CO2e per kWh> for another grid")
     if carbon.intensity_g_per_kwh is not None and not carbon.intensity_g_per_kwh >= 0:
-        return f"carbon.intensity_g_per_kwh={carbon.intensity_g_per_kwh!r} must be >= 0 (grams CO2e per kWh)"
+        found.append(f"carbon.intensity_g_per_kwh={carbon.intensity_g_per_kwh!r} must be >= 0 (grams CO2e per kWh)")
     if pue is not None and not pue >= 1.0:
-        return (f"hardware.pue={pue!r} must be >= 1 (total facility energy / IT energy); leave it null "
-                "to count the IT energy alone")
-    return None
+        found.append(f"hardware.pue={pue!r} must be >= 1 (total facility energy / IT energy); leave it null "
+                     "to count the IT energy alone")
+    return found
 
 
-def check(cfg: Any) -> Optional[str]:
-    """Refuses a region not in REGIONS (unless intensity_g_per_kwh is given), a negative
-    intensity_g_per_kwh, and a hardware.pue below 1."""
-    return check_carbon(cfg.carbon, cfg.hardware.pue)
+class CarbonOption(Option):
+    section, schema, effect = "carbon", CarbonConfig, "bertaccel.measure.carbon.co2e"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses a region not in REGIONS (unless intensity_g_per_kwh is given), a negative
+        intensity_g_per_kwh, and a hardware.pue below 1."""
+        return check_carbon(cfg.carbon, cfg.hardware.pue)
+
+
+OPTION = CarbonOption()
 
 
 def intensity(carbon: Any) -> Intensity:

@@ -20,25 +20,31 @@ Choices the seed leaves open, made here:
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
 from bertaccel.config import not_count_or
+from bertaccel.option import Option, problems
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 EPS = 1e-12
 
 
-def check(cfg: Any) -> Optional[str]:
-    """Refuses an accumulation that is neither an integer >= 1 nor adaptive, and adaptive with
-    num_gpus > 1 (the ranks would measure different variances). Adaptive with compile.step_graph
-    is the step graph's refusal (options/compile.py)."""
-    if cfg.accumulation != "adaptive":
-        return not_count_or("accumulation", cfg.accumulation, "adaptive")
-    if cfg.num_gpus > 1:
-        return ("accumulation=adaptive needs num_gpus=1: the ranks would measure different "
-                "variances, and DDP's all-reduce inside the last backward hides each micro-batch's gradient")
-    return None
+class AccumulationOption(Option):
+    section, schema, effect = "accumulation", None, "bertaccel.train.loop"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses an accumulation that is neither an integer >= 1 nor adaptive. Adaptive with
+        num_gpus > 1 or compile.step_graph=true is a rule (options/rules.py)."""
+        if cfg.accumulation == "adaptive":
+            return []
+        return problems(not_count_or("accumulation", cfg.accumulation, "adaptive"))
+
+
+OPTION = AccumulationOption()
 
 
 def next_k(sigma2: float, target_variance: float, k_max: int) -> int:

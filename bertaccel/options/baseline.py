@@ -32,12 +32,16 @@ def default_choices() -> Dict[str, str]:
 
 
 def top_level_defaults() -> Dict[str, int]:
-    """accumulation, num_gpus and the batch size as config.yaml sets them: among runs with the
-    default group choices the one that also kept these is the defaults run (a thesis grid's
-    batch 8 run is not what the user runs today)."""
+    """accumulation, num_gpus and the batch size a run composes with no override (the schema's
+    defaults, config.py, unless config.yaml sets one): among runs with the default group choices
+    the one that also kept these is the defaults run (a thesis grid's batch 8 run is not what the
+    user runs today)."""
+    from bertaccel.config import RunConfig, TrainConfig
+
     conf = _config_yaml()
-    return {"accumulation": int(conf["accumulation"]), "num_gpus": int(conf["num_gpus"]),
-            "batch_size": int(conf["train"]["batch_size"])}
+    return {"accumulation": int(conf.get("accumulation", RunConfig.accumulation)),
+            "num_gpus": int(conf.get("num_gpus", RunConfig.num_gpus)),
+            "batch_size": int((conf.get("train") or {}).get("batch_size", TrainConfig.batch_size))}
 
 
 def on_defaults(given: Dict[str, str]) -> bool:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
+
+from bertaccel.option import Option, problems
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 
-def check(cfg: Any) -> Optional[str]:
+def check_cache_dir(cfg: Any) -> Optional[str]:
     """Refuses a cache_dir whose nearest existing part is not a directory this user can write
     (checked without creating anything). Otherwise the first cache write fails inside the run's
     process, after its MLflow run was opened."""
@@ -20,3 +25,16 @@ def check(cfg: Any) -> Optional[str]:
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"cache_dir={value}: cannot be written by this user{where}; give a directory you can write"
     return None
+
+
+class CacheDirOption(Option):
+    section, schema, effect = "cache_dir", None, "bertaccel.data.cache"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses a cache_dir whose nearest existing part is not a directory this user can write
+        (checked without creating anything). Otherwise the first cache write fails inside the
+        run's process, after its MLflow run was opened."""
+        return problems(check_cache_dir(cfg))
+
+
+OPTION = CacheDirOption()

@@ -1,24 +1,28 @@
-"""validate(): every setting of a run checked before any work, the first bad one raised as a
-ConfigError in one line that names it and says how to fix it. The numbers are checked here, over
-the whole schema (config.py declares each field's range); every option then checks its own
-values and combinations in its own module, through one `check(cfg) -> Optional[str]`, asked in
-the order of option_checks()."""
+"""validate(): every setting of a run checked before any work. A bad config is one ConfigError
+whose message says every problem found, one line each (with one problem, that one line). In
+stages, each asked only when the one before found nothing, since each relies on it:
+1. every key is one of the schema's (a misspelt `+key=` would otherwise train without it);
+2. every number finite, and in the range its field declares (config.py `bounded`);
+3. the composed config typed as config.RunConfig, and every registered option's own check and
+   every rule between sections (options/registry.py, options/rules.py);
+4. the options' later checks, which build or reach out (the optimizer's class, the tracking
+   store), unless `leave` names them: a sweep leaves them to each run's own process."""
 from __future__ import annotations
 
 import difflib
 import math
 from dataclasses import MISSING, is_dataclass
-from typing import Any, Callable, Collection, Iterator, Optional, Tuple, get_type_hints
+from typing import Any, Collection, Iterator, List, Tuple, get_type_hints
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from bertaccel.config import ConfigError, RunConfig, schema_fields
 
 
-def _refuse(why: Optional[str]) -> None:
-    """An option's own check says why it cannot run (or None): that is the run's one line."""
-    if why:
-        raise ConfigError(why)
+def _refuse(found: List[str]) -> None:
+    """The problems found, if any, as the run's refusal: one line each, each said once."""
+    if found:
+        raise ConfigError("\n".join(dict.fromkeys(found)))
 
 
 def _leaves(node: Any, key: str = "") -> Iterator[Tuple[str, Any]]:
@@ -36,7 +40,7 @@ def _leaves(node: Any, key: str = "") -> Iterator[Tuple[str, Any]]:
 
 def unknown_setting(key: str) -> str:
     """The one line for a key the schema does not have, given plainly (Hydra refuses it while it
-    composes: run.input_error) or added with `+` (Hydra adds it: check_known_keys): the same line."""
+    composes: run.input_error) or added with `+` (Hydra adds it: unknown_keys): the same line."""
     leaves = [k for k, _ in schema_fields()]
     blocks = {k.rsplit(".", i)[0] for k in leaves for i in range(1, k.count(".") + 1)}  # train, optimizer ...
     block, _, name = key.rpartition(".")
@@ -50,85 +54,112 @@ def unknown_setting(key: str) -> str:
             "or python -m bertaccel.run --cfg job)")
 
 
-def check_known_keys(cfg: Any) -> None:
-    """Every key of the composed config is one of the schema's. Hydra refuses an unknown key typed
-    plainly, but `+key=value` (and `++`) adds it to the struct config: the run would log it as a
-    param and train without it (+train.bacth_size=64 trained at the default batch size). Below a
+def unknown_keys(cfg: DictConfig) -> List[str]:
+    """Every key of the composed config that is not one of the schema's. Hydra refuses an unknown key
+    typed plainly, but `+key=value` (and `++`) adds it to the struct config: the run would log it as
+    a param and train without it (+train.bacth_size=64 trained at the default batch size). Below a
     field that is not a block of the schema (optimizer.impl, a Dict: the optimizer class's own
     settings, which its check_built asks the class about), the keys are the user's."""
+    found: List[str] = []
+
     def walk(node: DictConfig, cls: type, prefix: str) -> None:
         hints = get_type_hints(cls)
         for k in node.keys():
             key = f"{prefix}{k}"
             if k not in hints:
-                raise ConfigError(unknown_setting(key))
-            if is_dataclass(hints[k]) and isinstance(node[k], DictConfig):
+                found.append(unknown_setting(key))
+            elif is_dataclass(hints[k]) and isinstance(node[k], DictConfig):
                 walk(node[k], hints[k], f"{key}.")
 
-    if isinstance(cfg, DictConfig):
-        walk(cfg, RunConfig, "")
+    walk(cfg, RunConfig, "")
+    return found
 
 
-def _finite_everywhere(cfg: Any) -> None:
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuses the keys the schema does not have (unknown_keys), one line each."""
+    _refuse(unknown_keys(cfg))
+
+
+def not_finite(cfg: DictConfig) -> List[str]:
     """No NaN or infinity anywhere, schema field or an option's own setting (optimizer.impl's betas,
     eps ...): a range check cannot catch NaN (every comparison with it is false), and no setting
     here means anything by one: a timeout or a limit of inf would read as "none" by accident."""
     defaults = {key: f.default for key, f in schema_fields()}
+    found = []
     for key, value in _leaves(cfg):
         if isinstance(value, float) and not math.isfinite(value):
             example = defaults.get(key, MISSING)
             hint = (f", e.g. {key}={example:g}" if isinstance(example, (int, float)) and not isinstance(example, bool)
                     else f", or null ({key}=null)" if example is None else "")
-            raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value{hint}")
+            found.append(f"{key}={value!r} is not a finite number; give a finite value{hint}")
+    return found
 
 
-def _declared_ranges(cfg: Any) -> None:
-    """Every numeric field's range, declared on the field in config.py (`bounded`)."""
-    for key, f in schema_fields():
+def out_of_range(cfg: DictConfig, schema: type = RunConfig) -> List[str]:
+    """Every numeric field's range, declared on the field in config.py (`bounded`); schema: what
+    cfg is (a hardware profile's file is a HardwareConfig: options/hardware.py load_profiles)."""
+    found = []
+    for key, f in schema_fields(schema):
         declared = f.metadata.get("range")
-        if declared is not None:
-            _refuse(declared.refusal(key, OmegaConf.select(cfg, key)))
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, float) and not math.isfinite(value):
+            continue  # (not_finite says it)
+        why = declared.refusal(key, value) if declared is not None else None
+        if why:
+            found.append(why)
+    return found
 
 
-def option_checks() -> Tuple[Callable[[Any], Optional[str]], ...]:
-    """Every option's check, in the order validate() asks them: the first refusal is the one
-    raised, so this order is part of what a bad config prints. Imported here, not at the top:
-    several option modules import torch, and the sweep process imports this module first."""
-    from bertaccel.attention import option as attention
-    from bertaccel.encoder import option as encoder
-    from bertaccel.measure import carbon
-    from bertaccel.options import accumulation, cache_dir
-    from bertaccel.options import compile as compiling  # (the module's name is the option's; not the builtin)
-    from bertaccel.options import dataset, freezing, launcher, model, optimizer, precision, search, tracking, train
-
-    return (precision.check, attention.check, encoder.check, compiling.check, accumulation.check, freezing.check, optimizer.check,
-            optimizer.check_built, carbon.check, freezing.check_num_gpus, launcher.check, model.check, dataset.check, train.check,
-            search.check, cache_dir.check, tracking.check,
-            tracking.check_store)  # last: it may wait on the network
+def typed(cfg: Any) -> RunConfig:
+    """The composed config as the schema's own objects (RunConfig, PrecisionConfig ...), so the
+    checks read typed fields: a mistyped attribute is an AttributeError there, not a None."""
+    if isinstance(cfg, RunConfig):
+        return cfg
+    if OmegaConf.get_type(cfg) is not RunConfig:  # (a run's own process gets the config as plain data)
+        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+    return OmegaConf.to_object(cfg)
 
 
-def validate(cfg: Any, leave: Collection[str] = ()) -> None:
-    """Raise ConfigError with one line naming the first bad value and how to fix it.
-    leave: the names ("optimizer.check_built") of checks not asked here, because the run's own
-    process asks them first (runs/launch.py)."""
-    # Every key first: one the schema lacks would be refused by nothing else. Then every number:
-    # finite, then in its field's declared range; the options' checks can then compare, divide
-    # and combine values knowing each one is sane on its own.
+def sound(run: RunConfig) -> List[str]:
+    """Every registered option's own problems, then every rule's between sections whose sections
+    all passed their own check (a rule compares values each section vouched for)."""
+    from bertaccel.options.registry import options
+    from bertaccel.options.rules import RULES
+
+    found, failed = [], set()
+    for option in options():
+        own = option.check(run)
+        if own:
+            failed.add(option.section)
+            found += own
+    return found + [why for rule in RULES if not failed & set(rule.reads) for why in [rule.refusal(run)] if why]
+
+
+def later(run: RunConfig, leave: Collection[str]) -> List[str]:
+    """The options' later checks (they build or reach out), but those `leave` names."""
+    from bertaccel.options.registry import options
+
+    return [why for option in options() for check in option.later if option.later_name(check) not in leave
+            for why in [check(run)] if why]
+
+
+def validate(cfg: Any, leave: Collection[str] = ()) -> RunConfig:
+    """Raise ConfigError saying every problem found, one line each (see the module's docstring);
+    return the config typed (RunConfig) when there is none.
+    leave: the names (optimizer.check_built, tracking.check_store) of later checks not asked here,
+    because the run's own process asks them (runs/launch.py, runs/sweep_plan.py)."""
+    if isinstance(cfg, RunConfig):
+        cfg = OmegaConf.structured(cfg)
     check_known_keys(cfg)
-    _finite_everywhere(cfg)
-    _declared_ranges(cfg)
-    for check in option_checks():
-        if check_name(check) not in leave:
-            _refuse(check(cfg))
+    _refuse(not_finite(cfg) + out_of_range(cfg))
+    run = typed(cfg)
+    _refuse(sound(run))
+    _refuse(later(run, leave))
+    return run
 
 
-def check_section(check: Callable[..., Any]) -> str:
-    """The section a check belongs to, by its module's name: options/<section>.py, or
-    <section>/option.py (attention, encoder), or measure/carbon.py (the carbon block)."""
-    parts = check.__module__.split(".")
-    return parts[-2] if parts[-1] == "option" else parts[-1]
+def check_names() -> List[str]:
+    """The names `leave` may give: every option's later checks."""
+    from bertaccel.options.registry import options
 
-
-def check_name(check: Callable[..., Any]) -> str:
-    """A check's name as `leave` names it: <section>.<function> (optimizer.check_built)."""
-    return f"{check_section(check)}.{check.__name__}"
+    return [option.later_name(check) for option in options() for check in option.later]

@@ -1,50 +1,79 @@
-"""The `compile` option's checks: torch.compile's mode and kernel cache by name, and what
-compile.step_graph=true (the whole step replayed from CUDA graphs, bertaccel/train/step_graph.py)
-cannot be combined with."""
+"""The `compile` option, in one place: torch.compile's mode and kernel cache (conf/compile/<mode>.yaml),
+its checks, what this machine needs to compile, and the predicates the run asks (`compiles`,
+`uses_cuda_graphs`). compile.step_graph=true (the whole step replayed from CUDA graphs,
+bertaccel/train/step_graph.py) is checked here against the mode; what it cannot be combined with
+in other sections is options/rules.py's."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
-from bertaccel.config import COMPILE_CACHES, COMPILE_MODES, not_one_of, uses_cuda_graphs
+from bertaccel.config import COMPILE_CACHES, COMPILE_MODES, CompileConfig, not_one_of
+from bertaccel.option import Option, problems
 
+if TYPE_CHECKING:
+    import torch
 
-def check(cfg: Any) -> Optional[str]:
-    """Refuses an unknown mode or cache; with step_graph=true, whatever a captured step cannot
-    replay (step_graph_refusal: fp16 loss scaling, freezing, num_gpus > 1, Hugging Face's eager
-    attention uncompiled, a mode with CUDA graphs of its own) and accumulation=adaptive."""
-    why = (not_one_of("compile.mode", cfg.compile.mode, COMPILE_MODES)
-           or not_one_of("compile.cache", cfg.compile.cache, COMPILE_CACHES))
-    if why or not cfg.compile.step_graph:
-        return why
-    why = step_graph_refusal(cfg)
-    if why is None and cfg.accumulation == "adaptive":
-        # (asked after step_graph_refusal, whose num_gpus=1 leaves accumulation's own refusal of
-        # adaptive, num_gpus>1 nothing to say first: the first refusal is what it always was)
-        return ("accumulation=adaptive with compile.step_graph=true: the captured step cannot "
-                "read each micro-batch's gradient; use compile.step_graph=false")
-    return why
+    from bertaccel.config import RunConfig
 
 
-def step_graph_refusal(cfg: Any) -> Optional[str]:
-    """Why this configuration cannot have step graphs (None if it can): what a captured step
-    cannot replay (train/step_graph.py)."""
-    if cfg.precision.loss_scaling:
-        return ("compile.step_graph=true needs precision fp32 or bf16: fp16's GradScaler decides on the "
-                "host whether to step (skip on inf), which a CUDA graph cannot")
-    if cfg.freezing.name != "none":
-        return ("compile.step_graph=true needs freezing=none: layer-wise freezing changes the trained "
-                "parameters every epoch, and with them every captured graph")
-    if cfg.num_gpus > 1:
-        return ("compile.step_graph=true needs num_gpus=1: DDP's gradient all-reduce runs from autograd "
-                "hooks on the host, outside anything a captured step could replay")
-    if (cfg.compile.mode == "off" and cfg.attention.hf_implementation == "eager" and cfg.attention.swap is None
-            and cfg.encoder.layer == "hf"):
-        # Seen on an H100 (torch 2.11, transformers 5.17): "Cannot copy between CPU and CUDA tensors
-        # during CUDA graph capture"; sdpa and our kernels get the [B, S] mask handed through instead.
-        return (f"compile.step_graph=true with attention={cfg.attention.name}: Hugging Face's eager mask builder "
-                "copies a host scalar to the GPU, which CUDA-graph capture forbids; use attention=sdpa (or "
-                "xformers, triton, encoder=fused)")
-    if uses_cuda_graphs(cfg.compile.mode):  # Inductor's own CUDA graphs
-        return (f"compile.step_graph=true with compile={cfg.compile.mode} would capture CUDA graphs inside "
-                "CUDA graphs; use compile=default (or off) with compile.step_graph=true")
+def compiles(compile_cfg: Any) -> bool:
+    """Whether the model runs through torch.compile (any mode but off)."""
+    return compile_cfg.mode != "off"
+
+
+def uses_cuda_graphs(mode: str) -> bool:
+    """Whether this torch.compile mode replays CUDA graphs (reduce-overhead, max-autotune): read
+    from Inductor's own table of modes, so a mode that gains or drops graphs is followed here."""
+    if mode in ("off", "default"):
+        return False
+    from torch._inductor import list_mode_options
+
+    return bool(list_mode_options(mode).get("triton.cudagraphs", False))
+
+
+def check_compile(c: Any) -> List[str]:
+    """Why these compile settings cannot work anywhere, one line each."""
+    found = problems(not_one_of("compile.mode", c.mode, COMPILE_MODES),
+                     not_one_of("compile.cache", c.cache, COMPILE_CACHES))
+    if not found and c.step_graph and uses_cuda_graphs(c.mode):  # Inductor's own CUDA graphs
+        found.append(f"compile.step_graph=true with compile={c.mode} would capture CUDA graphs inside "
+                     "CUDA graphs; use compile=default (or off) with compile.step_graph=true")
+    return found
+
+
+def compile_unusable(c: Any, device: "torch.device", caps: Any) -> Optional[str]:
+    """Why this machine cannot compile as asked (a skip, not bad input), or None."""
+    if device.type == "cpu":
+        if uses_cuda_graphs(c.mode):
+            return (f"compile={c.mode} means CUDA graphs, which need a CUDA GPU; on the CPU it "
+                    "would silently run without them")
+        if c.step_graph:
+            return "compile.step_graph=true replays CUDA graphs, which need a CUDA GPU"
+        if compiles(c) and caps.cxx_compiler is None:
+            return f"compile={c.mode} on the CPU needs a C++ compiler (g++/clang++) and none is on PATH"
+    elif compiles(c) and not caps.triton:
+        return f"compile={c.mode} on a GPU needs triton, which is not importable"
+    import torch
+
+    if compiles(c) and not torch._dynamo.is_dynamo_supported():
+        return f"compile={c.mode}: torch.compile does not support this Python/platform"
     return None
+
+
+class CompileOption(Option):
+    section, schema, effect = "compile", CompileConfig, "bertaccel.train.step.compile_model"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses an unknown mode or cache, and compile.step_graph=true with a mode that has CUDA
+        graphs of its own (graphs inside graphs). What a captured step cannot replay in other
+        sections (fp16 loss scaling, freezing, num_gpus > 1, eager attention uncompiled,
+        accumulation=adaptive) is options/rules.py's."""
+        return check_compile(cfg.compile)
+
+    def unusable(self, cfg: "RunConfig", device: "torch.device", caps: Any) -> Optional[str]:
+        """On the CPU: a mode with CUDA graphs, step graphs, or compiling without a C++ compiler; on
+        a GPU, compiling without triton; anywhere, a platform torch.compile does not support."""
+        return compile_unusable(cfg.compile, device, caps)
+
+
+OPTION = CompileOption()

@@ -5,27 +5,40 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePath
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, List, Mapping
 
-from bertaccel.config import DATASET_SOURCES, not_one_of
+from bertaccel.config import DATASET_SOURCES, DatasetConfig, not_one_of
+from bertaccel.option import Option
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 
-def check(cfg: Any) -> Optional[str]:
-    """Refuses an unknown source, hub without hub_id, csv without train_path and test_path, and
-    an empty text_columns."""
-    ds = cfg.dataset
+def check_dataset(ds: Any) -> List[str]:
+    """Why the dataset settings cannot work, one line each."""
     why = not_one_of("dataset.source", ds.source, DATASET_SOURCES)
-    if why:
-        return why
+    found = [why] if why else []
     if ds.source == "hub" and not ds.hub_id:
-        return f"dataset={ds.name} (source=hub) needs dataset.hub_id"
+        found.append(f"dataset={ds.name} (source=hub) needs dataset.hub_id")
     if ds.source == "csv" and not (ds.train_path and ds.test_path):
-        missing = " and ".join(f"dataset.{k}=..." for k in ("train_path", "test_path") if not ds[k])
-        return (f"dataset=csv needs {missing} (CSV files with a header row, plain or .gz; "
-                "relative paths are from the directory you run from)")
+        missing = " and ".join(f"dataset.{k}=..." for k in ("train_path", "test_path") if not getattr(ds, k))
+        found.append(f"dataset=csv needs {missing} (CSV files with a header row, plain or .gz; "
+                     "relative paths are from the directory you run from)")
     if not ds.text_columns:
-        return "dataset.text_columns is empty: name at least one text column"
-    return None
+        found.append("dataset.text_columns is empty: name at least one text column")
+    return found
+
+
+class DatasetOption(Option):
+    section, schema, effect = "dataset", DatasetConfig, "bertaccel.data.read"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses an unknown source, hub without hub_id, csv without train_path and test_path, and
+        an empty text_columns."""
+        return check_dataset(cfg.dataset)
+
+
+OPTION = DatasetOption()
 
 
 # A CSV file's name that says which split it is, not which data: `train.csv.gz`, `imdb_test.csv`.

@@ -6,24 +6,25 @@ over the trainable parameters (train/loop.py does that every epoch).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, List
 
-from bertaccel.config import FREEZINGS, not_one_of
+from bertaccel.config import FREEZINGS, FreezingConfig, not_one_of
+from bertaccel.option import Option, problems
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 
-def check(cfg: Any) -> Optional[str]:
-    """Refuses a strategy it does not know (FREEZINGS)."""
-    return not_one_of("freezing.name", cfg.freezing.name, FREEZINGS)
+class FreezingOption(Option):
+    section, schema, effect = "freezing", FreezingConfig, "bertaccel.options.freezing.apply_freezing"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses a strategy it does not know (FREEZINGS). With num_gpus > 1 or
+        compile.step_graph=true, freezing other than none is a rule (options/rules.py)."""
+        return problems(not_one_of("freezing.name", cfg.freezing.name, FREEZINGS))
 
 
-def check_num_gpus(cfg: Any) -> Optional[str]:
-    """Refuses freezing other than none with num_gpus > 1: DDP registers its gradient hooks once.
-    validate() asks it after the optimizer and carbon checks, where it always stood, so a config
-    bad in both ways is still refused for the same one."""
-    if cfg.num_gpus > 1 and cfg.freezing.name != "none":
-        return (f"num_gpus={cfg.num_gpus} with freezing={cfg.freezing.name}: DDP registers its gradient "
-                "hooks once, for the parameters trainable at the start; use num_gpus=1 or freezing=none")
-    return None
+OPTION = FreezingOption()
 
 
 def layerwise_layer_index(epoch: int, num_layers: int) -> int:

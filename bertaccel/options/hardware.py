@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from bertaccel.config import CONF_DIR, ConfigError
+from bertaccel.config import CONF_DIR, ConfigError, first_line
 
 PROFILES_DIR = CONF_DIR / "hardware"
 
@@ -74,7 +74,8 @@ def load_profiles() -> List[Dict[str, Any]]:
     refuse, or read a field the schema does not know."""
     from omegaconf import OmegaConf
 
-    from bertaccel.config import HardwareConfig, schema_fields
+    from bertaccel.config import HardwareConfig
+    from bertaccel.options.checks import out_of_range
 
     profiles = []
     for path in sorted(PROFILES_DIR.glob("*.yaml")):
@@ -82,14 +83,11 @@ def load_profiles() -> List[Dict[str, Any]]:
             node = OmegaConf.merge(OmegaConf.structured(HardwareConfig), OmegaConf.load(path))
         except Exception as e:  # noqa: BLE001 - OmegaConf's ValidationError and YAML errors alike
             key = getattr(e, "full_key", None)
-            raise ConfigError(f"conf/hardware/{path.name}: {f'{key}: ' if key else ''}{str(e).splitlines()[0]}") from None
+            raise ConfigError(f"conf/hardware/{path.name}: {f'{key}: ' if key else ''}{first_line(e)}") from None
         # The ranges declared on the schema's fields, as validate() applies them to hardware=<name>:
         # --hardware in the plan reads every profile here, never through validate().
-        for key, f in schema_fields(HardwareConfig):
-            declared = f.metadata.get("range")
-            why = declared.refusal(key, node[key]) if declared is not None else None
-            if why:
-                raise ConfigError(f"conf/hardware/{path.name}: {why}")
+        for why in out_of_range(node, HardwareConfig)[:1]:
+            raise ConfigError(f"conf/hardware/{path.name}: {why}")
         if node.name != "auto":
             profiles.append(OmegaConf.to_container(node))
     return profiles
@@ -165,38 +163,10 @@ def probe() -> Capabilities:
 
 
 def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[str]:
-    """Why this machine cannot run this combination, or None if it can."""
-    mode = cfg.compile.mode
-    from bertaccel.options.precision import precision_unusable  # the option's own machine check
+    """Why this machine cannot run this combination, or None if it can: the first registered
+    option's machine check that finds a reason (options/registry.py)."""
+    from bertaccel.options.checks import typed
+    from bertaccel.options.registry import options
 
-    reason = precision_unusable(cfg.precision, device, caps.cpu_native_bf16)
-    if reason:
-        return reason
-    if device.type == "cpu":
-        from bertaccel.config import uses_cuda_graphs
-
-        if uses_cuda_graphs(mode):
-            return (f"compile={mode} means CUDA graphs, which need a CUDA GPU; on the CPU it "
-                    "would silently run without them")
-        if cfg.compile.step_graph:
-            return "compile.step_graph=true replays CUDA graphs, which need a CUDA GPU"
-        if mode != "off" and caps.cxx_compiler is None:
-            return f"compile={mode} on the CPU needs a C++ compiler (g++/clang++) and none is on PATH"
-    else:
-        if mode != "off" and not caps.triton:
-            return f"compile={mode} on a GPU needs triton, which is not importable"
-    from bertaccel.attention.option import attention_unusable  # the option's own machine check
-
-    reason = attention_unusable(cfg.attention, device)
-    if reason:
-        return reason
-    from bertaccel.encoder.option import encoder_unusable  # the option's own machine check
-
-    reason = encoder_unusable(cfg, device)
-    if reason:
-        return reason
-    if mode != "off" and not torch._dynamo.is_dynamo_supported():
-        return f"compile={mode}: torch.compile does not support this Python/platform"
-    from bertaccel.options.optimizer import optimizer_unusable  # the option's own class says (e.g. a GPU-only kernel)
-
-    return optimizer_unusable(cfg.optimizer, device)
+    run = typed(cfg)
+    return next((why for option in options() for why in [option.unusable(run, device, caps)] if why), None)

@@ -2,25 +2,39 @@
 shape), and that its package or local directory is there (bertaccel/model.py check_model)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
-from bertaccel.config import MODEL_SHAPE_FIELDS, MODEL_SOURCES, not_one_of
+from bertaccel.config import MODEL_SHAPE_FIELDS, MODEL_SOURCES, ModelConfig, not_one_of
 from bertaccel.model import check_model
+from bertaccel.option import Option, problems
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 
-def check(cfg: Any) -> Optional[str]:
-    """Refuses an unknown source; package or hub without pretrained; random_init without
-    tokenizer_package or without a full shape (hidden_size divisible by num_attention_heads); a
-    shape given to a pretrained model; and a package or directory that is not there."""
-    model = cfg.model
+def check_model_option(model: Any) -> List[str]:
+    """Why the model settings cannot work, one line each."""
     why = not_one_of("model.source", model.source, MODEL_SOURCES)
     if why:
-        return why
+        return [why]
     if model.source in ("package", "hub") and not model.pretrained:
-        return f"model={model.name} (source={model.source}) needs model.pretrained"
+        return [f"model={model.name} (source={model.source}) needs model.pretrained"]
     if model.source == "random_init" and not model.tokenizer_package:
-        return f"model={model.name} (random_init) needs model.tokenizer_package"
-    return check_model(model) or _shape(model)
+        return [f"model={model.name} (random_init) needs model.tokenizer_package"]
+    return problems(check_model(model), _shape(model))
+
+
+class ModelOption(Option):
+    section, schema, effect = "model", ModelConfig, "bertaccel.model.build_model"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses an unknown source; package or hub without pretrained; random_init without
+        tokenizer_package or without a full shape (hidden_size divisible by num_attention_heads); a
+        shape given to a pretrained model; and a package or directory that is not there."""
+        return check_model_option(cfg.model)
+
+
+OPTION = ModelOption()
 
 
 def _shape(model: Any) -> Optional[str]:
@@ -28,13 +42,13 @@ def _shape(model: Any) -> Optional[str]:
     model's weights fix its shape, so none is given."""
     if model.source != "random_init":
         for k in MODEL_SHAPE_FIELDS:
-            if model[k] is not None:
-                return (f"model.{k}={model[k]}: model={model.name} is pretrained and its weights "
+            if getattr(model, k) is not None:
+                return (f"model.{k}={getattr(model, k)}: model={model.name} is pretrained and its weights "
                         f"fix the shape; drop model.{k}, or use a random_init model (model=tiny, "
                         "model=bert_base_random)")
         return None
     for k in MODEL_SHAPE_FIELDS:
-        if model[k] is None:
+        if getattr(model, k) is None:
             return (f"model={model.name} (random_init) needs model.{k}: a random-init model's "
                     "shape comes from the config")
     if model.hidden_size % model.num_attention_heads:

@@ -10,11 +10,15 @@ clipping.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from bertaccel.config import LR_SCHEDULES, SCALE_LR, not_one_of
+from bertaccel.config import LR_SCHEDULES, SCALE_LR, OptimizerConfig, first_line, not_one_of
+from bertaccel.option import Option, problems
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
@@ -56,7 +60,7 @@ def _instantiated(cfg: Any) -> Tuple[Optional[Callable[..., torch.optim.Optimize
     try:
         return optimizer_class(cfg), None
     except Exception as e:  # noqa: BLE001 - Hydra wraps import and argument errors alike
-        return None, f"optimizer={cfg.name}: optimizer.impl cannot be instantiated: {_first_line(e)}"
+        return None, f"optimizer={cfg.name}: optimizer.impl cannot be instantiated: {first_line(e, last=True)}"
 
 
 def check_optimizer(cfg: Any, capturable: bool) -> Optional[str]:
@@ -73,21 +77,12 @@ def check_optimizer(cfg: Any, capturable: bool) -> Optional[str]:
         if capturable and "capturable" in str(e):
             return (f"optimizer={cfg.name} has no capturable mode, which compile.step_graph=true needs "
                     "(the step runs inside a CUDA graph)")
-        return f"optimizer={cfg.name}: {_first_line(e)}"
+        return f"optimizer={cfg.name}: {first_line(e, last=True)}"
     except ValueError as e:
-        return f"optimizer={cfg.name}: {_first_line(e)}"
+        return f"optimizer={cfg.name}: {first_line(e, last=True)}"
     except RuntimeError:
         return None  # the machine, not the settings: optimizer_unusable
     return None
-
-
-def check(cfg: Any) -> Optional[str]:
-    """Refuses an unknown schedule or scale_lr, and an optimizer.impl Hydra cannot instantiate
-    (an unknown class, an argument it does not take)."""
-    opt = cfg.optimizer
-    return (not_one_of("optimizer.schedule", opt.schedule, LR_SCHEDULES)
-            or not_one_of("optimizer.scale_lr", opt.scale_lr, SCALE_LR)
-            or _instantiated(opt)[1])
 
 
 def check_built(cfg: Any) -> Optional[str]:
@@ -107,13 +102,28 @@ def optimizer_unusable(cfg: Any, device: torch.device) -> Optional[str]:
     try:
         _build(optimizer_class(cfg), [{"params": [probe], "weight_decay": cfg.weight_decay}], cfg.lr, False)
     except RuntimeError as e:
-        return f"optimizer={cfg.name} cannot run on {device.type}: {_first_line(e)}"
+        return f"optimizer={cfg.name} cannot run on {device.type}: {first_line(e, last=True)}"
     return None
 
 
-def _first_line(e: BaseException) -> str:
-    lines = [line for line in str(e).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(e).__name__
+class OptimizerOption(Option):
+    section, schema, effect = "optimizer", OptimizerConfig, "bertaccel.options.optimizer.build_optimizer"
+    later = (check_built,)  # (left to the run's own process by a sweep: runs/launch.py)
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses an unknown schedule or scale_lr, and an optimizer.impl Hydra cannot instantiate
+        (an unknown class, an argument it does not take)."""
+        opt = cfg.optimizer
+        return problems(not_one_of("optimizer.schedule", opt.schedule, LR_SCHEDULES),
+                        not_one_of("optimizer.scale_lr", opt.scale_lr, SCALE_LR),
+                        _instantiated(opt)[1])
+
+    def unusable(self, cfg: "RunConfig", device: torch.device, caps: Any) -> Optional[str]:
+        """The option's own class says (it raises RuntimeError built on this device, e.g. a GPU-only kernel)."""
+        return optimizer_unusable(cfg.optimizer, device)
+
+
+OPTION = OptimizerOption()
 
 
 def scaled_lr(cfg: Any, effective_batch: int) -> float:

@@ -8,11 +8,15 @@ Adding a precision is one YAML file: `autocast_dtype` (a torch dtype name, or nu
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Union
 
 import torch
 
-from bertaccel.config import CONF_DIR
+from bertaccel.config import CONF_DIR, PrecisionConfig
+from bertaccel.option import Option
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 OPTIONS_DIR = CONF_DIR / "precision"
 # The dtypes autocast can run in, by the names the YAML files use.
@@ -24,8 +28,6 @@ def load_option(name: str) -> Any:
     Hydra applies when it composes precision=<name>."""
     from omegaconf import OmegaConf
 
-    from bertaccel.config import PrecisionConfig
-
     path = OPTIONS_DIR / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in OPTIONS_DIR.glob("*.yaml")))
@@ -33,21 +35,16 @@ def load_option(name: str) -> Any:
     return OmegaConf.merge(OmegaConf.structured(PrecisionConfig), OmegaConf.load(path))
 
 
-def check_precision(p: Any) -> Optional[str]:
-    """Why these settings cannot work anywhere (one line), or None."""
+def check_precision(p: Any) -> List[str]:
+    """Why these settings cannot work anywhere, one line each."""
+    found = []
     if p.autocast_dtype is not None and p.autocast_dtype not in AUTOCAST_DTYPES:
-        return (f"precision {p.name}: autocast_dtype={p.autocast_dtype!r} is not one of "
-                f"{', '.join(AUTOCAST_DTYPES)} (or null for no autocast)")
-    if p.loss_scaling and p.autocast_dtype != "float16":
-        return (f"precision {p.name}: loss_scaling=true needs autocast_dtype float16 (GradScaler "
-                f"guards fp16's 5-bit exponent; {p.autocast_dtype or 'float32'} does not underflow so)")
-    return None
-
-
-def check(cfg: Any) -> Optional[str]:
-    """Refuses an autocast_dtype autocast cannot run in (AUTOCAST_DTYPES, or null for none), and
-    loss_scaling=true with any dtype but float16 (GradScaler guards fp16's narrow exponent only)."""
-    return check_precision(cfg.precision)
+        found.append(f"precision {p.name}: autocast_dtype={p.autocast_dtype!r} is not one of "
+                     f"{', '.join(AUTOCAST_DTYPES)} (or null for no autocast)")
+    elif p.loss_scaling and p.autocast_dtype != "float16":
+        found.append(f"precision {p.name}: loss_scaling=true needs autocast_dtype float16 (GradScaler "
+                     f"guards fp16's 5-bit exponent; {p.autocast_dtype or 'float32'} does not underflow so)")
+    return found
 
 
 def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool) -> Optional[str]:
@@ -62,6 +59,22 @@ def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool) -> O
     elif p.autocast_dtype == "bfloat16" and not torch.cuda.is_bf16_supported(including_emulation=False):
         return f"precision={p.name} needs an Ampere or newer GPU; {torch.cuda.get_device_name(device)} has no bf16"
     return None
+
+
+class PrecisionOption(Option):
+    section, schema, effect = "precision", PrecisionConfig, "bertaccel.options.precision.Precision"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses an autocast_dtype autocast cannot run in (AUTOCAST_DTYPES, or null for none), and
+        loss_scaling=true with any dtype but float16 (GradScaler guards fp16's narrow exponent only)."""
+        return check_precision(cfg.precision)
+
+    def unusable(self, cfg: "RunConfig", device: torch.device, caps: Any) -> Optional[str]:
+        """fp16 on a CPU; bf16 on a CPU without native bf16, or on a GPU before Ampere."""
+        return precision_unusable(cfg.precision, device, caps.cpu_native_bf16)
+
+
+OPTION = PrecisionOption()
 
 
 class Precision:

@@ -2,7 +2,8 @@
 drift from it: every config group and block of the schema (config.py), each key's type, comment,
 declared range and composed default, the options Hydra finds in conf/ (composed, and compared with
 the group's default option), the allowed values the checks test against, and the checks
-themselves (options/checks.py's option_checks(), each said by its docstring).
+themselves: a loop over the registry (options/registry.py: each section's Option, its checks and
+machine check, each said by its docstring) and the rules between sections (options/rules.py).
 
     python -m bertaccel.options.reference --out docs/reference/config.md
 
@@ -97,11 +98,26 @@ def _with_helpers(check: Callable) -> List[Callable]:
 
 
 def section_checks() -> Dict[str, List[Callable]]:
-    from bertaccel.options.checks import check_section, option_checks
+    """Each registered section's checks: its own check, its machine check when it has one of its
+    own, and its later checks (options/registry.py)."""
+    from bertaccel.option import Option
+    from bertaccel.options.registry import options
 
     out: Dict[str, List[Callable]] = {}
-    for check in option_checks():
-        out.setdefault(check_section(check), []).append(check)
+    for option in options():
+        machine = [option.unusable] if type(option).unusable is not Option.unusable else []
+        out[option.section] = [option.check, *machine, *option.later]
+    return out
+
+
+def section_rules() -> Dict[str, List[Any]]:
+    """The rules of options/rules.py under each section they read."""
+    from bertaccel.options.rules import RULES
+
+    out: Dict[str, List[Any]] = {}
+    for rule in RULES:
+        for section in rule.reads:
+            out.setdefault(section, []).append(rule)
     return out
 
 
@@ -294,15 +310,23 @@ def options_table(composer: Composer, group: str, base: DictConfig, base_choices
     return out
 
 
-def checks_list(checks: List[Callable]) -> List[str]:
-    if not checks:
+def check_title(check: Callable) -> str:
+    """A check as the page names it: module.Class.method, or module.function."""
+    return f"{check.__module__}.{check.__qualname__}"
+
+
+def checks_list(checks: List[Callable], rules: List[Any]) -> List[str]:
+    if not checks and not rules:
         return ["None of its own: only the declared ranges and the finite-number check."]
-    return [f"- `{c.__module__}.{c.__name__}`: {cell(_doc(c))}" for c in checks]
+    return ([f"- `{check_title(c)}`: {cell(_doc(c))}" for c in checks]
+            + [f"- rule `{r.name}` (reads {', '.join(r.reads)}): {cell(r.says)}" for r in rules])
 
 
 def render_section(composer: Composer, name: str, kind: str, cls: Optional[type], base: DictConfig,
-                   base_choices: Dict[str, str], checks: Dict[str, List[Callable]]) -> List[str]:
-    own = checks.get(name, []) if kind != "settings" else [c for key, _ in _top_level_fields() for c in checks.get(key, [])]
+                   base_choices: Dict[str, str], checks: Dict[str, List[Callable]], rules: Dict[str, List[Any]]) -> List[str]:
+    keys = [key for key, _ in _top_level_fields()] if kind == "settings" else [name]
+    own = [c for key in keys for c in checks.get(key, [])]
+    said = [r for key in keys for r in rules.get(key, [])]
     allowed: Dict[str, str] = {}
     for check in own:
         allowed.update(allowed_values(check, name))
@@ -315,13 +339,12 @@ def render_section(composer: Composer, name: str, kind: str, cls: Optional[type]
         out += ["**Keys**", ""] + keys_table(name, cls, base, allowed) + [""]
     if kind == "group":
         out += ["**Options**", ""] + options_table(composer, name, base, base_choices) + [""]
-    return out + ["**Checks**", ""] + checks_list(own) + [""]
+    return out + ["**Checks**", ""] + checks_list(own, list(dict.fromkeys(said))) + [""]
 
 
 def generate(conf_dir: Path = CONF_DIR, searchpath: Optional[Path] = None) -> str:
     """The reference page, for conf_dir's options (plus a search path's, as a user adds them)."""
-    checks = section_checks()
-    order = ", ".join(f"`{section}`" for section in checks)  # (dicts keep the order validate() asks)
+    checks, rules = section_checks(), section_rules()
     out = ["# Config reference", "",
            f"Generated from the code by `{COMMAND}`; do not edit it by hand "
            "(tests/test_config_reference.py fails when it is out of date). The keys, their types and "
@@ -329,8 +352,11 @@ def generate(conf_dir: Path = CONF_DIR, searchpath: Optional[Path] = None) -> st
            "composition of bertaccel/conf/, the allowed values and checks from the checks' own code.", "",
            "A run's config is the schema, then conf/config.yaml with one option per group, then the "
            "command line: `group=option` picks an option, `key=value` sets a key. Before any work every "
-           "number is checked to be finite and in its declared range, then each section's checks are "
-           f"asked in this order: {order}; the first refusal is the run's one-line error.", "",
+           "number is checked to be finite and in its declared range, then each section's own check and "
+           "every rule between sections (a rule only when the sections it reads passed their own); the "
+           "checks that build or reach out (the optimizer's class, the tracking store) come last. A bad "
+           "config is refused with every problem found, one line each. A machine check says why this "
+           "machine cannot run a choice: the run is then recorded skipped, with that reason.", "",
            "## Contents", "", "| Section | Kind | Default option |", "|---|---|---|"]
     with Composer(conf_dir, searchpath) as composer:
         base, base_choices = composer.compose()
@@ -338,7 +364,7 @@ def generate(conf_dir: Path = CONF_DIR, searchpath: Optional[Path] = None) -> st
         out += [f"| [{n}](#{n.lower()}) | {k} | {code(base_choices[n]) if k == 'group' else ' '} |"
                 for n, k, _ in all_sections] + [""]
         for name, kind, cls in all_sections:
-            out += render_section(composer, name, kind, cls, base, base_choices, checks)
+            out += render_section(composer, name, kind, cls, base, base_choices, checks, rules)
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -19,7 +19,13 @@ A trial Optuna samples again (a small categorical space) is not trained twice: w
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from bertaccel.config import SearchConfig
+from bertaccel.option import Option, problems
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 DIRECTIONS = ("minimize", "maximize")
 
@@ -53,10 +59,16 @@ def check_search(search: Any) -> Optional[str]:
     return None
 
 
-def check(cfg: Any) -> Optional[str]:
-    """Refuses no objectives, objectives and directions of different lengths, a direction other
-    than minimize or maximize, and an objective named twice."""
-    return check_search(cfg.search)
+class SearchOption(Option):
+    section, schema, effect = "search", SearchConfig, "bertaccel.options.search.trial_result"
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses no objectives, objectives and directions of different lengths, a direction other
+        than minimize or maximize, and an objective named twice."""
+        return problems(check_search(cfg.search))
+
+
+OPTION = SearchOption()
 
 
 def uses_search(hydra_cfg: Any) -> bool:

@@ -209,7 +209,7 @@ def _flag(params: Mapping[str, str], key: str) -> bool:
 
 def options(params: Mapping[str, str]) -> Options:
     """Raises Uncounted for an optimizer OPTIMIZERS does not know."""
-    from bertaccel.config import uses_cuda_graphs
+    from bertaccel.options.compile import uses_cuda_graphs
 
     mode = str(params.get("compile.mode", "off"))
     mode = "off" if mode.lower() in ("false", "off") else mode  # YAML 1.1 reads a bare off as false

@@ -89,6 +89,7 @@ def default_of(key: str) -> Optional[str]:
     if head in groups and rest:  # a group's own setting: in its default option's file
         path = CONF_DIR / head / f"{groups[head]}.yaml"
         node, key = (yaml.safe_load(path.read_text()) if path.is_file() else {}), rest
+        node = node if _has(node, key) else getattr(RunConfig(), head)  # (not in the file: the schema's default)
     elif not _has(node, key):
         node = RunConfig()
     if not _has(node, key):

@@ -24,7 +24,7 @@ TIME_MODES = ("train", "total")
 # charging it to every run would rank compiled configurations by how cold the cache happened to
 # be. `--time total` is the view of one cold run, and the break-even table prices the warm-up.
 DEFAULT_TIME_MODE = "train"
-COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")  # the choices in conf/compile/
+from bertaccel.config import COMPILE_MODES  # noqa: E402 (the choices in conf/compile/: one home)
 # Params a compiled run and its uncompiled twin may differ in: the compile choice itself and where
 # its warm-up's results are cached (not what is trained).
 COMPILE_PARAMS = ("compile", "compile.mode", "compile.cache")

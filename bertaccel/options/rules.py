@@ -1,0 +1,121 @@
+"""The rules between options: every combination of sections that cannot run, in one named table.
+
+An option's own check (options/registry.py) reads its own section; a rule reads several, and is
+asked only when each section it reads passed its own check (a rule then compares values each
+section vouched for). validate() says every rule that refuses, one line each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    reads: Tuple[str, ...]  # the sections (groups, blocks, top-level settings) it reads
+    refusal: Callable[["RunConfig"], Optional[str]]  # its one line, or None when the combination runs
+
+    @property
+    def says(self) -> str:
+        """What it refuses (its function's docstring), for the config reference."""
+        return " ".join((self.refusal.__doc__ or "").split())
+
+
+# --- compile.step_graph=true: what a captured step (train/step_graph.py) cannot replay --------
+
+def _step_graph_fp16(cfg: "RunConfig") -> Optional[str]:
+    """compile.step_graph=true with fp16 loss scaling: GradScaler decides on the host whether to step."""
+    if cfg.compile.step_graph and cfg.precision.loss_scaling:
+        return ("compile.step_graph=true needs precision fp32 or bf16: fp16's GradScaler decides on the "
+                "host whether to step (skip on inf), which a CUDA graph cannot")
+    return None
+
+
+def _step_graph_freezing(cfg: "RunConfig") -> Optional[str]:
+    """compile.step_graph=true with freezing other than none: the trained parameters change every epoch."""
+    if cfg.compile.step_graph and cfg.freezing.name != "none":
+        return ("compile.step_graph=true needs freezing=none: layer-wise freezing changes the trained "
+                "parameters every epoch, and with them every captured graph")
+    return None
+
+
+def _step_graph_num_gpus(cfg: "RunConfig") -> Optional[str]:
+    """compile.step_graph=true with num_gpus > 1: DDP's all-reduce runs from host-side hooks."""
+    if cfg.compile.step_graph and cfg.num_gpus > 1:
+        return ("compile.step_graph=true needs num_gpus=1: DDP's gradient all-reduce runs from autograd "
+                "hooks on the host, outside anything a captured step could replay")
+    return None
+
+
+def _step_graph_eager_attention(cfg: "RunConfig") -> Optional[str]:
+    """compile.step_graph=true with Hugging Face's eager attention, uncompiled: its mask builder
+    copies a host scalar to the GPU, which capture forbids."""
+    from bertaccel.options.compile import compiles
+
+    if (cfg.compile.step_graph and not compiles(cfg.compile) and cfg.attention.hf_implementation == "eager"
+            and cfg.attention.swap is None and cfg.encoder.layer == "hf"):
+        # Seen on an H100 (torch 2.11, transformers 5.17): "Cannot copy between CPU and CUDA tensors
+        # during CUDA graph capture"; sdpa and our kernels get the [B, S] mask handed through instead.
+        return (f"compile.step_graph=true with attention={cfg.attention.name}: Hugging Face's eager mask builder "
+                "copies a host scalar to the GPU, which CUDA-graph capture forbids; use attention=sdpa (or "
+                "xformers, triton, encoder=fused)")
+    return None
+
+
+def _adaptive_step_graph(cfg: "RunConfig") -> Optional[str]:
+    """accumulation=adaptive with compile.step_graph=true: the captured step cannot read each micro-batch's gradient."""
+    if cfg.accumulation == "adaptive" and cfg.compile.step_graph:
+        return ("accumulation=adaptive with compile.step_graph=true: the captured step cannot "
+                "read each micro-batch's gradient; use compile.step_graph=false")
+    return None
+
+
+# --- num_gpus > 1: what data parallelism cannot do --------------------------------------------
+
+def _adaptive_num_gpus(cfg: "RunConfig") -> Optional[str]:
+    """accumulation=adaptive with num_gpus > 1: the ranks would measure different variances."""
+    if cfg.accumulation == "adaptive" and cfg.num_gpus > 1:
+        return ("accumulation=adaptive needs num_gpus=1: the ranks would measure different "
+                "variances, and DDP's all-reduce inside the last backward hides each micro-batch's gradient")
+    return None
+
+
+def _freezing_num_gpus(cfg: "RunConfig") -> Optional[str]:
+    """freezing other than none with num_gpus > 1: DDP registers its gradient hooks once."""
+    if cfg.num_gpus > 1 and cfg.freezing.name != "none":
+        return (f"num_gpus={cfg.num_gpus} with freezing={cfg.freezing.name}: DDP registers its gradient "
+                "hooks once, for the parameters trainable at the start; use num_gpus=1 or freezing=none")
+    return None
+
+
+def _inline_num_gpus(cfg: "RunConfig") -> Optional[str]:
+    """launcher=inline with num_gpus > 1: a rank needs a process of its own."""
+    if cfg.launcher.name == "inline" and cfg.num_gpus > 1:
+        return (f"num_gpus={cfg.num_gpus} needs a process per rank: launcher=inline runs in the sweep's "
+                "own process; use launcher=process (the default)")
+    return None
+
+
+def _auto_batch_num_gpus(cfg: "RunConfig") -> Optional[str]:
+    """train.batch_size=auto with num_gpus > 1: the search runs in one process."""
+    if cfg.train.batch_size == "auto" and cfg.num_gpus > 1:
+        return (f"train.batch_size=auto with num_gpus={cfg.num_gpus}: the search runs in one process; "
+                "use num_gpus=1, or give the batch found by a num_gpus=1 run (metric batch_size_used)")
+    return None
+
+
+RULES: Tuple[Rule, ...] = (
+    Rule("step_graph_fp16", ("compile", "precision"), _step_graph_fp16),
+    Rule("step_graph_freezing", ("compile", "freezing"), _step_graph_freezing),
+    Rule("step_graph_num_gpus", ("compile", "num_gpus"), _step_graph_num_gpus),
+    Rule("step_graph_eager_attention", ("compile", "attention", "encoder"), _step_graph_eager_attention),
+    Rule("adaptive_step_graph", ("accumulation", "compile"), _adaptive_step_graph),
+    Rule("adaptive_num_gpus", ("accumulation", "num_gpus"), _adaptive_num_gpus),
+    Rule("freezing_num_gpus", ("freezing", "num_gpus"), _freezing_num_gpus),
+    Rule("inline_num_gpus", ("launcher", "num_gpus"), _inline_num_gpus),
+    Rule("auto_batch_num_gpus", ("train", "num_gpus"), _auto_batch_num_gpus),
+)
