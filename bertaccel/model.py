@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from bertaccel.config import first_line
+
 
 class ModelUnavailable(RuntimeError):
     """The model cannot be loaded here (hub id offline, package missing)."""
@@ -80,7 +82,7 @@ def load_tokenizer(model_cfg: Any) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(source))
     except OSError as e:
-        raise ModelUnavailable(f"tokenizer {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
+        raise ModelUnavailable(f"tokenizer {source} cannot be loaded here ({first_line(e, limit=200, default='')})") from None
 
 
 def built_shape(model: Any) -> Dict[str, int]:
@@ -150,7 +152,7 @@ def hf_config(model_cfg: Any, num_labels: int, vocab_size: int) -> Any:
     try:
         return AutoConfig.from_pretrained(source, num_labels=num_labels)
     except OSError as e:
-        raise ModelUnavailable(f"model config {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
+        raise ModelUnavailable(f"model config {source} cannot be loaded here ({first_line(e, limit=200, default='')})") from None
 
 
 def _tensors(model: Any) -> Any:
@@ -199,7 +201,7 @@ def _build_hf(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) 
         model = AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=num_labels, attn_implementation=attention, dtype=torch.float32)
     except OSError as e:
-        raise ModelUnavailable(f"model {source} cannot be loaded here ({str(e).splitlines()[0][:200]})") from None
+        raise ModelUnavailable(f"model {source} cannot be loaded here ({first_line(e, limit=200, default='')})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     return model, f"pretrained from {source} (classifier head newly initialized)"

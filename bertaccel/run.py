@@ -68,7 +68,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from bertaccel.config import CONF_DIR, GROUPS, ConfigError, register_configs
+from bertaccel.config import CONF_DIR, GROUPS, ConfigError, first_line, register_configs
 from bertaccel.data import DataError
 from bertaccel.options.checks import unknown_setting
 from bertaccel.options.search import trial_result, uses_search
@@ -167,7 +167,7 @@ def input_error(e: Exception) -> str:
         options = group_options(group, getattr(e, "options", None))
         return f"{group}={option} is not an option of {group}; choose one of: {', '.join(options)}"
     if isinstance(e, OverrideParseException):
-        return f"cannot read the override '{e.override}': {e.message.splitlines()[0]}"
+        return f"cannot read the override '{e.override}': {first_line(e.message)}"
     unknown = getattr(e.__cause__, "full_key", None)
     if (isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)) and unknown
             and str(e).startswith("Could not override") and not unknown.startswith("hydra.")):
@@ -175,7 +175,7 @@ def input_error(e: Exception) -> str:
     parts = []
     for x in (e, e.__cause__):
         if x is not None:
-            first = next((line.strip() for line in str(x).splitlines() if line.strip()), "").rstrip(".")
+            first = first_line(x, default="").rstrip(".")
             first = first.removeprefix("Error merging override ")
             if first and first not in parts:
                 parts.append(first)

@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Tuple, TypeVar
 
+from bertaccel.config import first_line
+
 log = logging.getLogger("bertaccel")
 T = TypeVar("T")
 
@@ -59,7 +61,7 @@ def cached(path: Path, build: Callable[[], T], dump: Callable[[T], bytes], load:
 def _reason(e: Exception) -> str:
     """One line: the check's own words, or a loader's exception type and first sentence (torch's
     run on for a paragraph about weights_only that does not apply to a damaged file)."""
-    text = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else ""
+    text = first_line(e, default="").split(". ")[0][:160]
     return text if isinstance(e, BadEntry) else f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 

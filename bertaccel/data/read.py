@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
+from bertaccel.config import first_line
 from bertaccel.data.cache import cached, entry_path
 
 SAMPLES_DIR = Path(__file__).resolve().parents[1] / "samples"  # bertaccel/samples
@@ -148,7 +149,7 @@ def _read_hub(hub_id: str, text_columns: Sequence[str], label_column: str):
 
         ds = datasets.load_dataset(hub_id)
     except Exception as e:  # offline: ConnectionError, OfflineModeIsEnabled, FileNotFoundError...
-        first = str(e).splitlines()[0] if str(e) else ""
+        first = first_line(e, default="")
         raise DatasetUnavailable(f"hub dataset {hub_id!r} cannot be loaded here "
                                  f"({type(e).__name__}: {first[:200]}); use dataset=csv with local files") from None
     out = []

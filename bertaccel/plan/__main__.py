@@ -32,6 +32,7 @@ import argparse  # noqa: E402 (after the server's start)
 from pathlib import Path
 from typing import List, Optional
 
+from ..config import first_line
 from ..report.args import OneLineParser
 from ..report.folder import OutputFolderError, check_folder, write_folder
 from ..report.stop import held, run
@@ -144,7 +145,7 @@ def main(argv: Optional[List[str]] = None, written: Optional[List[str]] = None) 
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException, HydraException) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = first_line(e)
         if "Cannot find primary config" in first:
             first = f"--config-name {a.config_name}: no such study or config (bertaccel/sweeps/ lists the studies)"
         elif isinstance(e, (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)):

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import torch
 
+from ..config import first_line
 from .pricing import PREDICTED, PREDICTED_WAIT
 
 log = logging.getLogger("bertaccel")
@@ -34,7 +35,7 @@ def log_prediction(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: in
     try:
         why = _predict_and_log(cfg, tracker, lengths, num_labels, model_config, profile, run_name)
     except Exception as e:  # noqa: BLE001 - a prediction never fails a run: it says why it is missing
-        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        why = f"{type(e).__name__}: {first_line(e, default='')}"
     if why:
         tracker.set_tags({"prediction_basis": f"not predicted: {why}"[:5000]})
     log.info(f"prediction: {'not predicted: ' + why if why else 'logged'} ({time.perf_counter() - t0:.2f} s)")

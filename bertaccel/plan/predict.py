@@ -20,6 +20,7 @@ from .pricing import Prediction, price, unpredicted
 from .probe import Prober, ProbeResult
 from .roofline import parts_of
 from .wall import SweepWalls, compiles, graph_key
+from ..config import first_line
 from ..model import hf_config
 from .work import DataShape, Work, data_shape, meta_model, work_of
 
@@ -156,7 +157,7 @@ class Planner:
             data, config, work = self._inputs(planned)
             params = run_params(cfg, planned.choices, config)
         except Exception as e:  # noqa: BLE001 - DataError, DatasetUnavailable, ModelUnavailable, adaptive+cap
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            why = first_line(e)
             return [unpredicted(planned.name, planned.config_hash, cfg.hardware.name if n == "own" else n, precision,
                                 gpus, why) for n, _ in hw_rows]
         refs, store_note = store_references(cfg.tracking.uri, cfg.tracking.experiment, self.store_memo)

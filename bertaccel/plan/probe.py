@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from omegaconf import OmegaConf
 
+from ..config import first_line
 from .fit import fit_overhead
 from .probe_process import in_probe_process, probe_lengths
 
@@ -316,7 +317,7 @@ class Prober:
             done, forks = run_probes(reqs, runs_machine.context(), self.filled)
             runs_machine.later_process_s += forks
         except Exception as e:  # noqa: BLE001 - a configuration that cannot be probed is said, not fatal
-            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            why = f"{type(e).__name__}: {first_line(e, limit=200, default='')}"
             if len(reqs) > 1:  # (the shared process died: each is probed alone when predicted)
                 print(f"[probe] the shared probe process failed ({why}): probing them one by one",
                       file=sys.stderr, flush=True)

@@ -32,6 +32,7 @@ from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.file_utils import local_file_uri_to_path
 
+from bertaccel.config import first_line
 from bertaccel.record.sweep import SweepContext, context_from_env, sweep_runs
 from bertaccel.store import store_lock
 
@@ -156,7 +157,7 @@ class SweepReport(Callback):
         try:
             said = attach_report(ctx, self.experiment)
         except Exception as e:  # noqa: BLE001 - the sweep's runs are recorded; a report is never worth failing it
-            said = f"no report: attaching it failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            said = f"no report: attaching it failed ({type(e).__name__}: {first_line(e, default='')})"
             with contextlib.suppress(Exception):
                 _tag(ctx.uri, ctx.parent_run_id, **{REASON_TAG: said})
         print(f"[sweep] {said}", flush=True)

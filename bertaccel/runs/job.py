@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig
 
 from bertaccel import distributed
-from bertaccel.config import ConfigError
+from bertaccel.config import ConfigError, first_line
 from bertaccel.data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
 from bertaccel.measure.carbon import co2e
 from bertaccel.measure.collectors import Reading, build_collectors
@@ -51,8 +51,7 @@ log = logging.getLogger("bertaccel")
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
+    return f"{type(e).__name__}: {first_line(e, default='')}"
 
 
 def job_devices(device: torch.device, world_size: int) -> List[torch.device]:
