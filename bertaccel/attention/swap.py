@@ -17,6 +17,7 @@ from torch import nn
 
 from bertaccel.attention.packing import (PackedEncoder, Packing, key_padding_mask, pack, pack_tokens,
                                          pass_masks_through, unpack_tokens)
+from bertaccel.config import first_line
 
 
 class FusedSelfAttention(nn.Module):
@@ -84,6 +85,17 @@ def _triton_packed(q, k, v, packing: Packing, p: float, scaling: float) -> torch
     return fused_attention_packed(q, k, v, packing.cu_seqlens, packing.max_seqlen, p, scaling)
 
 
+def _triton_fused(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
+                  seed: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """encoder=fused's core: qkv [T, 3, H, D] as the fused QKV GEMM writes it -> [T, H, D]."""
+    from .triton_attention import fused_attention_packed_qkv
+
+    # The backward writes dQ, dK and dV into one [T, 3, H, D] gradient: the QKV GEMM's backward
+    # reads it as it is (no concatenation).
+    return fused_attention_packed_qkv(qkv, packing.cu_seqlens, packing.max_seqlen, p, scale,
+                                      seed if p > 0 else None)
+
+
 def _xformers_ops(q: torch.Tensor):
     """The (forward, backward) operators named rather than chosen per call: xFormers' dispatcher
     otherwise asks every operator whether it supports the inputs, at every call. Flash takes
@@ -108,6 +120,18 @@ def _xformers_packed(q, k, v, packing: Packing, p: float, scaling: float) -> tor
     out = xops.memory_efficient_attention(q[None], k[None], v[None], attn_bias=packing.bias, p=p, scale=scaling,
                                           op=_xformers_ops(q))
     return out[0]
+
+
+def _xformers_fused(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
+                    seed: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """encoder=fused's core (its dropout draws from xFormers' own generator: `seed` unused)."""
+    import xformers.ops as xops
+
+    # xops.unbind: views whose gradients autograd stacks into one tensor without a copy when they
+    # are slices of one storage, as here.
+    q, k, v = xops.unbind(qkv, dim=1)
+    return xops.memory_efficient_attention(q[None], k[None], v[None], attn_bias=packing.bias, p=p, scale=scale,
+                                           op=_xformers_ops(q))[0]
 
 
 def _xformers_prepare(packing: Packing) -> Any:
@@ -174,7 +198,7 @@ def xformers_unusable(device: torch.device) -> Optional[str]:
         q = torch.zeros(1, 8, 1, 64, device=device, dtype=torch.float16)
         xops.memory_efficient_attention(q, q, q)
     except Exception as e:  # noqa: BLE001
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         return (f"attention=xformers: xformers {xformers.__version__} is installed but does not run with torch "
                 f"{torch.__version__}: {first[:300]}; rebuild it for this torch with: {XFORMERS_INSTALL}")
     return None
@@ -198,14 +222,19 @@ def _no_prepare(packing: Packing) -> None:
 
 @dataclass(frozen=True)
 class Backend:
-    """One swap backend: its attention cores (dense and packed, above), its per-batch
-    preparation, and its "can this machine run it" check."""
+    """One attention kernel, everything the package asks of it: its cores for the swapped Hugging
+    Face layer (dense and packed, above) and for our fused layer (encoder/attention.py CORES:
+    qkv [T, 3, H, D] -> [T, H, D]), its per-batch preparation, and its "can this machine run it"
+    check. A new kernel is one entry here (its cores in a module of its own) and its YAML file in
+    conf/attention/ (`swap: <name>`): the attention option, the fused encoder and the machine
+    check all read this one table."""
     dense_core: Callable[..., torch.Tensor]
     packed_core: Callable[..., torch.Tensor]
     prepare: Callable[[Packing], Any]
     unusable: Callable[[torch.device], Optional[str]]
+    fused_core: Callable[..., torch.Tensor]
 
 
-# The swap backends an attention option may name (conf/attention/*.yaml `swap:`).
-BACKENDS = {"xformers": Backend(_xformers_dense, _xformers_packed, _xformers_prepare, xformers_unusable),
-            "triton": Backend(_triton_dense, _triton_packed, _no_prepare, triton_unusable)}
+# The attention kernels an attention option may name (conf/attention/*.yaml `swap:`).
+BACKENDS = {"xformers": Backend(_xformers_dense, _xformers_packed, _xformers_prepare, xformers_unusable, _xformers_fused),
+            "triton": Backend(_triton_dense, _triton_packed, _no_prepare, triton_unusable, _triton_fused)}

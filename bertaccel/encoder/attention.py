@@ -14,28 +14,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from bertaccel.attention.packing import Packing
-
-def _triton(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
-            seed: Optional[torch.Tensor] = None) -> torch.Tensor:
-    from bertaccel.attention.triton_attention import fused_attention_packed_qkv
-
-    # The backward writes dQ, dK and dV into one [T, 3, H, D] gradient: the QKV GEMM's backward
-    # reads it as it is (no concatenation).
-    return fused_attention_packed_qkv(qkv, packing.cu_seqlens, packing.max_seqlen, p, scale,
-                                      seed if p > 0 else None)
-
-
-def _xformers(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
-              seed: Optional[torch.Tensor] = None) -> torch.Tensor:
-    import xformers.ops as xops
-
-    from bertaccel.attention.swap import _xformers_ops
-
-    # xops.unbind: views whose gradients autograd stacks into one tensor without a copy when they
-    # are slices of one storage, as here.
-    q, k, v = xops.unbind(qkv, dim=1)
-    return xops.memory_efficient_attention(q[None], k[None], v[None], attn_bias=packing.bias, p=p, scale=scale,
-                                           op=_xformers_ops(q))[0]
+from bertaccel.attention.swap import BACKENDS, _no_prepare
 
 
 def _sdpa_varlen(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
@@ -54,23 +33,20 @@ def _sdpa_varlen(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
     return out[0][0]
 
 
-# (qkv, packing, dropout p, scale, seed or None) -> [T, H, D]
-CORES: Dict[str, Callable[..., torch.Tensor]] = {
-    "triton": _triton, "xformers": _xformers, "sdpa": _sdpa_varlen}
+# (qkv, packing, dropout p, scale, seed or None) -> [T, H, D]: every swap backend's own fused-layer
+# core (attention/swap.py BACKENDS: one registry of kernels), and sdpa's, torch's varlen kernels.
+CORES: Dict[str, Callable[..., torch.Tensor]] = {**{name: b.fused_core for name, b in BACKENDS.items()},
+                                                 "sdpa": _sdpa_varlen}
 
 
 def prepare(core: str) -> Callable[[Packing], Any]:
     """The core's per-batch object, built once per batch by the encoder: the swap backend's own
     (xFormers' block-diagonal mask; nothing for ours); torch's varlen kernels need none."""
-    from bertaccel.attention.swap import BACKENDS, _no_prepare
-
     return BACKENDS[core].prepare if core in BACKENDS else _no_prepare
 
 
 def core_unusable(core: str, device: torch.device) -> Optional[str]:
     """Why this machine cannot run the core (a skip), or None."""
-    from bertaccel.attention.swap import BACKENDS
-
     if core in BACKENDS:
         return BACKENDS[core].unusable(device)
     if device.type != "cuda":
