@@ -4,11 +4,13 @@ installed where missing (CI runs as root), and an MLflow server or UI started, a
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -28,11 +30,15 @@ def apt_install(packages: Sequence[str], what: str) -> Optional[str]:
     if shutil.which("apt-get") is None:
         return f"{what} is not installed and this system has no apt-get to install it"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", *packages]):
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-        if p.returncode != 0:
-            last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-            return f"{what} could not be installed: `{' '.join(cmd)}` failed: {last}"
+    # One install at a time: the suite runs in parallel workers (pyproject's addopts), and a second
+    # apt-get fails at once on dpkg's lock instead of waiting for the first.
+    with open(Path(tempfile.gettempdir()) / "bertaccel-tests-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", *packages]):
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+            if p.returncode != 0:
+                last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+                return f"{what} could not be installed: `{' '.join(cmd)}` failed: {last}"
     return None
 
 
