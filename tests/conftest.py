@@ -13,6 +13,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# tmp_path in memory (tmpfs) where the machine has one: most tests make a real SQLite MLflow store
+# there, and on a disk each of its commits waits for an fsync (tens of ms here; a new store's
+# migrations commit many times), which a test of what lands in the store does not need: a killed
+# process's writes survive in the page cache alike. PYTEST_DEBUG_TEMPROOT set by hand wins.
+if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", "/dev/shm")
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
