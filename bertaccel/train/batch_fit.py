@@ -93,8 +93,8 @@ def release_device(device: torch.device) -> None:
 def training_step(model: torch.nn.Module, cfg: Any, device: torch.device, length: int,
                   optimizer: torch.optim.Optimizer) -> Callable[[int], None]:
     """One real optimizer step of the run's kind on a synthetic batch of `size` rows x length,
-    through the run's forward and loss (eager, the all-ones mask kept: the padded batches the
-    longest length brings carry a mask)."""
+    through the run's forward and loss (eager; its all-ones mask is passed, not dropped: the
+    masked attention variant, which the padded batches of training run)."""
     from bertaccel.options.precision import Precision
     from bertaccel.train.forward import Forward, sdpa_backends
 
