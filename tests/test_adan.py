@@ -357,6 +357,7 @@ def test_deepcopy_and_old_int_step_state():
 
 
 # ---------------------------------------------------------------- it trains
+@pytest.mark.slow
 @pytest.mark.parametrize("foreach", [True, False])
 def test_adan_trains_a_small_classifier(foreach):
     torch.manual_seed(0)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
@@ -50,6 +51,7 @@ def _tiny(attn: str):
     return BertForSequenceClassification._from_config(cfg, attn_implementation=attn)
 
 
+@pytest.mark.slow
 def test_warmup_runs_every_shape_through_the_triton_layers_and_leaves_no_trace():
     # On the CPU the kernels run in Triton's interpreter (conftest): the same launches, no compile.
     model = _tiny("eager")

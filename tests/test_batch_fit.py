@@ -71,6 +71,7 @@ def test_real_training_steps_under_a_fake_limit(tiny):
     assert any(s["exp_avg"].abs().sum() > 0 for s in opt.state.values())  # the optimizer really stepped
 
 
+@pytest.mark.slow
 def test_fit_batch_leaves_weights_mode_and_rng_as_they_were(tiny):
     cfg, model = tiny
     model.eval()

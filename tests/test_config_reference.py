@@ -29,6 +29,7 @@ def test_the_committed_page_is_what_the_code_generates(page):
         pytest.fail(f"docs/reference/config.md is out of date; regenerate it: {COMMAND}", pytrace=False)
 
 
+@pytest.mark.slow
 def test_an_option_added_on_a_search_path_appears(page, tmp_path):
     """A new precision as a user adds one (a YAML file on hydra.searchpath): its row says what it
     is and what it sets against the default option, so the committed page no longer matches."""
@@ -44,6 +45,7 @@ def test_an_option_added_on_a_search_path_appears(page, tmp_path):
     assert added != PAGE.read_text()
 
 
+@pytest.mark.slow
 def test_a_changed_default_and_a_removed_option_change_the_page(page, tmp_path):
     """In a copy of conf/: train.epochs' default 1 -> 3, the default precision fp32 -> bf16, and
     optimizer=lamb removed; each shows on the page."""

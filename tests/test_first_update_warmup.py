@@ -19,6 +19,9 @@ from bertaccel.train.loop import _prepare
 from bertaccel.train.step import windows
 from bertaccel.train.warmup import warm_first_update
 
+# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+pytestmark = pytest.mark.slow
+
 CPU = torch.device("cpu")
 STEPS = 3
 

@@ -147,6 +147,7 @@ def test_fused_model_saves_and_reloads_as_a_hugging_face_model(tmp_path):
         torch.testing.assert_close(again(input_ids=ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["every", "sqrt"])
 def test_checkpointing_gives_the_same_gradients_with_dropout(mode):
     from bertaccel.train.checkpointing import apply_checkpointing

@@ -135,6 +135,7 @@ def test_a_configuration_given_twice_runs_once_and_bad_ones_among_good_are_recor
     assert MlflowClient(store).get_run(parent.info.run_id).data.tags["status"] == "finished (1 of 2 runs finished)"
 
 
+@pytest.mark.slow
 def test_every_option_preset_and_study_composes_within_the_schema(tmp_path):
     """The unknown-key check refuses only the user's keys: every option of every group, every
     preset and every study (with its grid's first values) composes to keys of the schema, and

@@ -78,6 +78,7 @@ class WindowWatch(Collector):
         return {"watch": Reading(0.0, "test")}
 
 
+@pytest.mark.slow
 def test_events_run_in_order_and_only_the_steps_are_timed(compose_cfg, tmp_path):
     cfg, model, (tr, te) = _setup(compose_cfg, tmp_path, [f"train.epochs={EPOCHS}",
                                                            f"train.max_steps_per_epoch={STEPS}",

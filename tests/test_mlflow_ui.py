@@ -139,6 +139,7 @@ def _artifacts(ctx: SweepContext, path: str = "") -> set:
     return {a.path for a in MlflowClient(tracking_uri=ctx.uri).list_artifacts(ctx.parent_run_id, path)}
 
 
+@pytest.mark.slow
 def test_the_report_of_the_sweeps_finished_runs_is_attached_to_its_parent(tmp_path):
     ctx = _sweep(tmp_path, ["finished", "finished", "failed"])
     said = attach_report(ctx, "bertaccel")
@@ -183,6 +184,7 @@ def test_the_callback_never_fails_the_sweep(tmp_path, monkeypatch, capsys):
     assert f"[sweep] {why}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_later_report_clears_an_earlier_reason(tmp_path):
     ctx = _sweep(tmp_path, ["finished"])
     MlflowClient(tracking_uri=ctx.uri).set_tag(ctx.parent_run_id, REASON_TAG, "no report: the sweep has no finished runs")

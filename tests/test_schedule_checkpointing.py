@@ -70,6 +70,7 @@ def _grads_and_layer_calls(mode: str, layers: int = 4, swap=None):
     return {n: p.grad.clone() for n, p in model.named_parameters()}, calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, swap", [("every", None), ("sqrt", None), ("every", "triton"), ("sqrt", "triton")])
 def test_checkpointing_modes_give_the_same_gradients_and_really_recompute(mode, swap):
     plain, plain_calls = _grads_and_layer_calls("none", swap=swap)

@@ -142,6 +142,7 @@ def test_a_disk_filling_mid_sweep_is_one_line_naming_the_cause_and_what_is_left_
 # ---------------------------------------------------------------------------------------------
 # The store file deleted, or replaced by another file, while a sweep writes to it.
 
+@pytest.mark.slow
 def test_a_store_deleted_mid_sweep_stops_it_and_is_not_made_again(tmp_path):
     db = tmp_path / "mlflow.db"
     store = f"sqlite:///{db}"
@@ -186,6 +187,7 @@ def test_a_kept_store_deleted_during_a_hold_is_not_left_as_an_empty_file(tmp_pat
         keep_store(None)
 
 
+@pytest.mark.slow
 def test_a_store_replaced_mid_sweep_stops_it_and_the_file_in_its_place_is_not_written(tmp_path):
     db = tmp_path / "mlflow.db"
     store = f"sqlite:///{db}"

@@ -36,6 +36,7 @@ def test_every_study_is_in_the_table():
     assert {f.stem for f in SWEEPS_DIR.glob("*.yaml")} == set(EXPECTED_RUNS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("study", sorted(EXPECTED_RUNS))
 def test_study_grid_composes_and_validates(conf_with_sweeps, study):
     register_configs()

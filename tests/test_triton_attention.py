@@ -69,6 +69,7 @@ def test_forward_and_gradients_match_eager(dtype, d):
         assert _rel(a, b) < (TOL[dtype] if dtype == torch.float32 else 3 * TOL[dtype]), name
 
 
+@pytest.mark.slow
 def test_bshd_layout_bool_mask_and_unequal_blocks_match_the_contiguous_path():
     # BERT's q/k/v are [B, S, H, D] projections viewed as [B, H, S, D]: the kernels read them in
     # place, the output keeps that layout (so merging heads is a view), and a bool mask is read

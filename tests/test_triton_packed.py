@@ -113,6 +113,7 @@ def test_packed_equals_padded_on_the_same_tokens(p):
         assert _rel(a, pack(b)) < 1e-6, name
 
 
+@pytest.mark.slow
 def test_packed_dropout_seeds_rate_and_a_loose_max_seqlen():
     p, lengths, heads = 0.25, [64, 50, 33], 2
     cu, total = _cu(lengths), sum(lengths)
@@ -136,6 +137,7 @@ def test_packed_dropout_seeds_rate_and_a_loose_max_seqlen():
     assert torch.equal(TA.fused_attention_packed(q, k, v, cu, 64), TA.fused_attention_packed(q, k, v, cu, 100))
 
 
+@pytest.mark.slow
 def test_packed_op_under_torch_compile_matches_eager_without_graph_breaks():
     lengths = [19, 0, 8]
     cu = _cu(lengths)
@@ -218,6 +220,7 @@ def _projection(total, heads, dim, dtype, layout, seed=0):
     return leaf, leaf[:, :3 * heads * dim].view(total, 3, heads, dim)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, p, layout", [(torch.float32, 0.0, "gemm"), (torch.float16, 0.0, "gemm"),
                                               (torch.float32, 0.3, "gemm"), (torch.float16, 0.3, "gemm"),
                                               (torch.float32, 0.0, "strided")])
@@ -260,6 +263,7 @@ def test_qkv_gradient_is_one_tensor_straight_from_the_op():
     assert any("Unbind" in type(node).__name__ for node, _ in unbound.grad_fn.next_functions if node is not None)
 
 
+@pytest.mark.slow
 def test_qkv_op_under_torch_compile_matches_eager_and_its_backward_graph_has_no_concatenation():
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
