@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from bertaccel.config import first_line
+from bertaccel.config import AttentionConfig, EncoderConfig, ModelConfig, first_line
 
 
 class ModelUnavailable(RuntimeError):
@@ -44,7 +44,7 @@ def package_model_dir(package: str) -> Path:
     return path
 
 
-def check_model(model_cfg: Any) -> Optional[str]:
+def check_model(model_cfg: ModelConfig) -> Optional[str]:
     """Why the model's package or local path cannot be used (one line), or None; checked before
     any work (validate), so a name mistyped is bad input, not a run opened and then skipped.
     A hub id is not checked here: whether the hub can be reached is hub.hub_skip_reason's."""
@@ -66,7 +66,7 @@ def check_model(model_cfg: Any) -> Optional[str]:
     return f"{key}={package}: {why}" if why else None
 
 
-def tokenizer_source(model_cfg: Any) -> str:
+def tokenizer_source(model_cfg: ModelConfig) -> str:
     """Where the model's tokenizer is loaded from: a hub id, or the directory of the package that
     ships it (the model's own, or random_init's tokenizer_package)."""
     if model_cfg.source == "hub":
@@ -75,7 +75,7 @@ def tokenizer_source(model_cfg: Any) -> str:
                                  else model_cfg.tokenizer_package))
 
 
-def load_tokenizer(model_cfg: Any) -> Any:
+def load_tokenizer(model_cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 
     source = tokenizer_source(model_cfg)
@@ -95,8 +95,8 @@ def built_shape(model: Any) -> Dict[str, int]:
     return {k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
-def build_model(model_cfg: Any, num_labels: int, attention: Any, vocab_size: int,
-                encoder: Any = None, start_from: Optional[Dict[str, Any]] = None) -> Tuple[Any, str]:
+def build_model(model_cfg: ModelConfig, num_labels: int, attention: AttentionConfig, vocab_size: int,
+                encoder: Optional[EncoderConfig] = None, start_from: Optional[Dict[str, Any]] = None) -> Tuple[Any, str]:
     """Returns the model and a short note on where its weights came from.
 
     `attention` is the option's settings (conf/attention/<name>.yaml): Hugging Face builds
@@ -134,11 +134,11 @@ def build_model(model_cfg: Any, num_labels: int, attention: Any, vocab_size: int
     return model, f"{note}; {n} self-attention layers swapped for attention={attention.name}"
 
 
-def _source(model_cfg: Any) -> str:
+def _source(model_cfg: ModelConfig) -> str:
     return str(package_model_dir(model_cfg.pretrained)) if model_cfg.source == "package" else model_cfg.pretrained
 
 
-def hf_config(model_cfg: Any, num_labels: int, vocab_size: int) -> Any:
+def hf_config(model_cfg: ModelConfig, num_labels: int, vocab_size: int) -> Any:
     """The Hugging Face config of the model a run builds, without weights (the plan counts its
     work from it; a rebuild builds from it)."""
     from transformers import AutoConfig, BertConfig
@@ -181,7 +181,7 @@ def _rebuild(start_from: Dict[str, Any], config: Any, attention: str) -> Tuple[A
     return model, "rebuilt from an earlier build's tensors in this process"
 
 
-def _build_hf(model_cfg: Any, num_labels: int, attention: str, vocab_size: int) -> Tuple[Any, str]:
+def _build_hf(model_cfg: ModelConfig, num_labels: int, attention: str, vocab_size: int) -> Tuple[Any, str]:
     import torch
     from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
     from transformers.utils import logging as hf_logging

@@ -52,7 +52,7 @@ def startup_phases_of(run):
 def tiny_training(cfg):
     """A composed config's model (seed 0) and its (train, test) loaders, built as runs/job.py builds
     them, for tests that drive the training core without a run around it."""
-    from bertaccel.data import load_raw, make_loader, tokenize_cached
+    from bertaccel.data import Batching, load_raw, make_loader, tokenize_cached
     from bertaccel.model import build_model, load_tokenizer
     from bertaccel.train.step import uses_fixed_shapes
 
@@ -61,8 +61,8 @@ def tiny_training(cfg):
     data = tokenize_cached(raw, tok, cfg.dataset.max_length, cfg.cache_dir)
     torch.manual_seed(0)
     model, _ = build_model(cfg.model, raw.num_labels, cfg.attention, len(tok), cfg.encoder)
-    loaders = [make_loader(split, bs, tok.pad_token_id, shuffle, 0, 0, False, True, cfg.train.pad_to_multiple_of,
-                           uses_fixed_shapes(cfg))
+    batching = Batching(cfg.train.batch_size, cfg.train.pad_to_multiple_of, True, uses_fixed_shapes(cfg))
+    loaders = [make_loader(split, batching.sized(bs), tok.pad_token_id, shuffle, 0)
                for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
                                           (data.test, cfg.train.eval_batch_size, False))]
     return model, loaders, data

@@ -9,7 +9,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel.attention.swap import FusedSelfAttention, swap_attention
 from bertaccel.attention.warmup import reset_kernel_caches
-from bertaccel.data import PadCollator, TokenizedSplit, make_loader
+from bertaccel.data import Batching, PadCollator, TokenizedSplit, make_loader
 from bertaccel.options.precision import Precision
 from bertaccel.train.forward import Forward
 from bertaccel.train.step import accumulate_window, eval_batch
@@ -39,7 +39,7 @@ def test_data_lengths_cover_every_batch_shape_of_a_real_loader():
     for multiple in (1, 8, 32):
         plan = set(data_lengths(split.lengths, multiple))
         assert plan <= set(padded_lengths(100, multiple))
-        loader = make_loader(split, 16, 0, True, 0, 0, False, True, multiple, fixed_rows=True)
+        loader = make_loader(split, Batching(16, multiple, group_by_length=True, fixed_rows=True), 0, True, 0)
         seen = {tuple(b["input_ids"].shape) for _ in range(3) for b in loader}
         assert {rows for rows, _ in seen} == {16}  # the short last batch is filled up
         assert {s for _, s in seen} <= plan

@@ -181,7 +181,7 @@ def test_similarity_key_reads_compile_off_either_way():
 ])
 def test_work_replays_the_runs_own_batches(compose_cfg, overrides):
     """epoch_batches against the real DataLoader of bertaccel.data on the same lengths, every epoch."""
-    from bertaccel.data import TokenizedSplit, make_loader
+    from bertaccel.data import Batching, TokenizedSplit, make_loader
     from bertaccel.train.step import uses_fixed_shapes
 
     cfg = compose_cfg(["model=tiny", "train.batch_size=8", "train.epochs=2", *overrides])
@@ -192,8 +192,9 @@ def test_work_replays_the_runs_own_batches(compose_cfg, overrides):
     split = TokenizedSplit(torch.ones(int(offsets[-1]), dtype=torch.int32), offsets, torch.zeros(101, dtype=torch.int64))
     tokens, micro, steps, samples, rank0_lengths = epoch_batches(lengths, cfg)
     world, k = int(cfg.num_gpus), int(cfg.accumulation)
-    loaders = [make_loader(split, cfg.train.batch_size, 0, True, cfg.train.seed, 0, False, cfg.train.group_by_length,
-                           cfg.train.pad_to_multiple_of, uses_fixed_shapes(cfg), r, world) for r in range(world)]
+    batching = Batching(cfg.train.batch_size, cfg.train.pad_to_multiple_of, cfg.train.group_by_length,
+                        uses_fixed_shapes(cfg))
+    loaders = [make_loader(split, batching, 0, True, cfg.train.seed, r, world) for r in range(world)]
     want_samples, want_rank0 = 0, []
     for epoch in range(cfg.train.epochs):
         counts, n = TokenCounts(), 0
@@ -212,8 +213,7 @@ def test_work_replays_the_runs_own_batches(compose_cfg, overrides):
     # The evaluation's batches, as the run's test loader cuts them (rank 0's share).
     from bertaccel.plan.work import eval_batches
 
-    test = make_loader(split, cfg.train.eval_batch_size, 0, False, cfg.train.seed, 0, False, cfg.train.group_by_length,
-                       cfg.train.pad_to_multiple_of, uses_fixed_shapes(cfg), 0, world)
+    test = make_loader(split, batching.sized(cfg.train.eval_batch_size), 0, False, cfg.train.seed, 0, world)
     assert eval_batches(lengths, cfg) == [tuple(b["input_ids"].shape) for b in test]
 
 

@@ -4,6 +4,7 @@ length-grouped or shuffled batch orders from the run's own generator, sharded ac
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Sampler
 
+from bertaccel.config import TrainConfig
 from bertaccel.data.tokens import TokenizedSplit
 from bertaccel.distributed import shard
 
@@ -88,27 +90,53 @@ class LengthGroupedBatches(Sampler[List[int]]):
             yield steps[i][self.rank]
 
 
-def make_loader(split: TokenizedSplit, batch_size: int, pad_token_id: int, shuffle: bool, seed: int,
-                num_workers: int, pin_memory: bool, group_by_length: bool = False,
-                pad_to_multiple_of: int = 1, fixed_rows: bool = False, rank: int = 0, world: int = 1,
-                persistent_workers: bool = True, prefetch_factor: Optional[int] = None) -> DataLoader:
-    """fixed_rows: every batch has batch_size rows (PadCollator's filler rows). rank/world: data
-    parallel, this rank's share (training: equal batch counts per rank; evaluation: every row
-    once over all ranks, the counts are summed afterwards)."""
+@dataclass(frozen=True)
+class Batching:
+    """How a split is cut into batches and fed (train.* of the run): the rows per batch, the
+    padding, the order's grouping, and the DataLoader's workers. fixed_rows: every batch has
+    batch_size rows (PadCollator's filler rows: compiled runs, whose batch dimension never changes)."""
+    batch_size: int
+    pad_to_multiple_of: int = 1
+    group_by_length: bool = False
+    fixed_rows: bool = False
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = True
+    prefetch_factor: Optional[int] = None
+
+    @classmethod
+    def of(cls, train: TrainConfig, device: torch.device, fixed_rows: bool) -> "Batching":
+        """The run's training batches (train.batch_size); train.pin_memory unset pins on a GPU."""
+        return cls(batch_size=train.batch_size, pad_to_multiple_of=train.pad_to_multiple_of,
+                   group_by_length=train.group_by_length, fixed_rows=fixed_rows,
+                   num_workers=train.num_workers,
+                   pin_memory=device.type == "cuda" if train.pin_memory is None else train.pin_memory,
+                   persistent_workers=train.persistent_workers, prefetch_factor=train.prefetch_factor)
+
+    def sized(self, batch_size: int) -> "Batching":
+        """The same with another batch size (evaluation: train.eval_batch_size)."""
+        return replace(self, batch_size=batch_size)
+
+
+def make_loader(split: TokenizedSplit, batching: Batching, pad_token_id: int, shuffle: bool, seed: int,
+                rank: int = 0, world: int = 1) -> DataLoader:
+    """rank/world: data parallel, this rank's share (training: equal batch counts per rank;
+    evaluation: every row once over all ranks, the counts are summed afterwards)."""
     # A generator of the run's own: the data order depends on the seed only, not on what ran before.
     generator = torch.Generator().manual_seed(seed) if shuffle else None
-    common = dict(collate_fn=PadCollator(pad_token_id, pad_to_multiple_of, batch_size if fixed_rows else None),
-                  num_workers=num_workers, pin_memory=pin_memory,
-                  persistent_workers=persistent_workers and num_workers > 0,
-                  **({"prefetch_factor": prefetch_factor} if num_workers > 0 and prefetch_factor else {}))
-    if shuffle and group_by_length:
+    b, batch_size, workers = batching, batching.batch_size, batching.num_workers
+    common = dict(collate_fn=PadCollator(pad_token_id, b.pad_to_multiple_of, batch_size if b.fixed_rows else None),
+                  num_workers=workers, pin_memory=b.pin_memory,
+                  persistent_workers=b.persistent_workers and workers > 0,
+                  **({"prefetch_factor": b.prefetch_factor} if workers > 0 and b.prefetch_factor else {}))
+    if shuffle and b.group_by_length:
         return DataLoader(split, batch_sampler=LengthGroupedBatches(split.lengths, batch_size, generator, rank, world),
                           **common)
     if shuffle:
         # Plain shuffle: a permutation per epoch from the run's generator, batched, sharded.
         return DataLoader(split, batch_sampler=ShuffledBatches(len(split), batch_size, generator, rank, world), **common)
     # Evaluation: order does not matter; grouped by length, rows sorted by length (least padding).
-    order = torch.argsort(split.lengths, stable=True).tolist() if group_by_length else list(range(len(split)))
+    order = torch.argsort(split.lengths, stable=True).tolist() if b.group_by_length else list(range(len(split)))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     return DataLoader(split, batch_sampler=shard(batches, rank, world, equal=False), **common)
 

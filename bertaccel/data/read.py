@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
-from bertaccel.config import first_line
+from bertaccel.config import DatasetConfig, first_line
 from bertaccel.data.cache import cached, entry_path
 
 SAMPLES_DIR = Path(__file__).resolve().parents[1] / "samples"  # bertaccel/samples
@@ -171,14 +171,14 @@ def _read_hub(hub_id: str, text_columns: Sequence[str], label_column: str):
     return out
 
 
-def split_paths(ds_cfg: Any) -> Tuple[Path, Path]:
+def split_paths(ds_cfg: DatasetConfig) -> Tuple[Path, Path]:
     """The train and test files a local dataset (csv, bundled) reads: bundled ones from the
     package's samples, csv ones relative to the directory the run starts from."""
     base = SAMPLES_DIR if ds_cfg.source == "bundled" else Path.cwd()
     return base / os.path.expanduser(ds_cfg.train_path), base / os.path.expanduser(ds_cfg.test_path)
 
 
-def load_raw(ds_cfg: Any, cache_dir: Optional[str] = None) -> RawData:
+def load_raw(ds_cfg: DatasetConfig, cache_dir: Optional[str] = None) -> RawData:
     """Read train and test splits as the dataset config says; raises DataError / DatasetUnavailable.
 
     With a cache_dir, local files (csv, bundled) are parsed once per content: the parsed splits

@@ -46,7 +46,7 @@ REGIONS: Mapping[str, Intensity] = {
 DEFAULT_REGION = "world"
 
 
-def check_carbon(carbon: Any, pue: Optional[float]) -> List[str]:
+def check_carbon(carbon: CarbonConfig, pue: Optional[float]) -> List[str]:
     """Why the carbon block (or the profile's pue) cannot work, one line each."""
     found = []
     if carbon.intensity_g_per_kwh is None and carbon.region not in REGIONS:
@@ -72,7 +72,7 @@ class CarbonOption(Option):
 OPTION = CarbonOption()
 
 
-def intensity(carbon: Any) -> Intensity:
+def intensity(carbon: CarbonConfig) -> Intensity:
     """The grid intensity this run uses and where it comes from."""
     if carbon.intensity_g_per_kwh is not None:
         return Intensity(float(carbon.intensity_g_per_kwh),
@@ -81,7 +81,7 @@ def intensity(carbon: Any) -> Intensity:
     return Intensity(row.g_per_kwh, f"carbon.region={carbon.region}: {row.source}")
 
 
-def co2e(energy: Reading, carbon: Any, profile: Mapping[str, Any]) -> Reading:
+def co2e(energy: Reading, carbon: CarbonConfig, profile: Mapping[str, Any]) -> Reading:
     """co2e_kg of a run from its energy_kwh reading (see the module's docstring)."""
     if energy.value is None:
         why = energy.source[len("null: "):] if energy.source.startswith("null: ") else energy.source

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from bertaccel.option import Option, problems
 
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from bertaccel.config import RunConfig
 
 
-def check_cache_dir(cfg: Any) -> Optional[str]:
+def check_cache_dir(cfg: "RunConfig") -> Optional[str]:
     """Refuses a cache_dir whose nearest existing part is not a directory this user can write
     (checked without creating anything). Otherwise the first cache write fails inside the run's
     process, after its MLflow run was opened."""

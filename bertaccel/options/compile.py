@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from bertaccel.config import RunConfig
 
 
-def compiles(compile_cfg: Any) -> bool:
+def compiles(compile_cfg: CompileConfig) -> bool:
     """Whether the model runs through torch.compile (any mode but off)."""
     return compile_cfg.mode != "off"
 

@@ -32,7 +32,7 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> List[Dict[str,
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def optimizer_class(cfg: Any) -> Callable[..., torch.optim.Optimizer]:
+def optimizer_class(cfg: OptimizerConfig) -> Callable[..., torch.optim.Optimizer]:
     """The option's class with its own settings bound (Hydra instantiate of a `_partial_`)."""
     from hydra.utils import instantiate
 
@@ -48,14 +48,14 @@ def _build(factory: Callable[..., torch.optim.Optimizer], groups: List[Dict[str,
     return factory(groups, lr=lr)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Any, capturable: bool = False, lr: Optional[float] = None) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, capturable: bool = False, lr: Optional[float] = None) -> torch.optim.Optimizer:
     """capturable: state and lr on the device, so the step can be captured in a CUDA graph.
     lr: the starting lr (default cfg.lr; set_lr changes it every step)."""
     return _build(optimizer_class(cfg), _param_groups(model, cfg.weight_decay), cfg.lr if lr is None else lr,
                   capturable)
 
 
-def _instantiated(cfg: Any) -> Tuple[Optional[Callable[..., torch.optim.Optimizer]], Optional[str]]:
+def _instantiated(cfg: OptimizerConfig) -> Tuple[Optional[Callable[..., torch.optim.Optimizer]], Optional[str]]:
     """(the option's class with its settings bound, None) or (None, why it cannot be instantiated)."""
     try:
         return optimizer_class(cfg), None
@@ -63,7 +63,7 @@ def _instantiated(cfg: Any) -> Tuple[Optional[Callable[..., torch.optim.Optimize
         return None, f"optimizer={cfg.name}: optimizer.impl cannot be instantiated: {first_line(e, last=True)}"
 
 
-def check_optimizer(cfg: Any, capturable: bool) -> Optional[str]:
+def check_optimizer(cfg: OptimizerConfig, capturable: bool) -> Optional[str]:
     """Why the option's settings are bad input (None if they are not): the class is built over
     one throw-away CPU parameter, so its own argument checks (ValueError, TypeError) speak. A
     RuntimeError says "not on this machine" instead: optimizer_unusable, a skip, not bad input."""
@@ -85,7 +85,7 @@ def check_optimizer(cfg: Any, capturable: bool) -> Optional[str]:
     return None
 
 
-def check_built(cfg: Any) -> Optional[str]:
+def check_built(cfg: "RunConfig") -> Optional[str]:
     """Refuses settings the optimizer's class itself rejects (optimizer.impl built over one CPU
     parameter); with compile.step_graph=true, also a class without the capturable mode the
     captured step builds. (Building one imports torch._dynamo, seconds: a sweep's process asks
@@ -95,7 +95,7 @@ def check_built(cfg: Any) -> Optional[str]:
                                                       else None)
 
 
-def optimizer_unusable(cfg: Any, device: torch.device) -> Optional[str]:
+def optimizer_unusable(cfg: OptimizerConfig, device: torch.device) -> Optional[str]:
     """Why this machine cannot run the option (its class raises RuntimeError when built over a
     parameter on the run's device, e.g. a GPU-only kernel), or None."""
     probe = torch.nn.Parameter(torch.zeros(4, device=device))
@@ -126,7 +126,7 @@ class OptimizerOption(Option):
 OPTION = OptimizerOption()
 
 
-def scaled_lr(cfg: Any, effective_batch: int) -> float:
+def scaled_lr(cfg: OptimizerConfig, effective_batch: int) -> float:
     """optimizer.scale_lr=linear: lr x effective batch / base_batch_size (the linear scaling
     rule, seed 001 eq. 11); none: lr as given."""
     if cfg.scale_lr == "linear":

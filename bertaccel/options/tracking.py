@@ -20,7 +20,7 @@ def check_tracking(tracking: Any) -> List[str]:
     return found
 
 
-def check_store(cfg: Any) -> Optional[str]:
+def check_store(cfg: "RunConfig") -> Optional[str]:
     """Refuses a store that cannot be used (bertaccel/store.py store_refusal). A later check (asked once the rest is sound), as it may wait on the
     network (a few seconds at most): a tracking server that cannot be reached is bad input too, said before
     any work instead of after minutes of MLflow's retries."""

@@ -8,6 +8,7 @@ anything is written, so the caller can decide between "one line and exit" and "r
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import tempfile
@@ -21,8 +22,8 @@ import torch
 from omegaconf import DictConfig
 
 from bertaccel import distributed
-from bertaccel.config import ConfigError, first_line
-from bertaccel.data import DatasetUnavailable, load_raw, make_loader, tokenize_cached
+from bertaccel.config import ConfigError, RunConfig, first_line
+from bertaccel.data import Batching, DatasetUnavailable, load_raw, make_loader, tokenize_cached
 from bertaccel.measure.carbon import co2e
 from bertaccel.measure.collectors import Reading, build_collectors
 from bertaccel.measure.memory import PeakMemory
@@ -70,23 +71,27 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     call (runs/startup.py: the main process, the launch, the run's process)."""
     marks = {"entered": time.time()}  # where the start-up goes: startup.startup_phases()
     # Bad input first, before anything is written (raises ConfigError / DataError).
-    validate(cfg)
-    device = resolve_device(cfg.train.device)
-    check_gpu_count(cfg.num_gpus, device)
+    # From here on two views of one config: `run`, the schema's typed objects, is what the data,
+    # model, training and measurement read; `cfg`, the composed DictConfig, is what the record
+    # reads (params, config_hash and the choices are built from it: record/), and the profile.
+    run = validate(cfg)
+    device = resolve_device(run.train.device)
+    check_gpu_count(run.num_gpus, device)
     if device.type == "cuda" and (why := run_process_cuda_check()):
         raise ConfigError(why)
-    if cfg.train.batch_size == "auto" and device.type != "cuda":
+    if run.train.batch_size == "auto" and device.type != "cuda":
         raise ConfigError(cpu_refusal(device))
     if rank is not None and device.type == "cuda":
         device = torch.device("cuda", rank.rank)
         torch.cuda.set_device(device)
+    # (the DictConfig's group: the profile is a dict of its keys, as the record and report read it)
     profile, profile_note = resolve_profile(cfg.hardware, device)
     is_main = rank is None or rank.is_main
     if is_main:
         log.info(profile_note)
     marks["checked"] = time.time()
     try:  # (bad data is raised here, before anything is written)
-        raw, unavailable = load_raw(cfg.dataset, cfg.cache_dir), None
+        raw, unavailable = load_raw(run.dataset, run.cache_dir), None
     except DatasetUnavailable as e:
         raw, unavailable = None, str(e)
     marks["data read"] = time.time()
@@ -114,30 +119,32 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     marks["run opened"] = time.time()
     outcome = Outcome("running", run_name, run_id=tracker.run_id)
     with distributed.process_group(rank, device.type):
-        return _run(cfg, run_name, (started_at, started_source, list(startup)), device, profile, raw, unavailable,
+        return _run(cfg, run, run_name, (started_at, started_source, list(startup)), device, profile, raw, unavailable,
                     tracker, outcome, world, marks)
 
 
-def _run(cfg: DictConfig, run_name: str, started: Tuple[float, str, List[Mark]], device: torch.device,
+def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, str, List[Mark]], device: torch.device,
          profile: Mapping[str, Any], raw: Any, unavailable: Optional[str], tracker: Any, outcome: Outcome,
          world: int, marks: Dict[str, float]) -> Outcome:
     try:
-        reason = unavailable or skip_reason(cfg, device, probe())
+        reason = unavailable or skip_reason(run, device, probe())
         if reason:
             return _end(tracker, outcome, "skipped", reason)
         tracker.log_inputs(dataset_inputs(cfg.dataset, raw))  # the UI's Dataset column (record/datasets.py)
-        with isolated_run(cfg.train.seed, shared_process=cfg.launcher.name == "inline"), \
+        with isolated_run(run.train.seed, shared_process=run.launcher.name == "inline"), \
                 tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
-                compile_caches(cfg.cache_dir, cfg.compile.cache, device) as ccache:
-            tokenizer, data = _prepare_data(cfg, raw, marks)
-            model, weights_note = _build_model(cfg, raw, tokenizer, tracker, marks)
-            if cfg.train.batch_size == "auto":  # before the prediction and loaders, which read the batch
-                cfg = fitted_batch(cfg, model, device, data, tracker)
+                compile_caches(run.cache_dir, run.compile.cache, device) as ccache:
+            tokenizer, data = _prepare_data(run, raw, marks)
+            model, weights_note = _build_model(run, raw, tokenizer, tracker, marks)
+            if run.train.batch_size == "auto":  # before the prediction and loaders, which read the batch
+                run = fitted_batch(run, model, device, data, tracker)
+                cfg = copy.deepcopy(cfg)  # the prediction and the record's metrics read the batch found
+                cfg.train.batch_size = run.train.batch_size
                 marks["batch fitted"] = time.time()
             # This run's own prediction, from the store as it stood before it (bertaccel/plan/hook.py).
             log_prediction(cfg, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)
             marks["predicted"] = time.time()
-            trained = _train_and_measure(cfg, model, tokenizer, data, device, profile, world, ccache,
+            trained = _train_and_measure(run, model, tokenizer, data, device, profile, world, ccache,
                                          Path(prof_dir), marks)
             if trained.result.profile is not None:
                 write_report(trained.result.profile, Path(prof_dir))
@@ -160,7 +167,7 @@ def _run(cfg: DictConfig, run_name: str, started: Tuple[float, str, List[Mark]],
         return _end(tracker, outcome, "failed", _first_line(e))
 
 
-def _prepare_data(cfg: DictConfig, raw: Any, marks: Dict[str, float]) -> Tuple[Any, Any]:
+def _prepare_data(cfg: RunConfig, raw: Any, marks: Dict[str, float]) -> Tuple[Any, Any]:
     """The tokenizer and the tokenized splits (from the token cache when it has them)."""
     tokenizer = load_tokenizer(cfg.model)
     data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
@@ -170,7 +177,7 @@ def _prepare_data(cfg: DictConfig, raw: Any, marks: Dict[str, float]) -> Tuple[A
     return tokenizer, data
 
 
-def _build_model(cfg: DictConfig, raw: Any, tokenizer: Any, tracker: Any,
+def _build_model(cfg: RunConfig, raw: Any, tokenizer: Any, tracker: Any,
                  marks: Dict[str, float]) -> Tuple[torch.nn.Module, str]:
     """The model and where its weights came from; the built shape goes to the run's record."""
     model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention, len(tokenizer), cfg.encoder)
@@ -178,18 +185,15 @@ def _build_model(cfg: DictConfig, raw: Any, tokenizer: Any, tracker: Any,
     marks["model built"] = time.time()
     # What was built, where the config has no shape of its own (a pretrained model): the model
     # choice restates it, so a tag beside the choice's param (record/run_record.py CONFIG_TAG_PREFIX).
-    tracker.set_tags(restated_tags({f"model.{k}": v for k, v in built_shape(model).items() if cfg.model[k] is None}))
+    tracker.set_tags(restated_tags({f"model.{k}": v for k, v in built_shape(model).items() if getattr(cfg.model, k) is None}))
     return model, weights_note
 
 
-def _loaders(cfg: DictConfig, data: Any, tokenizer: Any, device: torch.device, world: int) -> List[Any]:
+def _loaders(cfg: RunConfig, data: Any, tokenizer: Any, device: torch.device, world: int) -> List[Any]:
     """The train and test loaders, this rank's share of each."""
-    fixed_rows = uses_fixed_shapes(cfg)
-    pin = device.type == "cuda" if cfg.train.pin_memory is None else cfg.train.pin_memory
-    return [make_loader(split, bs, tokenizer.pad_token_id, shuffle, cfg.train.seed,
-                        cfg.train.num_workers, pin, cfg.train.group_by_length,
-                        cfg.train.pad_to_multiple_of, fixed_rows, distributed.rank(), world,
-                        cfg.train.persistent_workers, cfg.train.prefetch_factor)
+    batching = Batching.of(cfg.train, device, fixed_rows=uses_fixed_shapes(cfg))
+    return [make_loader(split, batching.sized(bs), tokenizer.pad_token_id, shuffle, cfg.train.seed,
+                        distributed.rank(), world)
             for split, bs, shuffle in ((data.train, cfg.train.batch_size, True),
                                        (data.test, cfg.train.eval_batch_size, False))]
 
@@ -204,7 +208,7 @@ class _Trained:
     measured: Dict[str, Reading]  # the collectors' readings and what is derived from them
 
 
-def _train_and_measure(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, data: Any, device: torch.device,
+def _train_and_measure(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, data: Any, device: torch.device,
                        profile: Mapping[str, Any], world: int, ccache: Any, prof_dir: Path,
                        marks: Dict[str, float]) -> _Trained:
     """Loaders, telemetry and the peak-memory reading around one call of train()."""

@@ -5,6 +5,7 @@ from typing import Any, List, Optional
 
 import torch
 
+from bertaccel.config import RunConfig
 from bertaccel.options.accumulation import GradVariance, next_k
 from bertaccel.options.precision import Precision
 from bertaccel.train.result import TrainResult
@@ -14,7 +15,7 @@ class Accumulation:
     """Micro-batches per window: accumulation=N, or accumulation=adaptive, whose first window has
     accumulation_max and each later one what eq. 6 says after the step before it."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: RunConfig):
         self.adaptive = cfg.accumulation == "adaptive"
         self.first = cfg.accumulation_max if self.adaptive else cfg.accumulation
         self.next = self.first

@@ -31,6 +31,8 @@ from typing import Any, Callable, List, Tuple
 
 import torch
 
+from bertaccel.config import RunConfig
+
 
 class BatchFitError(RuntimeError):
     """Not even a batch of one row fits."""
@@ -90,7 +92,7 @@ def release_device(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def training_step(model: torch.nn.Module, cfg: Any, device: torch.device, length: int,
+def training_step(model: torch.nn.Module, cfg: RunConfig, device: torch.device, length: int,
                   optimizer: torch.optim.Optimizer) -> Callable[[int], None]:
     """One real optimizer step of the run's kind on a synthetic batch of `size` rows x length,
     through the run's forward and loss (eager; its all-ones mask is passed, not dropped: the
@@ -118,7 +120,7 @@ def training_step(model: torch.nn.Module, cfg: Any, device: torch.device, length
     return step
 
 
-def fit_batch(model: torch.nn.Module, cfg: Any, device: torch.device, length: int, rows: int) -> Fit:
+def fit_batch(model: torch.nn.Module, cfg: RunConfig, device: torch.device, length: int, rows: int) -> Fit:
     """The search of the module's docstring for this run's model on its device; model comes back
     with its weights, mode and the RNG state as they were (on the device)."""
     from bertaccel.options.optimizer import build_optimizer
@@ -147,7 +149,7 @@ def fit_batch(model: torch.nn.Module, cfg: Any, device: torch.device, length: in
     return fit
 
 
-def fitted_batch(cfg: Any, model: Any, device: torch.device, data: Any, tracker: Any) -> Any:
+def fitted_batch(cfg: RunConfig, model: Any, device: torch.device, data: Any, tracker: Any) -> RunConfig:
     """train.batch_size=auto: the batch found (batch_fit.py), logged with the search's time, and a
     copy of cfg that has it (the run's record keeps `auto` as typed, like hardware=auto)."""
     import copy

@@ -8,12 +8,13 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from tqdm.auto import tqdm
 
 from bertaccel import distributed
+from bertaccel.config import OptimizerConfig
 from bertaccel.attention.warmup import reset_kernel_caches
 from bertaccel.measure import layer_timing
 from bertaccel.measure.collectors import CollectorSet
@@ -124,7 +125,7 @@ class LrSchedule(Callback):
     """Each step's learning rate, set before the step (adaptive: over micro-batches, the one
     count known in advance), as a factor of the step's base lr (the linear scaling rule's)."""
 
-    def __init__(self, optimizer_cfg: Any):
+    def __init__(self, optimizer_cfg: OptimizerConfig):
         # Read per step, so plain values: an OmegaConf attribute costs ~20 Python calls, which a
         # plain loop does not pay (tests/test_host_work.py counts them).
         o = optimizer_cfg

@@ -10,11 +10,12 @@ callable that runs (the compiled model, DDP or the module), the module behind it
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
 
+from bertaccel.config import RunConfig
 from bertaccel.options.compile import compiles, uses_cuda_graphs
 from bertaccel.options.precision import Precision
 from bertaccel.train.warmup import IGNORE_INDEX
@@ -22,7 +23,7 @@ from bertaccel.train.warmup import IGNORE_INDEX
 Batch = Dict[str, Optional[torch.Tensor]]
 
 
-def sdpa_backends(cfg: Any) -> Callable:
+def sdpa_backends(cfg: RunConfig) -> Callable:
     """Context restricting torch SDPA to the configured backends (no-op when none are set)."""
     names = list(cfg.attention.sdpa_backends) if cfg.attention.hf_implementation == "sdpa" else []
     if not names:
@@ -75,7 +76,7 @@ class Forward:
         self.module = module if module is not None else model
 
     @classmethod
-    def for_run(cls, cfg: Any, module: torch.nn.Module, model: Callable, precision: Precision,
+    def for_run(cls, cfg: RunConfig, module: torch.nn.Module, model: Callable, precision: Precision,
                 device: torch.device) -> "Forward":
         """The run's forward: compiled runs keep every mask (model_inputs says why); a compiled run
         without CUDA graphs marks the length dynamic when compile.dynamic_length asks."""

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from bertaccel import distributed
+from bertaccel.config import RunConfig
 from bertaccel.encoder.option import half_params
 from bertaccel.measure.collectors import CollectorSet
 from bertaccel.options.optimizer import optimizer_class, scaled_lr
@@ -71,7 +72,7 @@ def loop(run: Run, events: Events) -> TrainResult:
     return result
 
 
-def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
+def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: RunConfig,
           device: torch.device, log: Callable[[str], None] = print,
           collectors: Optional[CollectorSet] = None, profile_dir: Optional[Path] = None,
           after_training: Optional[Callable[[], None]] = None,
@@ -98,7 +99,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any,
         return loop(run, events)
 
 
-def _prepare(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: Any, device: torch.device,
+def _prepare(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: RunConfig, device: torch.device,
              log: Callable[[str], None]) -> Run:
     """The model on the device and wrapped (DDP, torch.compile), its forward, the step, and the step counts."""
     precision = Precision(cfg.precision, device)

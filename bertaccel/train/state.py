@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 
+from bertaccel.config import RunConfig
 from bertaccel.measure.flops import TokenCounts, bert_train_flops
 from bertaccel.measure.step_clock import PhaseClock, StepClock
 from bertaccel.options.freezing import count_trainable
@@ -99,7 +100,7 @@ class Window:
 @dataclass
 class Run:
     """What the loop and its event objects share in one train() call (an object's own state is its own)."""
-    cfg: Any
+    cfg: RunConfig
     device: torch.device
     log: Callable[[str], None]
     model: torch.nn.Module

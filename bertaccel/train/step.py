@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Unio
 import torch
 
 from bertaccel import distributed
+from bertaccel.config import RunConfig
 from bertaccel.options.compile import compiles, uses_cuda_graphs
 from bertaccel.measure.step_clock import PhaseClock
 from bertaccel.options.accumulation import GradVariance
@@ -108,7 +109,7 @@ class Step(Callback):
     event objects ask it for them rather than set them. As an event object it follows the
     parameters trainable each epoch and keeps the one-step phase clock for the window only."""
 
-    def __init__(self, cfg: Any, forward: Forward, no_sync: Callable, accumulation: Accumulation,
+    def __init__(self, cfg: RunConfig, forward: Forward, no_sync: Callable, accumulation: Accumulation,
                  result: TrainResult, base_lr: float):
         self.cfg, self.forward, self.no_sync = cfg, forward, no_sync
         self.precision = forward.precision
@@ -186,23 +187,23 @@ class Step(Callback):
         win.phases, self.phases = self.phases, None  # the profiler window after training is not timed
 
 
-def uses_fixed_shapes(cfg: Any) -> bool:
+def uses_fixed_shapes(cfg: RunConfig) -> bool:
     """Compiled runs pad every batch to a fixed row count, so the batch dimension never
     changes and the shape set is just the padded lengths (eager runs gain nothing from it)."""
     return compiles(cfg.compile) or cfg.compile.step_graph
 
 
-def uses_triton(cfg: Any, device_type: str) -> bool:
+def uses_triton(cfg: RunConfig, device_type: str) -> bool:
     """Our Triton kernels JIT-compile (or load) per run: attention=triton's, and encoder=fused's."""
     return (cfg.attention.swap == "triton" or cfg.encoder.layer == "fused") and device_type == "cuda"
 
 
-def compiles_anything(cfg: Any, device_type: str) -> bool:
+def compiles_anything(cfg: RunConfig, device_type: str) -> bool:
     """Whether a run has a warm-up to compile: torch.compile, our Triton kernels, step graphs."""
     return compiles(cfg.compile) or uses_triton(cfg, device_type) or bool(cfg.compile.step_graph)
 
 
-def compile_model(model: torch.nn.Module, cfg: Any) -> Callable:
+def compile_model(model: torch.nn.Module, cfg: RunConfig) -> Callable:
     if not compiles(cfg.compile):
         return model
     return torch.compile(model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
@@ -230,7 +231,7 @@ def data_parallel(model: torch.nn.Module, device: torch.device) -> Optional[torc
                                    gradient_as_bucket_view=True, **no_buffer_sync)
 
 
-def dynamo_settings(cfg: Any, n_shapes: int):
+def dynamo_settings(cfg: RunConfig, n_shapes: int):
     """Per-run dynamo settings (a context: nothing leaks into the next run of the process).
 
     - fail_on_recompile_limit_hit: past the recompile limit dynamo would otherwise run new
