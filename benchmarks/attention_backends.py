@@ -193,7 +193,7 @@ def part2(profile: bool) -> List[Dict]:
     H=12, D=64), so the GPU is idle waiting: the per-call overhead of each path."""
     import xformers.ops as xops
 
-    from bertaccel.attention import swap
+    from bertaccel.attention.kernels import xformers as xformers_kernel
     from bertaccel.attention.packing import pack_exact, pack_static
     from bertaccel.attention.triton_attention import fused_attention, fused_attention_packed
 
@@ -204,7 +204,7 @@ def part2(profile: bool) -> List[Dict]:
     keep[1, 9:] = False
     additive = torch.zeros(bsz, 1, 1, seq, device=DEV, dtype=torch.bfloat16).masked_fill(~keep[:, None, None], -1e4)
     exact = pack_exact(keep)
-    exact.bias = swap._xformers_prepare(exact)
+    exact.bias = xformers_kernel._xformers_prepare(exact)
     t = exact.tokens
     qp, kp, vp = (x.detach().reshape(-1, heads, dim)[:t].clone().requires_grad_() for x in (q, k, v))
 
@@ -219,10 +219,10 @@ def part2(profile: bool) -> List[Dict]:
             tr(q), tr(k), tr(v), attn_mask=additive)),
         "sdpa, no mask": fb(lambda: F.scaled_dot_product_attention(tr(q), tr(k), tr(v))),
         "xformers dense, op chosen per call (dispatcher)": fb(lambda: xops.memory_efficient_attention(q, k, v)),
-        "xformers dense, op named (ours)": fb(lambda: swap._xformers_dense(q, k, v, 0.0, 0.125)),
+        "xformers dense, op named (ours)": fb(lambda: xformers_kernel._xformers_dense(q, k, v, 0.0, 0.125)),
         "xformers packed, BlockDiagonalMask built per call": fb(lambda: xops.memory_efficient_attention(
-            qp[None], kp[None], vp[None], attn_bias=swap._xformers_prepare(exact))),
-        "xformers packed, mask built once per batch (ours)": fb(lambda: swap._xformers_packed(
+            qp[None], kp[None], vp[None], attn_bias=xformers_kernel._xformers_prepare(exact))),
+        "xformers packed, mask built once per batch (ours)": fb(lambda: xformers_kernel._xformers_packed(
             qp, kp, vp, exact, 0.0, 0.125)),
         "xformers padded bias [B,H,S,S] per call (before)": fb(lambda: xops.memory_efficient_attention(
             q, k, v, attn_bias=torch.zeros(bsz, heads, seq, seq, device=DEV, dtype=q.dtype).masked_fill(

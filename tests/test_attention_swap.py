@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from bertaccel.attention.swap import FusedSelfAttention, swap_attention, xformers_unusable
+from bertaccel.attention.kernels.xformers import xformers_unusable
+from bertaccel.attention.swap import FusedSelfAttention, swap_attention
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

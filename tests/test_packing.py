@@ -101,7 +101,7 @@ def test_xformers_block_diagonal_mask_from_a_packing(packer):
     """The BlockDiagonalMask handed to xFormers describes the packing's sequences (built on CPU:
     the object, not the kernel)."""
     pytest.importorskip("xformers.ops.fmha.attn_bias")
-    from bertaccel.attention.swap import _xformers_prepare
+    from bertaccel.attention.kernels.xformers import _xformers_prepare
 
     keep = _keep([4, 1, 3], 4)
     p = packer(keep)

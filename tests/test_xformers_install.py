@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from bertaccel.attention.swap import XFORMERS_INSTALL, xformers_unusable
+from bertaccel.attention.kernels.xformers import XFORMERS_INSTALL, xformers_unusable
 
 PIP_LINE = "pip install --no-build-isolation --no-binary xformers xformers==0.0.35"
 
@@ -23,7 +23,7 @@ def test_reason_when_xformers_is_absent_names_the_install_line():
     script = textwrap.dedent("""
         import sys, torch
         sys.modules["xformers"] = None
-        from bertaccel.attention.swap import xformers_unusable
+        from bertaccel.attention.kernels.xformers import xformers_unusable
         print(xformers_unusable(torch.device("cpu")))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
@@ -58,7 +58,7 @@ def test_a_run_with_attention_xformers_is_skipped_with_that_reason(tmp_path):
 def test_operators_are_named_by_dtype_and_gpu():
     """Flash for fp16/bf16 on sm80 and newer, CUTLASS otherwise (fp32, older GPUs, no GPU)."""
     xops = pytest.importorskip("xformers.ops")
-    from bertaccel.attention.swap import _xformers_ops
+    from bertaccel.attention.kernels.xformers import _xformers_ops
 
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         assert _xformers_ops(torch.zeros(1, dtype=dtype)) is xops.MemoryEfficientAttentionCutlassOp  # not on a GPU

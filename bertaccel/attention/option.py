@@ -3,9 +3,9 @@ this module their validation and the machine check (building the model: bertacce
 
 An option says which attention Hugging Face builds (`hf_implementation`: eager or sdpa), which
 of our module swaps then replaces every BertSelfAttention (`swap`: a backend of
-attention/swap.py, or null) and, for sdpa, which torch SDPA backends are allowed. Adding an
-attention option that reuses an implementation is one YAML file; a new kernel is its swap
-backend in attention/swap.py (the forward and the "can this machine run it" check) plus the YAML.
+attention/kernels/, or null) and, for sdpa, which torch SDPA backends are allowed. Adding an
+attention option that reuses an implementation is one YAML file; a new kernel is its module in
+attention/kernels/ (its cores and its "can this machine run it" check, as BACKEND) plus the YAML.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "M
 
 def check_attention(a: Any) -> List[str]:
     """Why these settings cannot work anywhere, one line each."""
-    from .swap import BACKENDS
+    from .kernels import BACKENDS
 
     found = []
     if a.hf_implementation not in HF_IMPLEMENTATIONS:
@@ -47,7 +47,7 @@ def check_attention(a: Any) -> List[str]:
 
 def attention_unusable(a: Any, device: torch.device) -> Optional[str]:
     """Why this machine cannot run the option (a skip, not bad input), or None."""
-    from .swap import BACKENDS
+    from .kernels import BACKENDS
 
     return BACKENDS[a.swap].unusable(device) if a.swap is not None else None
 
@@ -57,12 +57,12 @@ class AttentionOption(Option):
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses an hf_implementation Hugging Face does not build (eager, sdpa), a swap that is no
-        backend of attention/swap.py, a swap over sdpa (it replaces the eager modules), and
+        kernel of attention/kernels/, a swap over sdpa (it replaces the eager modules), and
         sdpa_backends outside torch's names or with an hf_implementation other than sdpa."""
         return check_attention(cfg.attention)
 
     def unusable(self, cfg: "RunConfig", device: torch.device, caps: Any) -> Optional[str]:
-        """The swap backend's own machine check (attention/swap.py BACKENDS)."""
+        """The swap kernel's own machine check (its BACKEND in attention/kernels/)."""
         return attention_unusable(cfg.attention, device)
 
 

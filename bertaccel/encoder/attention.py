@@ -9,12 +9,13 @@ for fp16/bf16, memory-efficient for fp32), the kernels torch's sdpa dispatches t
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
+from bertaccel.attention.kernels import BACKENDS, no_prepare
 from bertaccel.attention.packing import Packing
-from bertaccel.attention.swap import BACKENDS, _no_prepare
 
 
 def _sdpa_varlen(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
@@ -33,16 +34,28 @@ def _sdpa_varlen(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
     return out[0][0]
 
 
-# (qkv, packing, dropout p, scale, seed or None) -> [T, H, D]: every swap backend's own fused-layer
-# core (attention/swap.py BACKENDS: one registry of kernels), and sdpa's, torch's varlen kernels.
-CORES: Dict[str, Callable[..., torch.Tensor]] = {**{name: b.fused_core for name, b in BACKENDS.items()},
-                                                 "sdpa": _sdpa_varlen}
+class _Cores(Mapping):
+    """(qkv, packing, dropout p, scale, seed or None) -> [T, H, D]: every swap kernel's own
+    fused-layer core (attention/kernels/: one registry of kernels, read when first asked), and
+    sdpa's, torch's varlen kernels."""
+
+    def __getitem__(self, name: str) -> Callable[..., torch.Tensor]:
+        return _sdpa_varlen if name == "sdpa" else BACKENDS[name].fused_core
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*BACKENDS, "sdpa"])
+
+    def __len__(self) -> int:
+        return len(BACKENDS) + 1
+
+
+CORES: Mapping = _Cores()
 
 
 def prepare(core: str) -> Callable[[Packing], Any]:
     """The core's per-batch object, built once per batch by the encoder: the swap backend's own
     (xFormers' block-diagonal mask; nothing for ours); torch's varlen kernels need none."""
-    return BACKENDS[core].prepare if core in BACKENDS else _no_prepare
+    return BACKENDS[core].prepare if core in BACKENDS else no_prepare
 
 
 def core_unusable(core: str, device: torch.device) -> Optional[str]:
