@@ -124,12 +124,12 @@ def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = N
                          startup=info.startup)
     except (ConfigError, DataError) as e:
         if not info.multirun:
-            print(f"error: {e}", file=sys.stderr)
+            print(said("error: ", e), file=sys.stderr)
             # Handed to the frame (runs/progress.py on_run_end), which takes back what Hydra's job
             # set-up wrote to the output directory, and only that (runs/run_dir.py), then exits 2.
             raise Refused(str(e)) from None
         outcome = record_bad_input(cfg, info.choices, info.name, f"bad input: {e}")
-        print(f"error in run {info.name}: {e}", file=sys.stderr)
+        print(said(f"error in run {info.name}: ", e), file=sys.stderr)
     return outcome
 
 
@@ -200,6 +200,12 @@ def interrupted(e: Interrupted) -> int:
     # (a newline first: a progress bar may have the line)
     print(f"\n{e.reason}: {what}", file=sys.stderr, flush=True)
     return e.exit_code
+
+
+def said(prefix: str, e: Exception) -> str:
+    """A refusal as the user reads it: each problem (validate() says every one, a line each) on a
+    line of its own that starts with the prefix, so no line of stderr reads as a stray sentence."""
+    return "\n".join(prefix + line for line in str(e).splitlines() or [""])
 
 
 def cli() -> None:

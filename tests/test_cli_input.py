@@ -18,6 +18,22 @@ BAD = {
 }
 
 
+def test_every_problem_is_a_line_of_its_own_exit_2_and_nothing_written(cli):
+    """Three problems (two options' own and a rule between sections): three lines, each one
+    starting with "error: ", exit 2, nothing written."""
+    r = cli(["model=tiny", "train.device=cpu", "dataset.train_subset=16", "dataset.test_subset=16",
+             "accumulation=0", "compile.mode=fast", "num_gpus=2", "freezing=layerwise"], timeout=300)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert lines == [
+        "error: compile.mode='fast' is not one of off, default, max-autotune, reduce-overhead",
+        "error: accumulation=0 must be an integer >= 1 or adaptive",
+        "error: num_gpus=2 with freezing=layerwise: DDP registers its gradient hooks once, for the parameters "
+        "trainable at the start; use num_gpus=1 or freezing=none"], r.stderr[-3000:]
+    assert not (cli.dir / "outputs").exists()
+    assert not (cli.dir / "mlflow.db").exists()
+
+
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_input_is_one_line_exit_2_and_nothing_written(cli, name):
     overrides, words = BAD[name]

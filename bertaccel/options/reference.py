@@ -48,7 +48,7 @@ def field_comments(cls: type) -> Dict[str, str]:
 
 def _namespace(fn: Callable, tree: ast.AST) -> Dict[str, Any]:
     """The names a check's code sees: its module's, and those it imports inside itself (a check
-    imports a heavy module only when asked: attention/option.py's `from .swap import BACKENDS`)."""
+    imports a heavy module only when asked: attention/option.py's `from .kernels import BACKENDS`)."""
     names = dict(fn.__globals__)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
