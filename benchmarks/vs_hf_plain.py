@@ -156,14 +156,14 @@ class LoaderFeed:
 
     def __init__(self, tokenizer, texts: List[str], labels: List[int], batch: int, seq: int, count: int,
                  device: torch.device, measured_from: int):
-        import yaml
         from torch.utils.data import DataLoader
 
-        from bertaccel.config import CONF_DIR
+        from bertaccel.config import TrainConfig
         from bertaccel.data.batches import PadCollator
 
-        train = yaml.safe_load((CONF_DIR / "config.yaml").read_text())["train"]
-        self.workers, self.multiple = int(train["num_workers"]), int(train["pad_to_multiple_of"])
+        # bertaccel's defaults, from their one home: the schema (conf/config.yaml sets no leaf).
+        train = TrainConfig()
+        self.workers, self.multiple = train.num_workers, train.pad_to_multiple_of
         self.pin = device.type == "cuda"  # train.pin_memory: null resolves so
         rows = rows_of(texts, labels, batch * count)
         enc = tokenizer([t for t, _ in rows], truncation=True, max_length=seq, return_token_type_ids=False,

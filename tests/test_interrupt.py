@@ -83,3 +83,27 @@ def test_sigint_to_the_process_group_ends_a_sweep_and_its_parent(tmp_path):
     (parent,) = [p for p in search_runs(store, "bertaccel") if p.data.tags.get("bertaccel.role") == "sweep"]
     assert parent.info.status == "KILLED" and parent.data.tags["status"] == "interrupted"
     assert len(search_runs(store, "bertaccel")) == 2  # the second configuration never started
+
+
+DEFERRED = """
+import os, signal
+from bertaccel.runs import interrupt
+interrupt.install()
+body = []
+try:
+    with interrupt.deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        body.append("ran to its end")
+    print("not raised")
+except interrupt.Interrupted as e:
+    print(f"{e} after the section, which {body[0]}")
+"""
+
+
+def test_a_signal_inside_a_deferred_section_is_raised_when_it_ends():
+    """validate()'s OmegaConf conversion runs in interrupt.deferred(): an Interrupted raised inside
+    OmegaConf's flag-restoring `finally` blocks came out as an AttributeError (read as bad input,
+    exit 2) or vanished under a hasattr (the sweep ran on). A signal there is raised at the end."""
+    r = subprocess.run([sys.executable, "-c", DEFERRED], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "interrupted by SIGINT after the section, which ran to its end"

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 STOP = threading.Event()
 _received: list = []  # the name of the signal that set STOP
+_deferring: list = []  # open deferred() sections (nested): a signal inside is raised at their end
 
 
 class Interrupted(BaseException):
@@ -44,7 +46,25 @@ def _on_signal(signum: int, frame: Any) -> None:
         signal.signal(s, signal.SIG_IGN)
     _received.append(name)
     STOP.set()
-    raise Interrupted(name)
+    if not _deferring:
+        raise Interrupted(name)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A section a signal must not cut in the middle: a signal arriving inside is raised as
+    Interrupted when the section ends. For OmegaConf's conversions (validate's typed config):
+    OmegaConf restores a node's flags in `finally` blocks, and an Interrupted raised inside one
+    came out as an AttributeError there, which read as bad input (exit 2) or, under a
+    `hasattr`, vanished and the sweep ran on. validate() is milliseconds: Ctrl-C waits that long."""
+    seen = len(_received)
+    _deferring.append(True)
+    try:
+        yield
+    finally:
+        _deferring.pop()
+    if len(_received) > seen and not _deferring:
+        raise Interrupted(_received[seen])
 
 
 def install() -> None:

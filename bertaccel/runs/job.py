@@ -34,6 +34,7 @@ from bertaccel.options.hardware import check_gpu_count, device_name, probe, reso
 from bertaccel.plan.hook import log_prediction
 from bertaccel.runs.cuda_free_imports import run_process_cuda_check
 from bertaccel.record.datasets import dataset_inputs
+from bertaccel.runs import interrupt
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.record.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
 from bertaccel.record.run_record import Outcome, RankTracker, open_tracker, restated_tags, resumed
@@ -74,7 +75,8 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     # From here on two views of one config: `run`, the schema's typed objects, is what the data,
     # model, training and measurement read; `cfg`, the composed DictConfig, is what the record
     # reads (params, config_hash and the choices are built from it: record/), and the profile.
-    run = validate(cfg)
+    with interrupt.deferred():  # (OmegaConf's conversion: a signal raised inside it was lost)
+        run = validate(cfg)
     device = resolve_device(run.train.device)
     check_gpu_count(run.num_gpus, device)
     if device.type == "cuda" and (why := run_process_cuda_check()):

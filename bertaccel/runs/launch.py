@@ -124,7 +124,8 @@ def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_
         # comes back here as the same bad input (_in_processes): here it leaves the one that
         # builds the optimizer, whose import of torch._dynamo (3.4 s on an H100 host) was the
         # longest part of a sweep's first-run start-up once the forkserver preloads beside it.
-        validate(cfg, leave=() if cfg.launcher.name == "inline" else ("optimizer.check_built",))
+        with interrupt.deferred():  # (OmegaConf's conversion: a signal raised inside it was lost)
+            validate(cfg, leave=() if cfg.launcher.name == "inline" else ("optimizer.check_built",))
         check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
         refuse_deleted_experiment(cfg.tracking.uri, cfg.tracking.experiment)
         repair_store(cfg.tracking.uri)  # a store left half-created by an older version: rebuilt (no runs in it)

@@ -30,6 +30,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
+from bertaccel.runs import interrupt
 from bertaccel.runs.sweep_jobs import SweepJobs, SweepJobsRefused, sweep_jobs
 
 BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
@@ -119,7 +120,8 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
             if job.repeat_of == idx:
                 job.repeat_of = None
                 try:
-                    validate(task_cfg, leave=LEFT_TO_THE_RUNS)
+                    with interrupt.deferred():  # (OmegaConf's conversion: a signal inside it was lost)
+                        validate(task_cfg, leave=LEFT_TO_THE_RUNS)
                 except ConfigError as e:
                     job.refusal = str(e)
             plan.jobs.append(job)
