@@ -4,15 +4,18 @@
 # OUT/losses.txt. Run it for the tree before a refactor and the tree after, then diff the two files
 # (docs/results/index.md, issue 45): the same ops in the same order give the same bits on a CPU.
 #
-#   bash benchmarks/same_losses.sh SRC OUT
+#   bash benchmarks/same_losses.sh SRC OUT [OVERRIDES ...]
+#
+# OVERRIDES go to both commands (tests/test_same_losses.py: the tiny model, two steps an epoch).
 set -u
-src=$(cd "${1:?usage: same_losses.sh SRC OUT}" && pwd); out=${2:?usage: same_losses.sh SRC OUT}
+src=$(cd "${1:?usage: same_losses.sh SRC OUT [OVERRIDES ...]}" && pwd); out=${2:?usage: same_losses.sh SRC OUT [OVERRIDES ...]}
+shift 2
 mkdir -p "$out" && cd "$out" || exit 2
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONPATH=$src
 start=$(date +%s)
-python -m bertaccel.run train.device=cpu cache_dir="$PWD/cache" > default.log 2>&1
+python -m bertaccel.run train.device=cpu cache_dir="$PWD/cache" "$@" > default.log 2>&1
 python -m bertaccel.run -m train.device=cpu cache_dir="$PWD/cache" dataset.train_subset=1024 dataset.test_subset=256 \
-  accumulation=1,2 freezing=none,layerwise sweep.baseline=false > sweep.log 2>&1
+  accumulation=1,2 freezing=none,layerwise sweep.baseline=false "$@" > sweep.log 2>&1
 python - > losses.txt <<'PY'
 import mlflow
 client = mlflow.tracking.MlflowClient("sqlite:///mlflow.db")
