@@ -92,7 +92,7 @@ def ops(hidden: int, p: float) -> Dict[str, Dict[str, Callable]]:
 
 def attention_ops(p: float) -> Dict[str, Callable]:
     from bertaccel.attention.packing import Packing
-    from bertaccel.encoder.attention import CORES
+    from bertaccel.encoder.attention import core
 
     def make(core):
         def run(qkv, cu, max_len):
@@ -100,7 +100,7 @@ def attention_ops(p: float) -> Dict[str, Callable]:
             return core(qkv, packing, p, qkv.shape[-1] ** -0.5)
         return run
 
-    return {"ours (Triton)": make(CORES["triton"]), "torch varlen flash": make(CORES["sdpa"])}
+    return {"ours (Triton)": make(core("triton")), "torch varlen flash": make(core("sdpa"))}
 
 
 def main(argv=None) -> int:

@@ -71,9 +71,9 @@ def _batch(seed=1):
 def test_fused_layer_matches_bert_layer_outputs_and_gradients(core, fused_kernels):
     hf = BertForSequenceClassification._from_config(tiny_config(), attn_implementation="eager").to(DEVICE)
     src = hf.bert.encoder.layer[0].train()  # dropout 0: training mode computes the same function
-    from bertaccel.encoder.attention import CORES
+    from bertaccel.encoder.attention import core
 
-    layer = FusedBertLayer(src, reference_core if core == "reference" else CORES["triton"], fused_kernels)
+    layer = FusedBertLayer(src, reference_core if core == "reference" else core("triton"), fused_kernels)
     g = torch.Generator().manual_seed(3)
     rows = [torch.randn(1, n, 32, generator=g).to(DEVICE) for n in LENGTHS]
     # Hugging Face's layer one sequence at a time (no padding, no mask); ours on the packed tokens.

@@ -9,8 +9,7 @@ for fp16/bf16, memory-efficient for fp32), the kernels torch's sdpa dispatches t
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -34,22 +33,11 @@ def _sdpa_varlen(qkv: torch.Tensor, packing: Packing, p: float, scale: float,
     return out[0][0]
 
 
-class _Cores(Mapping):
-    """(qkv, packing, dropout p, scale, seed or None) -> [T, H, D]: every swap kernel's own
-    fused-layer core (attention/kernels/: one registry of kernels, read when first asked), and
-    sdpa's, torch's varlen kernels."""
-
-    def __getitem__(self, name: str) -> Callable[..., torch.Tensor]:
-        return _sdpa_varlen if name == "sdpa" else BACKENDS[name].fused_core
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([*BACKENDS, "sdpa"])
-
-    def __len__(self) -> int:
-        return len(BACKENDS) + 1
-
-
-CORES: Mapping = _Cores()
+def core(name: str) -> Callable[..., torch.Tensor]:
+    """The fused layer's attention core named `name`: (qkv, packing, dropout p, scale, seed or None)
+    -> [T, H, D]. A swap kernel's own (attention/kernels/: the one registry of kernels, read when
+    first asked), or sdpa's, torch's varlen kernels."""
+    return _sdpa_varlen if name == "sdpa" else BACKENDS[name].fused_core
 
 
 def prepare(core: str) -> Callable[[Packing], Any]:

@@ -57,7 +57,7 @@ class FusedBertLayer(nn.Module):
         self.attention_dropout = float(attn.dropout.p)
         self.hidden_dropout = float(src.attention.output.dropout.p)
         self.ffn_dropout = float(src.output.dropout.p)
-        self.core = core  # the attention core function (encoder/attention.py CORES)
+        self.core = core  # the attention core function (encoder/attention.py core())
         self.fused_kernels = fused_kernels
         ref = attn.query.weight
         self.qkv = nn.Linear(hidden, 3 * hidden, device=ref.device, dtype=ref.dtype)

@@ -13,7 +13,8 @@ from torch import nn
 
 from bertaccel.attention.packing import (Packing, key_padding_mask, pack, pack_static, pack_tokens,
                                          pass_masks_through, unpack_tokens)
-from bertaccel.encoder.attention import CORES, prepare
+from bertaccel.encoder.attention import core as core_of
+from bertaccel.encoder.attention import prepare
 from bertaccel.encoder.layer import FusedBertLayer, unfusable
 
 
@@ -58,7 +59,7 @@ class FusedEncoder(nn.Module):
         self.config = encoder.config
         self.core = core
         self.packed = packed
-        self.layer = nn.ModuleList(FusedBertLayer(layer, CORES[core], fused_kernels) for layer in encoder.layer)
+        self.layer = nn.ModuleList(FusedBertLayer(layer, core_of(core), fused_kernels) for layer in encoder.layer)
         self.layers_forward: Callable[..., Any] = run_layers
         self.prepare = prepare(core)
         # The layout the last padded batch ran in, for the FLOP count (measure/flops.py).

@@ -5,7 +5,7 @@ Found by convention, not listed: `BACKENDS` reads this package's modules the fir
 asked (not at import: a sweep's processes import this package and must not pay for the kernels,
 and each kernel imports its own library, xFormers or Triton, only inside its functions). Adding a
 kernel is its module here and its YAML file in conf/attention/: the attention option's check,
-its machine check, the swapped Hugging Face layer, the fused encoder (encoder/attention.py CORES)
+its machine check, the swapped Hugging Face layer, the fused encoder (encoder/attention.py core())
 and the config reference all read `BACKENDS`.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Backend:
     padding -> [B, S, H, D]. packed_core: q/k/v [T, H, D] of the Packing's sequences -> [T, H, D].
     prepare: the kernel's per-batch object, built once per batch by PackedEncoder (not per layer).
     unusable: why this machine cannot run it (a skip), or None. fused_core: our fused layer's core,
-    qkv [T, 3, H, D] -> [T, H, D] (encoder/attention.py CORES). order: where the kernel stands in
+    qkv [T, 3, H, D] -> [T, H, D] (encoder/attention.py core()). order: where the kernel stands in
     the lists that name the kernels (a refusal's "one of ...", the config reference); kernels of
     one order by name."""
     dense_core: Callable[..., torch.Tensor]
