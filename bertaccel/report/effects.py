@@ -186,6 +186,7 @@ class Cell:
     """One configuration: the mean of each metric over its runs, or why it is null."""
     value: Dict[str, Optional[float]]
     why: Dict[str, str]
+    members: Tuple[int, ...] = ()         # the rows averaged (report/glance.py judges noise over them)
 
 
 def _cell(rows: Sequence[Row], members: Sequence[int], per_sample: bool) -> Cell:
@@ -202,7 +203,7 @@ def _cell(rows: Sequence[Row], members: Sequence[int], per_sample: bool) -> Cell
                     why[col] = "train_samples unknown, and the runs trained different amounts"
             got.append(v)
         value[col] = None if None in got else sum(got) / len(got)
-    return Cell(value, why)
+    return Cell(value, why, tuple(members))
 
 
 @dataclass

@@ -1,0 +1,290 @@
+"""Results at a glance: docs/results/at-a-glance.md, generated from the MLflow stores the
+benchmarks wrote, one table per store, grouped by GPU.
+
+    python -m bertaccel.report.glance --out docs/results/at-a-glance.md [--manifest docs/results/stores/manifest.yaml]
+
+Each table is the report's own effects table (effects.py: each swept value against its axis's
+reference, the other axes held equal), with a verdict that reuses the report's judgements: a
+speed-up is "within noise" where the 95 % t-intervals of the two configurations' times overlap
+(repeats.py, the test the answer uses for a tie), and an acceleration "costs accuracy" where its
+mean change is more than a point below the reference (floor.py's default floor). The GPU and the
+dates come from the store (the device_name tag, the runs' start times); the manifest gives what a
+store does not carry: a title and the command as a user types it (the recorded overrides hold the
+measuring machine's paths and leave out --config-name), checked against the store's overrides.
+"""
+from __future__ import annotations
+
+import gzip
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .args import OneLineParser
+from .baseline import choose_baseline
+from .data import ReportInputError
+from .effects import Effect, Effects, effects, effects_tables
+from .floor import DEFAULT_POINTS
+from .repeats import Interval, group_rows, t_interval
+from .scoring import Row
+from .timing import time_view
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "docs" / "results" / "stores" / "manifest.yaml"
+PAGE = ROOT / "docs" / "results" / "at-a-glance.md"
+COMMAND = "python -m bertaccel.report.glance --out docs/results/at-a-glance.md"
+EXPERIMENT = "bertaccel"
+FIELDS = ("store", "sweep", "title", "command")
+
+
+@dataclass
+class Entry:
+    store: str      # the .db.gz, relative to the repository root (or absolute)
+    sweep: str      # its sweep id
+    title: str
+    command: str    # as a user types it
+
+
+@dataclass
+class Table:
+    entry: Entry
+    device: str
+    dates: str
+    rows: List[Row]
+    found: Effects
+    cells: List[List[str]]
+    headers: List[str]
+
+
+def load_manifest(path: Path) -> List[Entry]:
+    import yaml
+
+    if not path.is_file():
+        raise ReportInputError(f"--manifest {path}: no such file; give the stores' manifest.yaml")
+    try:
+        node = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ReportInputError(f"--manifest {path}: not YAML ({str(e).splitlines()[0]})") from None
+    stores = node.get("stores") if isinstance(node, dict) else None
+    if not isinstance(stores, list) or not stores:
+        raise ReportInputError(f"--manifest {path}: expected a list 'stores:' of entries with {', '.join(FIELDS)}")
+    out = []
+    for k, item in enumerate(stores, 1):
+        missing = [f for f in FIELDS if not (isinstance(item, dict) and isinstance(item.get(f), str) and item[f].strip())]
+        if missing:
+            raise ReportInputError(f"--manifest {path}: entry {k} lacks {', '.join(missing)} (each entry needs "
+                                   f"{', '.join(FIELDS)})")
+        out.append(Entry(*(item[f].strip() for f in FIELDS)))
+    return out
+
+
+def _items(text: str) -> Dict[str, str]:
+    return dict(w.split("=", 1) for w in text.split() if "=" in w and not w.startswith("-"))
+
+
+def _same(key: str, mine: str, recorded: str) -> bool:
+    """A path is compared by its last two parts: the store names the measuring machine's folders."""
+    if key.endswith("_path"):
+        return Path(mine).parts[-2:] == Path(recorded).parts[-2:]
+    return mine == recorded
+
+
+def check_command(entry: Entry, recorded: str) -> None:
+    """The manifest's command against the store's sweep_overrides: each override it gives was
+    given to that sweep (a study's own axes are in the store only), and --config-name X is the
+    study the sweep id names."""
+    words = entry.command.split()
+    if words[:4] != ["python", "-m", "bertaccel.run", "-m"]:
+        raise ReportInputError(f"manifest entry {entry.store}: the command should start 'python -m bertaccel.run -m'")
+    given, stored = _items(entry.command), _items(recorded)
+    wrong = [f"{k}={v}" for k, v in given.items() if k not in stored or not _same(k, v, stored[k])]
+    if wrong:
+        raise ReportInputError(f"manifest entry {entry.store}: {' '.join(wrong)} is not what sweep {entry.sweep} "
+                               f"ran with ({recorded}); fix the command or the store")
+    study = words[words.index("--config-name") + 1] if "--config-name" in words[:-1] else "config"
+    if not entry.sweep.startswith(f"{study}-"):
+        raise ReportInputError(f"manifest entry {entry.store}: sweep {entry.sweep} is not of --config-name {study}")
+
+
+def _day(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+def read(entry: Entry, root: Path = ROOT) -> Table:
+    from mlflow import MlflowClient
+
+    from . import load_rows
+
+    path = root / entry.store
+    if not path.is_file():
+        raise ReportInputError(f"manifest entry {entry.store}: no such file")
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "store.db"
+        try:
+            with gzip.open(path) as src, db.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+        except OSError as e:
+            raise ReportInputError(f"manifest entry {entry.store}: not a gzipped store ({e})") from None
+        uri = f"sqlite:///{db}"
+        rows = time_view(load_rows(uri, EXPERIMENT, entry.sweep)).rows
+        client = MlflowClient(tracking_uri=uri)
+        starts = sorted(client.get_run(r.run_id).info.start_time for r in rows)
+        parents = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id],
+                                     f"tags.sweep_id = '{entry.sweep}' and tags.`bertaccel.role` = 'sweep'")
+    if not parents:
+        raise ReportInputError(f"manifest entry {entry.store}: no parent run of sweep {entry.sweep} in it")
+    check_command(entry, parents[0].data.params.get("sweep_overrides", ""))
+    devices = sorted({r.device or "unknown" for r in rows})
+    if len(devices) > 1:
+        raise ReportInputError(f"manifest entry {entry.store}: its runs measured on {', '.join(devices)}; "
+                               "one GPU per table")
+    first, last = _day(starts[0]), _day(starts[-1])
+    base = choose_baseline(rows).index
+    found = effects(rows, base)
+    ((_, _, headers, cells),) = effects_tables(rows, base, time_view(rows).basis.label) or (("", "", [], []),)
+    return Table(entry, devices[0], first if first == last else f"{first} to {last}", rows, found, cells, headers)
+
+
+def _interval(rows: Sequence[Row], members: Sequence[int], col: str, per_sample: bool) -> Interval:
+    values = []
+    for i in members:
+        v = rows[i].get(col)
+        if v is not None and per_sample and col != "accuracy":  # (as effects.py compares them)
+            v = v / rows[i].train_samples if rows[i].train_samples else None
+        if v is not None:
+            values.append(v)
+    return t_interval(values)
+
+
+def verdict(rows: Sequence[Row], e: Effect, per_sample: bool) -> str:
+    """The speed-up within noise or not, pair by pair, and what it costs in accuracy."""
+    n = len(e.pairs)
+    if not n:
+        return "not measured: no pair"
+    count = {"faster": 0, "slower": 0, "within noise": 0, "unjudged": 0}
+    lower, deltas = 0, []
+    for at, ref in e.pairs:
+        a, b = (_interval(rows, c.members, "time_s", per_sample) for c in (at, ref))
+        apart = a.overlaps(b)
+        count["unjudged" if apart is None else "within noise" if apart else
+              "faster" if a.mean < b.mean else "slower"] += 1
+        a, b = (_interval(rows, c.members, "accuracy", False) for c in (at, ref))
+        lower += a.overlaps(b) is False and a.mean < b.mean
+        if a.mean is not None and b.mean is not None:
+            deltas.append((a.mean - b.mean) * 100)
+    judged = n - count["unjudged"]
+    if not judged:
+        speed = "speed not judged (one run per configuration: no interval)"
+    else:  # the most frequent judgement first, in bold
+        said = sorted((k for k in ("within noise", "faster", "slower") if count[k]), key=lambda k: -count[k])
+        speed = ", ".join((f"**{k}**" if j == 0 else k) + ("" if k == "within noise" else " beyond noise")
+                          + _pairs(count[k], n) for j, k in enumerate(said))
+        if count["unjudged"]:
+            speed += f", {count['unjudged']} not judged (one run)"
+    d = sum(deltas) / len(deltas) if deltas else None
+    if d is None:
+        acc = "accuracy not measured"
+    elif round(d, 9) < -DEFAULT_POINTS:  # (as floor.py: a run exactly at the floor passes it)
+        acc = f"**costs accuracy**: {d:+.2f} pts, past the report's {DEFAULT_POINTS:g}-point floor"
+    elif lower:
+        acc = f"accuracy lower beyond noise{_pairs(lower, n)}"
+    elif round(d, 9) > DEFAULT_POINTS:
+        acc = f"gains accuracy: {d:+.2f} pts"
+    else:
+        acc = f"accuracy within {DEFAULT_POINTS:g} point"
+    return f"{speed}; {acc}"
+
+
+def _pairs(k: int, n: int) -> str:
+    return "" if n == 1 else " in both pairs" if k == n == 2 else f" in all {n} pairs" if k == n else f" in {k} of {n} pairs"
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
+
+
+def _section(t: Table) -> List[str]:
+    groups = group_rows(t.rows)
+    sizes = sorted({len(g.members) for g in groups})
+    each = (f"{sizes[0]} runs each" if sizes[0] > 1 else "one run each") if len(sizes) == 1 else \
+        f"{sizes[0]} to {sizes[-1]} runs each"
+    r = t.rows[0]
+    data = f"`model={r.choices.get('model', '?')}` on {r.dataset or '?'}"
+    if r.train_rows:
+        data += f", {_count(r.train_rows)} train rows"
+    if r.test_rows:
+        data += f", {_count(r.test_rows)} test rows"
+    if r.epochs:
+        data += f", {r.epochs:g} epoch{'s' if r.epochs != 1 else ''}"
+    refs = "; ".join(f"{a.key}: {a.reference} ({a.why})" for a in t.found.axes)
+    out = [f"### {t.entry.title}: {t.device}, {t.dates}", "",
+           f"- Command: `{t.entry.command}`",
+           f"- Store: `{t.entry.store}`, sweep `{t.entry.sweep}`: {len(t.rows)} runs, {len(groups)} configurations, "
+           f"{each}; {data}",
+           f"- Full report: `gunzip -k {t.entry.store}`, then `python -m bertaccel.report --uri "
+           f"sqlite:///{t.entry.store[:-3]} --sweep {t.entry.sweep}`",
+           f"- Each setting against: {refs}", ""]
+    if not t.cells:
+        return out + ["No setting varies among these runs: nothing to compare.", ""]
+    heads = ["setting"] + t.headers[1:] + ["verdict"]
+    out += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for cells, e in zip(t.cells, t.found.found):
+        out.append("| " + " | ".join(cells + [verdict(t.rows, e, t.found.per_sample)]) + " |")
+    if t.found.per_sample:
+        out += ["", "The runs trained different numbers of samples: time and energy are per sample."]
+    return out + [""]
+
+
+HEAD = f"""# Results at a glance
+
+<!-- Generated by `{COMMAND}` from the stores in docs/results/stores/manifest.yaml: regenerate, do not edit. -->
+
+What each acceleration bought against the baseline on each GPU measured: for every store, the
+effects table of the report (`python -m bertaccel.report`, "The effect of each axis"), with a
+verdict. Each table names its GPU, dates, the command that made the runs and the store they are
+in, so any number here can be checked with the full report.
+
+**Reading a row.** A *pair* is two configurations that differ in this setting only, each the mean
+over its repeats. *speed-up* = the reference's training time / the value's, the geometric mean over
+the pairs (above 1x: faster); *spread* = the smallest to the largest pair. *energy* = the change in
+GPU energy (negative: saves). *accuracy* = the change in test accuracy, in percentage points.
+The *verdict*: **within noise** where the 95 % intervals of the two configurations' training times
+overlap (the report's test for a tie), **faster** or **slower beyond noise** where they do not;
+**costs accuracy** where the mean change is more than {DEFAULT_POINTS:g} point below the reference
+(the report's default accuracy floor). A store with one run per configuration has no intervals: its
+speed-ups are not judged. How to read the whole report: [the report](../report.md).
+"""
+
+
+def generate(manifest: Path = MANIFEST, root: Path = ROOT) -> str:
+    tables = [read(e, root) for e in load_manifest(manifest)]
+    out = [HEAD]
+    for device in dict.fromkeys(t.device for t in tables):
+        out += [f"## {device}", ""]
+        for t in tables:
+            if t.device == device:
+                out += _section(t)
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = OneLineParser(prog="python -m bertaccel.report.glance",
+                       description="Write the results-at-a-glance page from the benchmark stores.")
+    ap.add_argument("--manifest", default=str(MANIFEST), help="the stores' manifest (default: %(default)s)")
+    ap.add_argument("--out", default=str(PAGE), help="the page to write (default: %(default)s)")
+    a = ap.parse_args(argv)
+    try:
+        page = generate(Path(a.manifest))
+        Path(a.out).write_text(page)
+    except (ReportInputError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
