@@ -125,3 +125,26 @@ def test_every_page_renders_offline(site: Path, served: str, browser) -> None:
     print(f"{len(pages)} pages checked, {len(problems)} problems")
     assert not problems, "the docs site does not render offline:\n" + "\n".join(problems)
 
+
+
+def test_search_ranks_the_report_first(site: Path, served: str, browser) -> None:
+    """A user's question finds the page that answers it: "accuracy floor" is the report's
+    setting, so a report page (its front matter's `search: boost`) ranks above the results pages
+    and the Lab notebook (boost below 1), which mention the floor in passing."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{served}/index.html")
+    browser.execute_script("document.querySelector('#__search').checked = true")
+    box = browser.find_element(By.CSS_SELECTOR, "input.md-search__input")
+    deadline = time.monotonic() + 20
+    hits: List[str] = []
+    while not hits and time.monotonic() < deadline:
+        if not box.get_attribute("value"):  # typed once the search worker is ready to take it
+            box.send_keys("accuracy floor")
+        time.sleep(0.5)
+        hits = [a.get_attribute("href") for a in
+                browser.find_elements(By.CSS_SELECTOR, ".md-search-result__item > a")]
+    assert hits, "the site's search gave no result for 'accuracy floor'"
+    first = urlsplit(hits[0]).path
+    assert first.startswith(("/report/", "/first-report/")), (
+        f"'accuracy floor' ranks {first} first, above the report: {[urlsplit(h).path for h in hits[:5]]}")
