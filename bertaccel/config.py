@@ -50,52 +50,55 @@ def schema_fields(cls: type = None, prefix: str = "") -> Iterator[Tuple[str, Fie
 
 @dataclass
 class PrecisionConfig:
-    """conf/precision/<name>.yaml; meaning, checks and machine check in bertaccel/options/precision.py."""
-    name: str = "fp32"
-    autocast_dtype: Optional[str] = None   # float16 | bfloat16 | null (no autocast)
-    loss_scaling: bool = False             # GradScaler
-    mfu_peak: str = "fp32"                 # MFU divides by the hardware profile's peak_tflops_<this>
+    """The number format training computes in: float32, or autocast to bfloat16 or float16.
+    Options in conf/precision/; checks and machine check in bertaccel/options/precision.py."""
+    name: str = "fp32"                     # the option that set this group (precision=<name>)
+    autocast_dtype: Optional[str] = None   # The dtype autocast runs in: float16 | bfloat16 | null (no autocast)
+    loss_scaling: bool = False             # Scale the loss with a GradScaler, so small float16 gradients do not underflow
+    mfu_peak: str = "fp32"                 # The peak MFU divides by: the hardware profile's peak_tflops_<this>
 
 
 @dataclass
 class AttentionConfig:
-    """conf/attention/<name>.yaml; checks in bertaccel/attention/option.py."""
-    name: str = "eager"
-    hf_implementation: str = "eager"   # what Hugging Face builds: eager | sdpa
-    swap: Optional[str] = None         # then every BertSelfAttention swapped (attention/swap.py BACKENDS)
-    # sdpa only: the torch SDPA backends allowed, in torch's names (empty = torch's own choice).
+    """The self-attention kernel: Hugging Face's eager code or torch SDPA, or every self-attention
+    swapped for xFormers' or our Triton kernel over packed tokens. Options in conf/attention/;
+    checks in bertaccel/attention/option.py."""
+    name: str = "eager"                # the option that set this group (attention=<name>)
+    hf_implementation: str = "eager"   # The attention Hugging Face builds: eager | sdpa
+    swap: Optional[str] = None         # The kernel every BertSelfAttention is then swapped for (attention/swap.py BACKENDS)
+    # The torch SDPA backends allowed, in torch's names (empty = torch's own choice); sdpa only.
     sdpa_backends: List[str] = field(default_factory=list)
 
 
 @dataclass
 class EncoderConfig:
-    """conf/encoder/<name>.yaml; meaning, checks and machine check in bertaccel/encoder/option.py.
-    hf: Hugging Face's BertLayer. fused: ours (bertaccel/encoder/), with LightSeq's techniques,
-    each a switch here so that each one can be measured on and off."""
-    name: str = "hf"
-    layer: str = "hf"                  # hf | fused: which layer the encoder runs
-    # fused only. packed: the layers run on the batch's real tokens (no work on padding); false:
-    # on every padded token (each row's padding a sequence of its own, so results are the same).
+    """The BERT layer the encoder runs: Hugging Face's BertLayer (hf), or ours (fused,
+    bertaccel/encoder/) with LightSeq's techniques, each a switch here so that each one can be
+    measured on and off. Options in conf/encoder/; checks and machine check in bertaccel/encoder/option.py."""
+    name: str = "hf"                   # the option that set this group (encoder=<name>)
+    layer: str = "hf"                  # Which layer the encoder runs: hf | fused
+    # Run the layers on the batch's real tokens only (no work on padding); false: on every padded
+    # token (each row's padding a sequence of its own, so results are the same). Fused layer only.
     packed: bool = True
-    # fused only. true: bias+GELU and bias+dropout+residual+LayerNorm as our Triton kernels;
-    # false: the same arithmetic as PyTorch ops (a kernel each), for the on/off measurement.
+    # Run bias+GELU and bias+dropout+residual+LayerNorm as our Triton kernels; false: the same
+    # arithmetic as PyTorch ops (a kernel each), for the on/off measurement. Fused layer only.
     fused_kernels: bool = True
-    # fused only, precision fp16/bf16 with an optimizer that keeps fp32 master weights
-    # (`master_weights` on its class): the model's parameters live in the half dtype, the fp32
-    # copies inside the optimizer's flat buffers, so no weight is cast per step.
+    # Keep the model's parameters in the half dtype and their fp32 copies inside the optimizer's
+    # flat buffers, so no weight is cast per step. Fused layer only, with precision fp16/bf16 and an
+    # optimizer that keeps fp32 master weights (`master_weights` on its class).
     half_params: bool = True
 
 
 @dataclass
 class CompileConfig:
-    """conf/compile/<mode>.yaml: torch.compile of the model, and CUDA-graph replay of the whole
-    step; checks in bertaccel/options/compile.py."""
+    """Compiles the model with torch.compile, and can replay the whole step from CUDA graphs.
+    Options in conf/compile/<mode>.yaml; checks in bertaccel/options/compile.py."""
     mode: str = "off"  # torch.compile's mode; off: the model runs eagerly
     # One graph for every padded length (the sequence dimension marked dynamic) instead of a
     # graph per length: one compile instead of one per length (train.pad_to_multiple_of).
     dynamic_length: bool = True
-    # persistent: compiled kernels kept under cache_dir/compile/<torch, triton, GPU key>, paid
-    # once per machine; fresh: an empty cache per run, for measuring cold compilation.
+    # Where compiled kernels are kept. persistent: under cache_dir/compile/<torch, triton, GPU key>,
+    # paid once per machine; fresh: an empty cache per run, for measuring cold compilation.
     cache: str = "persistent"
     # The whole optimizer step (forward, backward, clipping, update) replayed from CUDA graphs,
     # one per padded length: no host work per step (bertaccel/train/step_graph.py). GPU only.
@@ -104,23 +107,26 @@ class CompileConfig:
 
 @dataclass
 class FreezingConfig:
-    """conf/freezing/<name>.yaml: which parameters train in which epoch (bertaccel/options/freezing.py)."""
-    name: str = "none"  # none: every parameter trains; layerwise: one encoder layer (+ head) per epoch
+    """Which parameters train in which epoch. Options in conf/freezing/; bertaccel/options/freezing.py."""
+    name: str = "none"  # The strategy: none (every parameter trains) | layerwise (one encoder layer + head per epoch)
 
 
 @dataclass
 class OptimizerConfig:
-    """conf/optimizer/<name>.yaml: the optimizer class and the learning-rate schedule; meaning and
+    """The optimizer class and the learning-rate schedule. Options in conf/optimizer/; meaning and
     checks in bertaccel/options/optimizer.py."""
-    name: str = "adamw"
-    lr: float = bounded(1e-4, gt=0)  # peak learning rate (after warm-up)
-    weight_decay: float = bounded(0.01, ge=0)  # decoupled; not applied to biases and LayerNorm weights
-    schedule: str = "linear"  # after warm-up: constant, linear decay to 0, or cosine to min_lr_ratio x lr
-    warmup_ratio: float = bounded(0.1, ge=0, lt=1)  # fraction of the optimizer steps
-    min_lr_ratio: float = bounded(0.0, ge=0, lt=1)  # cosine: decay to this fraction of lr (seed 001 eq. 10: 0.1)
-    scale_lr: str = "none"  # linear: lr x effective batch (batch_size x accumulation x num_gpus) / base_batch_size (seed 001 eq. 11)
-    base_batch_size: int = bounded(32, gt=0)  # the batch lr was tuned for (scale_lr=linear)
-    max_grad_norm: Optional[float] = bounded(1.0, gt=0, note="null: no clipping")  # null disables clipping
+    name: str = "adamw"  # the option that set this group (optimizer=<name>)
+    lr: float = bounded(1e-4, gt=0)  # Peak learning rate (after warm-up)
+    weight_decay: float = bounded(0.01, ge=0)  # Decoupled weight decay; not applied to biases and LayerNorm weights
+    schedule: str = "linear"  # The lr after warm-up: constant, linear decay to 0, or cosine to min_lr_ratio x lr
+    warmup_ratio: float = bounded(0.1, ge=0, lt=1)  # The fraction of the optimizer steps lr warms up over
+    # The floor cosine decays lr to, as a fraction of lr (Systematic Training Compute Optimization, eq. 10: 0.1)
+    min_lr_ratio: float = bounded(0.0, ge=0, lt=1)
+    # How lr follows the effective batch. linear: lr x effective batch (batch_size x accumulation x
+    # num_gpus) / base_batch_size (the linear scaling rule, Systematic Training Compute Optimization, eq. 11)
+    scale_lr: str = "none"
+    base_batch_size: int = bounded(32, gt=0)  # The batch lr was tuned for (scale_lr=linear)
+    max_grad_norm: Optional[float] = bounded(1.0, gt=0, note="null: no clipping")  # The gradients' global norm is clipped to this
     # The optimizer itself (bertaccel/options/optimizer.py): `_target_` a torch.optim.Optimizer class,
     # `_partial_: true`, and that class's own settings. lr and weight decay come from above.
     impl: Dict[str, Any] = field(default_factory=lambda: {"_target_": "torch.optim.AdamW", "_partial_": True})
@@ -128,58 +134,65 @@ class OptimizerConfig:
 
 @dataclass
 class HardwareConfig:
-    """conf/hardware/<name>.yaml: a GPU's (or CPU's) price, power, peak FLOP/s and memory bandwidth,
-    for a run's cost, energy and MFU and the plan's roofline; auto picks the profile that matches the
-    device (bertaccel/options/hardware.py)."""
-    name: str = "auto"
+    """A GPU's (or CPU's) price, power, peak FLOP/s and memory bandwidth, for a run's cost, energy
+    and MFU and the plan's roofline; auto picks the profile that matches the device. Options in
+    conf/hardware/; bertaccel/options/hardware.py."""
+    name: str = "auto"  # the option that set this group (hardware=<name>)
     # Substrings of torch.cuda.get_device_name() that select this profile under hardware=auto.
     match: List[str] = field(default_factory=list)
+    # One GPU's price per hour, for cost_usd
     price_per_gpu_hour_usd: Optional[float] = bounded(None, gt=0, note="null: no cost_usd")
-    price_source: str = ""  # where the price comes from (said with cost_usd)
+    price_source: str = ""  # Where the price comes from (said with cost_usd)
+    # Board power, watts: the plan's energy estimate where no run measured energy
     tdp_w: Optional[float] = bounded(None, gt=0, note="watts; null: unknown")
+    # Peak bfloat16 TFLOP/s (dense, datasheet): MFU's denominator (precision.mfu_peak picks which), the roofline
     peak_tflops_bf16: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
-    peak_tflops_fp16: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
-    peak_tflops_fp32: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")
+    peak_tflops_fp16: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")  # Peak float16 TFLOP/s
+    peak_tflops_fp32: Optional[float] = bounded(None, gt=0, note="null: none, no MFU")  # Peak float32 TFLOP/s
     # Peak memory bandwidth (datasheet, TB/s): the memory-bound kernels' ceiling in the plan's
     # roofline (bertaccel/plan/roofline.py), which moves a time measured on one GPU to another.
     memory_bandwidth_tbps: Optional[float] = bounded(None, gt=0, note="TB/s; null: unknown, no roofline")
     # The host's floor per kernel launch, microseconds: a property of the host and driver more than
     # of the GPU, so no profile sets it; give a measured one here (hardware.kernel_launch_us=3.5).
     kernel_launch_us: Optional[float] = bounded(None, gt=0, note="null: plan/roofline.py's default, 5 us")
-    # true: use this profile on a device it does not match (hardware.py profile_mismatch), on
-    # purpose: "what would this run cost there". The record says so (tag hardware_what_if, and
+    # Use this profile on a device it does not match (hardware.py profile_mismatch), on purpose:
+    # "what would this run cost there". The record says so (tag hardware_what_if, and
     # hardware_profile "<name> (what-if)", which the report shows). Not for hardware=auto.
     what_if: bool = False
     # Power usage effectiveness of the data centre (total facility energy / IT energy, >= 1):
     # co2e_kg counts energy_kwh x pue (bertaccel/measure/carbon.py). null: IT energy only, said in the tag.
     pue: Optional[float] = None  # (its range, >= 1, is checked with the carbon block: carbon.check_carbon)
-    pue_source: str = ""
+    pue_source: str = ""  # Where the PUE comes from
 
 
 @dataclass
 class CarbonConfig:
-    """co2e_kg = energy_kwh x hardware.pue x grid intensity / 1000; meaning, table of regions and
-    checks in bertaccel/measure/carbon.py."""
-    region: str = "world"                         # a row of carbon.REGIONS (published annual averages)
-    intensity_g_per_kwh: Optional[float] = None   # given: used instead of the region's figure (>= 0: check_carbon)
+    """How a run's energy becomes emissions: co2e_kg = energy_kwh x hardware.pue x grid intensity /
+    1000. Table of regions and checks in bertaccel/measure/carbon.py."""
+    # The grid whose carbon intensity counts: a row of carbon.REGIONS (published annual averages)
+    region: str = "world"
+    # A grid intensity, g CO2e per kWh, used instead of the region's (>= 0: check_carbon)
+    intensity_g_per_kwh: Optional[float] = None
 
 
 @dataclass
 class ModelConfig:
-    """conf/model/<name>.yaml: the BERT model to fine-tune and where its weights come from; checks
+    """The BERT model to fine-tune and where its weights come from. Options in conf/model/; checks
     in bertaccel/options/model.py."""
-    name: str = MISSING
-    source: str = MISSING  # package: weights in a pip package; hub: the Hugging Face hub; random_init: new weights, shape below
-    # package: an importable package holding the weights in <package>/model; hub: a hub id.
+    name: str = MISSING  # the option that set this group (model=<name>)
+    # Where the weights come from. package: a pip package; hub: the Hugging Face hub; random_init:
+    # new weights, of the shape below
+    source: str = MISSING
+    # The weights. package: an importable package holding them in <package>/model; hub: a hub id.
     pretrained: Optional[str] = None
-    # random_init only: a BERT shape, with the tokenizer taken from `tokenizer_package`. Null for
-    # a pretrained model, whose weights bring their own shape: a run logs the built model's shape
-    # as params model.<field> (job.py), never a default that was not used.
+    # The package a random_init model takes its tokenizer from. The shape below is random_init's
+    # too: null for a pretrained model, whose weights bring their own shape (a run logs the built
+    # model's shape as params model.<field>, job.py, never a default that was not used).
     tokenizer_package: Optional[str] = None
-    hidden_size: Optional[int] = bounded(None, gt=0)
-    num_hidden_layers: Optional[int] = bounded(None, gt=0)
-    num_attention_heads: Optional[int] = bounded(None, gt=0)
-    intermediate_size: Optional[int] = bounded(None, gt=0)
+    hidden_size: Optional[int] = bounded(None, gt=0)  # Hidden size of a random_init model
+    num_hidden_layers: Optional[int] = bounded(None, gt=0)  # Encoder layers of a random_init model
+    num_attention_heads: Optional[int] = bounded(None, gt=0)  # Attention heads of a random_init model
+    intermediate_size: Optional[int] = bounded(None, gt=0)  # Feed-forward width of a random_init model
 
 
 # The ModelConfig fields that give a random-init model its shape (also its Hugging Face config's names).
@@ -188,18 +201,19 @@ MODEL_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
 
 @dataclass
 class DatasetConfig:
-    """conf/dataset/<name>.yaml: the text-classification data and how it is tokenized; checks in
+    """The text-classification data and how it is tokenized. Options in conf/dataset/; checks in
     bertaccel/options/dataset.py, reading in bertaccel/data/read.py."""
-    name: str = MISSING
-    source: str = MISSING  # bundled: in bertaccel/samples; hub: the Hugging Face hub; csv: local files
-    hub_id: Optional[str] = None  # source=hub: the dataset's hub id
-    train_path: Optional[str] = None  # bundled: under bertaccel/samples; csv: relative to where you run
-    test_path: Optional[str] = None
-    text_columns: List[str] = field(default_factory=lambda: ["text"])  # several: joined with a space
-    label_column: str = "label"
-    max_length: int = bounded(128, ge=8, le=512, note="BERT positions")
-    train_subset: Optional[int] = bounded(None, gt=0, note="null: all rows")  # first N rows after a seeded shuffle; null = all
-    test_subset: Optional[int] = bounded(None, gt=0, note="null: all rows")
+    name: str = MISSING  # the option that set this group (dataset=<name>)
+    source: str = MISSING  # Where the data comes from. bundled: bertaccel/samples; hub: the Hugging Face hub; csv: local files
+    hub_id: Optional[str] = None  # The dataset's hub id (source=hub)
+    train_path: Optional[str] = None  # The training file. bundled: under bertaccel/samples; csv: relative to where you run
+    test_path: Optional[str] = None  # The test file, as train_path
+    # The columns holding the text; several are joined with a space
+    text_columns: List[str] = field(default_factory=lambda: ["text"])
+    label_column: str = "label"  # The column holding the class label
+    max_length: int = bounded(128, ge=8, le=512, note="BERT positions")  # Longest tokenized text; longer ones are truncated
+    train_subset: Optional[int] = bounded(None, gt=0, note="null: all rows")  # Train on the first N rows after a seeded shuffle
+    test_subset: Optional[int] = bounded(None, gt=0, note="null: all rows")  # Test on the first N rows after a seeded shuffle
     # The subsets' shuffle seed. Not train.seed: runs that differ only in train.seed are repeats
     # (the report groups them) and must train and test on the same rows; a different sample of
     # the data is a different experiment, asked for by changing this.
@@ -210,15 +224,16 @@ class DatasetConfig:
 @dataclass
 class TrainConfig:
     """The training loop: batches, seed, device and data loading (checks: bertaccel/options/train.py)."""
-    epochs: int = bounded(1, gt=0)
+    epochs: int = bounded(1, gt=0)  # Passes over the training data
     # Rows per micro-batch and device: an integer, or "auto" (the largest power of two that fits the
     # GPU at the dataset's longest padded length, found by trying: bertaccel/train/batch_fit.py).
     # Any-typed so both spellings compose (as accumulation); validate() checks.
     batch_size: Any = 32
-    eval_batch_size: int = bounded(128, gt=0)  # rows per batch when testing
+    eval_batch_size: int = bounded(128, gt=0)  # Rows per batch when testing
+    # The seed of the model's new weights, dropout and the batches' order
     seed: int = bounded(42, ge=0, le=2**32 - 1, note="numpy's seed range; isolation.seed_everything seeds it")
-    device: str = "auto"  # auto: a CUDA GPU when one is visible, else the CPU
-    num_workers: int = bounded(0, ge=0, note="0: batches made in the training process")
+    device: str = "auto"  # Where training runs. auto: a CUDA GPU when one is visible, else the CPU
+    num_workers: int = bounded(0, ge=0, note="0: batches made in the training process")  # Loader worker processes making batches
     # Workers kept alive between epochs (num_workers > 0), so each epoch does not pay their start.
     persistent_workers: bool = True
     # Batches each worker prepares ahead (null = torch's default of 2; needs num_workers > 0).
@@ -235,16 +250,17 @@ class TrainConfig:
     max_steps_per_epoch: Optional[int] = bounded(None, gt=0, note="null: whole epoch")
     # The loss is read back (a host sync) every this many optimizer steps: NaN check + progress bar.
     log_every_steps: int = bounded(10, gt=0)
-    # Activation checkpointing (seed 001 III-E): none | every (each encoder layer) | sqrt
-    # (segments of sqrt(L) layers); bertaccel/train/checkpointing.py.
+    # Recompute activations in backward instead of keeping them: none | every (each encoder layer) |
+    # sqrt (segments of sqrt(L) layers, as Systematic Training Compute Optimization, section III-E);
+    # bertaccel/train/checkpointing.py.
     gradient_checkpointing: str = "none"
 
 
 @dataclass
 class TelemetryConfig:
     """Energy and activity measured while a run trains (bertaccel/measure/)."""
-    # false: no energy/activity collectors (their sampler threads share the GIL with the loop);
-    # the measurements are then null with that reason.
+    # Measure energy and activity while training; false: no collectors (their sampler threads share
+    # the GIL with the loop), and the measurements are null with that reason.
     enabled: bool = True
     # Background sampling period of NVML power, GPM and utilization (RAPL polls at >= 1 s).
     # At most threading.TIMEOUT_MAX: the samplers wait on a threading.Event for this long.
@@ -256,23 +272,25 @@ class TelemetryConfig:
 @dataclass
 class ProfileWindowConfig:
     """The torch.profiler window of profile=true (bertaccel/measure/)."""
-    warmup_steps: int = bounded(3, ge=0)  # run but not recorded (allocator, autotuning, caches settle)
-    active_steps: int = bounded(5, gt=0)  # recorded
-    top_k: int = bounded(10, gt=0)  # kernels listed in the artifact
+    warmup_steps: int = bounded(3, ge=0)  # Steps run before recording (allocator, autotuning, caches settle)
+    active_steps: int = bounded(5, gt=0)  # Steps recorded
+    top_k: int = bounded(10, gt=0)  # Kernels listed in the artifact, the longest first
 
 
 @dataclass
 class SearchConfig:
-    """hydra/sweeper=optuna_pareto: what a trial returns (bertaccel/options/search.py)."""
+    """What a trial of the Pareto search (hydra/sweeper=optuna_pareto) returns, and which way each
+    objective is better (bertaccel/options/search.py)."""
     # MLflow metric names a trial returns, with one direction (minimize | maximize) each.
     objectives: List[str] = field(default_factory=lambda: ["train_time_s", "cost_usd", "energy_kwh", "test_accuracy"])
+    # minimize | maximize, one per objective.
     directions: List[str] = field(default_factory=lambda: ["minimize", "minimize", "minimize", "maximize"])
 
 
 @dataclass
 class SweepConfig:
     """What a multirun (-m) does with configurations that already ran."""
-    # Multirun only: skip a configuration whose config_hash already has a finished run.
+    # Skip a configuration whose config_hash already has a finished run (multirun only).
     resume: bool = True
     # Also re-run configurations whose earlier run was failed or skipped.
     retry_failed: bool = False
@@ -287,8 +305,8 @@ class SweepConfig:
 @dataclass
 class TrackingConfig:
     """The MLflow store every run is recorded in (checks: bertaccel/options/tracking.py)."""
-    uri: str = "sqlite:///mlflow.db"  # any MLflow tracking URI; a relative path is from where you run
-    experiment: str = "bertaccel"  # the MLflow experiment the runs go to
+    uri: str = "sqlite:///mlflow.db"  # The MLflow store: any tracking URI; a relative path is from where you run
+    experiment: str = "bertaccel"  # The MLflow experiment the runs go to
 
 
 @dataclass
@@ -300,8 +318,8 @@ class LauncherConfig:
     # A run (all its ranks) still going after this many seconds is stopped and recorded failed.
     # No "infinite" (the finite check refuses inf): give a long time instead, e.g. 864000 (ten days).
     timeout_s: float = bounded(86400.0, gt=0)
-    # num_gpus > 1: a collective waiting longer on a peer fails (a dead or hung rank ends the job).
-    # At most what a datetime.timedelta holds: torch.distributed takes the timeout as one.
+    # Seconds a collective may wait on a peer before it fails, so a dead or hung rank ends the job
+    # (num_gpus > 1). At most what a datetime.timedelta holds: torch.distributed takes it as one.
     collective_timeout_s: float = bounded(300.0, gt=0, le=timedelta.max.total_seconds())
     # A sweep (-m) runs this many configurations at a time, each in processes of its own and, on
     # a GPU host, on num_gpus GPUs of its own (hydra_plugins/bertaccel_launcher). 1: one by one.
@@ -320,36 +338,39 @@ class RunConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
-    # accumulation and num_gpus are plain integers rather than folders of options: Hydra rejects
-    # a group option whose name parses as an int (`accumulation=4` -> "Config group override
-    # must be a string"), and as integers any value works: accumulation=1,4 or accumulation=12.
-    # Micro-batches per optimizer step: an integer, or "adaptive" (seed 001 eq. 6-7: k from the
-    # variance of the last window's micro-batch gradients, in [2, accumulation_max];
-    # bertaccel/options/accumulation.py). Any-typed so both spellings compose; validate() checks.
+    # Micro-batches per optimizer step: an integer, or "adaptive" (k from the variance of the last
+    # window's micro-batch gradients, in [2, accumulation_max]: Systematic Training Compute
+    # Optimization, section III-B, eq. 6-7; bertaccel/options/accumulation.py). Like num_gpus, a
+    # value rather than a folder of options: Hydra rejects a group option whose name parses as an
+    # int (`accumulation=4` -> "Config group override must be a string"), and a value takes any
+    # count (accumulation=1,4 or 12). Any-typed so both spellings compose; validate() checks.
     accumulation: Any = 1
-    # Used by accumulation=adaptive only, but its range holds whatever accumulation is: a range
-    # belongs to the setting, not to one combination.
+    # The most micro-batches accumulation=adaptive takes per step (its k_max). Its range holds
+    # whatever accumulation is: a range belongs to the setting, not to one combination.
     accumulation_max: int = bounded(8, ge=2, note="adaptive k is at least 2")
-    accumulation_target_variance: float = bounded(1.0, gt=0)  # sigma_target^2 of eq. 6 (squared gradient norm)
+    # The gradient variance accumulation=adaptive aims for (sigma_target^2 of eq. 6, a squared
+    # gradient norm): a lower target, more micro-batches per step.
+    accumulation_target_variance: float = bounded(1.0, gt=0)
     freezing: FreezingConfig = field(default_factory=FreezingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    num_gpus: int = bounded(1, gt=0)  # data-parallel ranks, one process and one GPU each (on a CPU host: gloo processes)
+    num_gpus: int = bounded(1, gt=0)  # Data-parallel ranks, one process and one GPU each (on a CPU host: gloo processes)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    cache_dir: str = "~/.cache/bertaccel"  # tokenized datasets and compiled kernels, shared by runs
+    cache_dir: str = "~/.cache/bertaccel"  # Where tokenized datasets and compiled kernels are kept, shared by runs
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     carbon: CarbonConfig = field(default_factory=CarbonConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
-    # true: a torch.profiler window after training -> kernel table, category shares, trace.
+    # Profile a few steps after training with torch.profiler: kernel table, category shares, trace.
     profile: bool = False
     profile_window: ProfileWindowConfig = field(default_factory=ProfileWindowConfig)
-    # true: after training, per-layer backward and all-reduce times and the thesis' backprop-time
-    # estimate (bertaccel/measure/layer_timing.py): backward_predicted_ms vs backward_measured_ms.
+    # Time each layer's backward and all-reduce after training, against the backprop-time estimate
+    # of Hardware Acceleration of Machine Learning, section 3.5.2 (bertaccel/measure/layer_timing.py):
+    # backward_predicted_ms vs backward_measured_ms.
     layer_timing: bool = False
 
 

@@ -1,4 +1,5 @@
-"""accumulation=adaptive: variance-aware gradient accumulation (seed 001, section III-B, eq. 6-7).
+"""accumulation=adaptive: variance-aware gradient accumulation (Systematic
+Training Compute Optimization, section III-B, eq. 6-7).
 
 After each optimizer step the micro-batch gradients of its window give
     sigma^2 = 1/(k-1) sum_j || g_j - g_acc ||^2,   g_acc = (1/k) sum_j g_j          (eq. 7, 4)
@@ -8,7 +9,7 @@ micro-batches: noisy gradients (early training) get more accumulation, calm ones
 sigma^2 is in the units of a squared gradient norm; `grad_variance` is logged per step so a
 user can pick `accumulation_target_variance` (sigma_target^2) from a first run.
 
-Choices the seed leaves open, made here:
+Choices the paper leaves open, made here:
 - k never drops below 2: with one micro-batch the variance cannot be measured again, and k
   would stay 1 for good; the first window has k_max (nothing measured yet);
 - g_j is micro-batch j's mean-loss gradient. The loop accumulates sum_j (n_j / n) g_j (exact

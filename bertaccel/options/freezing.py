@@ -1,8 +1,9 @@
 """Which parameters train in which epoch.
 
-`layerwise` is seed 000 section 3.2: the backbone starts frozen, and at the start of epoch e
-only one encoder layer, plus the classifier head, is trainable; the optimizer is then rebuilt
-over the trainable parameters (train/loop.py does that every epoch).
+`layerwise` is section 3.2 of Profiling and Optimizing Training Performance of BERT-Base: the
+backbone starts frozen, and at the start of epoch e only one encoder layer, plus the classifier
+head, is trainable; the optimizer is then rebuilt over the trainable parameters (train/loop.py
+does that every epoch).
 """
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ OPTION = OptimizerOption()
 
 def scaled_lr(cfg: OptimizerConfig, effective_batch: int) -> float:
     """optimizer.scale_lr=linear: lr x effective batch / base_batch_size (the linear scaling
-    rule, seed 001 eq. 11); none: lr as given."""
+    rule, Systematic Training Compute Optimization, eq. 11); none: lr as given."""
     if cfg.scale_lr == "linear":
         return cfg.lr * effective_batch / cfg.base_batch_size
     return cfg.lr
@@ -136,14 +136,15 @@ def scaled_lr(cfg: OptimizerConfig, effective_batch: int) -> float:
 
 def lr_factor(schedule: str, step: int, total_steps: int, warmup_ratio: float, min_lr_ratio: float = 0.0) -> float:
     """Multiplier of the base lr at optimizer step `step` (0-based) of `total_steps`.
-    min_lr_ratio: cosine's floor, eta_min = min_lr_ratio x base (seed 001 eq. 10: 0.1)."""
+    min_lr_ratio: cosine's floor, eta_min = min_lr_ratio x base (Systematic Training
+    Compute Optimization, eq. 10: 0.1)."""
     if schedule == "constant":
         return 1.0
     warmup = math.ceil(warmup_ratio * total_steps)
     if step < warmup:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-    if schedule == "cosine":  # seed 001: warm-up, then half a cosine from 1 down to the floor
+    if schedule == "cosine":  # eq. 10: warm-up, then half a cosine from 1 down to the floor
         return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
     # linear: decay from 1 after warm-up to 0 after the last step
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup))

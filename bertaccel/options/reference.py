@@ -4,6 +4,7 @@ declared range and composed default, the options Hydra finds in conf/ (composed,
 the group's default option), the allowed values the checks test against, and the checks
 themselves: a loop over the registry (options/registry.py: each section's Option, its checks and
 machine check, each said by its docstring) and the rules between sections (options/rules.py).
+On top, the most used settings (MOST_USED); at the end, the papers the options cite (options/papers.py).
 
     python -m bertaccel.options.reference --out docs/reference/config.md
 
@@ -12,113 +13,41 @@ tests/test_config_reference.py regenerates the page and compares it with the com
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
 import inspect
 import sys
-import textwrap
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union, get_args, get_origin, get_type_hints
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from bertaccel.config import CONF_DIR, GROUP_SCHEMAS, RunConfig, register_configs
+from bertaccel.config import CONF_DIR, GROUP_SCHEMAS, RunConfig, register_configs, schema_fields
+from bertaccel.options.introspect import allowed_values, check_title, field_comments, section_checks, section_rules  # noqa: F401
+from bertaccel.options.papers import ANCHOR, link_citations, papers_table
 
 COMMAND = "python -m bertaccel.options.reference --out docs/reference/config.md"
 
-
-# --- what the code says about each key ------------------------------------------------------
-
-def field_comments(cls: type) -> Dict[str, str]:
-    """Each field's comment in config.py: the comment lines right above it and the one at its end.
-    Comments, not metadata, because that is where the schema already explains its fields."""
-    lines, start = inspect.getsourcelines(cls)
-    body = ast.parse(textwrap.dedent("".join(lines))).body[0].body
-    out: Dict[str, str] = {}
-    prev_end = 1  # (the class line; a docstring moves it on)
-    for node in body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            above = [ln.strip()[1:].strip() for ln in lines[prev_end:node.lineno - 1] if ln.strip().startswith("#")]
-            trailing = [ln.split("  #", 1)[1].strip() for ln in lines[node.lineno - 1:node.end_lineno] if "  #" in ln]
-            out[node.target.id] = " ".join(above + trailing)
-        prev_end = node.end_lineno
-    return out
-
-
-def _namespace(fn: Callable, tree: ast.AST) -> Dict[str, Any]:
-    """The names a check's code sees: its module's, and those it imports inside itself (a check
-    imports a heavy module only when asked: attention/option.py's `from .kernels import BACKENDS`)."""
-    names = dict(fn.__globals__)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            package = fn.__module__.rsplit(".", node.level)[0] if node.level else None
-            module = importlib.import_module(("." * node.level) + (node.module or ""), package)
-            names.update({a.asname or a.name: getattr(module, a.name, None) for a in node.names})
-    return names
-
-
-def _resolve(name: ast.expr, names: Dict[str, Any]) -> Optional[Tuple[str, ...]]:
-    """A name in a check's code as the values it holds (a tuple, or a mapping's keys), or None."""
-    value = names.get(name.id) if isinstance(name, ast.Name) else None
-    return tuple(value) if isinstance(value, tuple) or hasattr(value, "keys") else None
-
-
-def allowed_values(check: Callable, section: str) -> Dict[str, str]:
-    """The values a check lets a key take, read from its code: not_one_of(key, value, NAMES),
-    not_count_or(key, value, word) and `<x>.<field> not in NAMES` (the field of the check's own
-    section). The check's helpers in the same module are read too (check -> check_precision)."""
-    out: Dict[str, str] = {}
-    for fn in _with_helpers(check):
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-        names = _namespace(fn, tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) == 3 \
-                    and isinstance(node.args[0], ast.Constant):
-                key = node.args[0].value
-                if node.func.id == "not_one_of" and _resolve(node.args[2], names):
-                    out[key] = "one of " + ", ".join(f"`{v}`" for v in _resolve(node.args[2], names))
-                elif node.func.id == "not_count_or" and isinstance(node.args[2], ast.Constant):
-                    out[key] = f"an integer >= 1, or `{node.args[2].value}`"
-            elif isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.NotIn) \
-                    and isinstance(node.left, ast.Attribute) and _resolve(node.comparators[0], names):
-                listed = ", ".join(f"`{v}`" for v in _resolve(node.comparators[0], names))
-                out.setdefault(f"{section}.{node.left.attr}", f"one of {listed}")
-    return out
-
-
-def _with_helpers(check: Callable) -> List[Callable]:
-    """The check and the functions of its module it calls by name (one level: they are small)."""
-    called = {n.func.id for n in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(check))))
-              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    module = sys.modules[check.__module__]
-    helpers = [getattr(module, name) for name in sorted(called)
-               if inspect.isfunction(getattr(module, name, None)) and getattr(module, name).__module__ == module.__name__]
-    return [check, *helpers]
-
-
-def section_checks() -> Dict[str, List[Callable]]:
-    """Each registered section's checks: its own check, its machine check when it has one of its
-    own, and its later checks (options/registry.py)."""
-    from bertaccel.option import Option
-    from bertaccel.options.registry import options
-
-    out: Dict[str, List[Callable]] = {}
-    for option in options():
-        machine = [option.unusable] if type(option).unusable is not Option.unusable else []
-        out[option.section] = [option.check, *machine, *option.later]
-    return out
-
-
-def section_rules() -> Dict[str, List[Any]]:
-    """The rules of options/rules.py under each section they read."""
-    from bertaccel.options.rules import RULES
-
-    out: Dict[str, List[Any]] = {}
-    for rule in RULES:
-        for section in rule.reads:
-            out.setdefault(section, []).append(rule)
-    return out
+# The settings a newcomer changes first, with what changing them does; the page adds each one's
+# values (a group's options, a key's allowed values) from the code, and links to its section.
+MOST_USED = (
+    ("precision", "Float32, or autocast to bfloat16 / float16: faster matmuls on a GPU with tensor cores."),
+    ("attention", "The self-attention kernel: Hugging Face's eager code, torch SDPA, xFormers or ours (Triton)."),
+    ("compile", "torch.compile of the model; with compile.step_graph=true, the whole step from CUDA graphs."),
+    ("accumulation", "Micro-batches per optimizer step: a larger effective batch, fewer optimizer steps."),
+    ("freezing", "layerwise: one encoder layer (+ head) trains per epoch, so backward does far less."),
+    ("optimizer", "AdamW, Adan or LAMB, as one kernel per op, a loop per tensor, or one fused kernel."),
+    ("model", "The BERT to fine-tune; minilm_l6 ships with its weights (offline)."),
+    ("dataset", "The text-classification data; ag_news_sample is bundled (offline)."),
+    ("train.batch_size", "Rows per micro-batch and GPU; auto: the largest power of two that fits."),
+    ("train.epochs", "Passes over the training data."),
+    ("num_gpus", "Data-parallel ranks (DDP): one process and one GPU each."),
+    ("hardware", "The GPU's price, power and peak FLOP/s, for cost, energy and MFU; auto matches the GPU."),
+)
+# Sections without a schema class to describe them.
+SECTION_DOCS = {"preset": "Bundles of the other groups' choices that rerun a paper's experiment in one word "
+                          "(`preset=seed001_k4`); a preset's values win over conf/config.yaml's, the command line "
+                          "wins over both.",
+                "top-level": "Settings at the top of the config, each set as `key=value` (accumulation=4)."}
 
 
 # --- composing the configs ------------------------------------------------------------------
@@ -253,6 +182,11 @@ def _doc(obj: Any) -> str:
     return " ".join(text.split())
 
 
+def prose(text: str) -> str:
+    """An option's text on the page: escaped (cell), with its citations linked to the papers table."""
+    return link_citations(cell(text))
+
+
 def sections() -> Iterator[Tuple[str, str, Optional[type]]]:
     """(name, kind, schema) of every section, in the schema's order: the groups, preset (a group
     without a schema), the top-level settings, then the blocks."""
@@ -272,29 +206,41 @@ def _top_level_fields() -> List[Tuple[str, Any]]:
     return [(f.name, f) for f in fields(RunConfig) if not is_dataclass(hints[f.name])]
 
 
-def keys_table(name: str, cls: Optional[type], cfg: DictConfig, allowed: Dict[str, str]) -> List[str]:
-    """One row per key: type, composed default, allowed values or range, and its comment."""
+def key_id(key: str) -> str:
+    return f'<code class="cfg-key" id="{key}">{key}</code>'
+
+
+def values_said(key: str, hint: Any, f: Any, allowed: Dict[str, str]) -> str:
+    """A key's type, then the values its check allows and its declared range."""
+    said = [allowed[key]] if key in allowed else []
+    declared = f.metadata.get("range")
+    if declared is not None:
+        said.append(declared.text() + (f" ({declared.note})" if declared.note else ""))
+    shown = [] if hint is Any and said else [show_type(hint)]  # (Any: a key that takes two spellings)
+    return cell(", ".join(shown + said))
+
+
+def default_of(cfg: DictConfig, key: str) -> str:
+    return "???" if OmegaConf.is_missing(cfg, key) else show(OmegaConf.select(cfg, key, default="???"))
+
+
+def keys_list(name: str, cls: Optional[type], cfg: DictConfig, allowed: Dict[str, str]) -> List[str]:
+    """One line per key: the key (never broken: the stylesheet keeps .cfg-key on one line), its
+    composed default, type and allowed values, then what it does (its comment in config.py)."""
     if cls is None:
         rows = [(key, f, get_type_hints(RunConfig)[key], field_comments(RunConfig).get(key, ""))
                 for key, f in _top_level_fields()]
     else:
         hints, comments = get_type_hints(cls), field_comments(cls)
         rows = [(f"{name}.{f.name}", f, hints[f.name], comments.get(f.name, "")) for f in fields(cls)]
-    out = ["| Key | Type | Default | Allowed | What it does |", "|---|---|---|---|---|"]
-    for key, f, hint, comment in rows:
-        declared = f.metadata.get("range")
-        said = [allowed[key]] if key in allowed else []
-        if declared is not None:
-            said.append(declared.text() + (f" ({declared.note})" if declared.note else ""))
-        default = OmegaConf.select(cfg, key, default="???") if not OmegaConf.is_missing(cfg, key) else "???"
-        out.append(f"| `{key}` | {show_type(hint)} | {code(show(default))} | {cell('; '.join(said))} | {cell(comment)} |")
-    return out
+    return [f"- {key_id(key)} = {code(default_of(cfg, key))} <span class=\"cfg-values\">{values_said(key, hint, f, allowed)}"
+            f"</span> {prose(comment)}" for key, f, hint, comment in rows]
 
 
 def options_table(composer: Composer, group: str, base: DictConfig, base_choices: Dict[str, str]) -> List[str]:
-    """One row per option Hydra finds for the group: its file's comment, and what it sets that the
-    group's default option does not (for preset, anything in the whole config)."""
-    out = ["| Option | What it is | Sets, against the default |", "|---|---|---|"]
+    """One row per option Hydra finds for the group with its file's comment, then, folded, what
+    each sets that the group's default option does not (for preset, anything in the whole config)."""
+    rows, sets = ["| Option | What it is |", "|---|---|"], []
     for option in composer.options(group):
         cfg, choices = composer.compose([f"{group}={option}"])
         if group == "preset":
@@ -302,69 +248,110 @@ def options_table(composer: Composer, group: str, base: DictConfig, base_choices
             picked = [g for g, c in choices.items() if g != group and base_choices.get(g) != c]
             said = [f"`{g}={choices[g]}`" for g in picked]
             said += [c for c in changes(base, cfg) if c.strip("`").split(".")[0] not in picked]
-        else:
-            said = changes(base[group], cfg[group])
+        else:  # (name: the option's own name is said by the row already)
+            said = [c for c in changes(base[group], cfg[group]) if c != f"`name: {option}`"]
         mark = " (default)" if base_choices.get(group) == option else ""
-        out.append(f"| `{option}`{mark} | {cell(composer.option_comment(group, option))} | "
-                   f"{'<br>'.join(said) or 'nothing: it is the default'} |")
-    return out
-
-
-def check_title(check: Callable) -> str:
-    """A check as the page names it: module.Class.method, or module.function."""
-    return f"{check.__module__}.{check.__qualname__}"
+        rows.append(f"| `{option}`{mark} | {prose(composer.option_comment(group, option))} |")
+        sets.append(f"    - `{option}`{mark}: {', '.join(said) or 'nothing: it is the default'}")
+    return rows + ["", f'??? note "What each option sets, against the default option"', ""] + sets
 
 
 def checks_list(checks: List[Callable], rules: List[Any]) -> List[str]:
+    """The checks, folded (pymdownx.details): a reader opens them when a config is refused."""
     if not checks and not rules:
-        return ["None of its own: only the declared ranges and the finite-number check."]
-    return ([f"- `{check_title(c)}`: {cell(_doc(c))}" for c in checks]
-            + [f"- rule `{r.name}` (reads {', '.join(r.reads)}): {cell(r.says)}" for r in rules])
+        return ["Checks: none of its own, only the declared ranges and the finite-number check."]
+    said = ([f"- `{check_title(c)}`: {prose(_doc(c))}" for c in checks]
+            + [f"- rule `{r.name}` (reads {', '.join(r.reads)}): {prose(r.says)}" for r in rules])
+    return [f'??? note "Checks: what it refuses ({len(said)})"', ""] + ["    " + line for line in said]
 
 
 def render_section(composer: Composer, name: str, kind: str, cls: Optional[type], base: DictConfig,
-                   base_choices: Dict[str, str], checks: Dict[str, List[Callable]], rules: Dict[str, List[Any]]) -> List[str]:
+                   base_choices: Dict[str, str], checks: Dict[str, List[Callable]], rules: Dict[str, List[Any]],
+                   allowed: Dict[str, str]) -> List[str]:
     keys = [key for key, _ in _top_level_fields()] if kind == "settings" else [name]
     own = [c for key in keys for c in checks.get(key, [])]
     said = [r for key in keys for r in rules.get(key, [])]
-    allowed: Dict[str, str] = {}
-    for check in own:
-        allowed.update(allowed_values(check, name))
     out = [f"## {name}", ""]
-    if cls is not None and _doc(cls):
-        out += [cell(_doc(cls)), ""]
+    doc = prose(_doc(cls) if cls is not None else SECTION_DOCS.get(name, ""))
     if kind == "group":
-        out += [f"Default option: `{base_choices[name]}`; choose another with `{name}=<option>`.", ""]
-    if cls is not None or kind == "settings":
-        out += ["**Keys**", ""] + keys_table(name, cls, base, allowed) + [""]
+        doc += f" Default option: `{base_choices[name]}`; choose another with `{name}=<option>`."
+    out += [doc.strip(), ""]
     if kind == "group":
-        out += ["**Options**", ""] + options_table(composer, name, base, base_choices) + [""]
-    return out + ["**Checks**", ""] + checks_list(own, list(dict.fromkeys(said))) + [""]
+        out += options_table(composer, name, base, base_choices) + [""]
+    if kind == "group" and cls is not None:  # (folded: a group is mostly chosen by option; its keys fine-tune one)
+        names = ", ".join(f.name for f in fields(cls))
+        out += [f'??? note "Keys: {names}"', ""] + ["    " + line for line in keys_list(name, cls, base, allowed)] + [""]
+    elif cls is not None or kind == "settings":
+        out += keys_list(name, cls, base, allowed) + [""]
+    return out + checks_list(own, list(dict.fromkeys(said))) + [""]
+
+
+def key_hint(key: str) -> Any:
+    """A dotted key's type in the schema (train.batch_size: Any)."""
+    cls = RunConfig
+    *blocks, last = key.split(".")
+    for block in blocks:
+        cls = get_type_hints(cls)[block]
+    return get_type_hints(cls)[last]
+
+
+def most_used(composer: Composer, base: DictConfig, base_choices: Dict[str, str], allowed: Dict[str, str]) -> List[str]:
+    """The settings a newcomer changes first: each one's values from the code, what it does, and
+    a link down to its section (a group's heading, a key's line)."""
+    keys = dict(schema_fields())
+    out = ["| Setting | Values | What it does |", "|---|---|---|"]
+    for setting, effect in MOST_USED:
+        if setting in base_choices:
+            values = ", ".join(f"`{o}`" + (" (default)" if o == base_choices[setting] else "")
+                               for o in composer.options(setting))
+        else:
+            values = (f"{values_said(setting, key_hint(setting), keys[setting], allowed)}; "
+                      f"default {code(default_of(base, setting))}")
+        out.append(f"| [`{setting}`](#{setting}) | {values} | {cell(effect)} |")
+    return out
+
+
+INTRO = [
+    "Every setting of a run. On the command line `group=option` picks one of a group's options (a file "
+    "in conf/&lt;group&gt;/) and `key=value` sets one key: "
+    "`python -m bertaccel.run precision=bf16 train.batch_size=64`.", "",
+    '??? note "How this page is made, and how a config is checked"', "",
+    f"    Generated from the code by `{COMMAND}`; do not edit it by hand "
+    "(tests/test_config_reference.py fails when it is out of date). The keys, their types and ranges come from the schema (bertaccel/config.py), the options and "
+    "defaults from Hydra's composition of bertaccel/conf/, the allowed values and checks from the "
+    "checks' own code. A run's config is the schema, then conf/config.yaml with one option per group, "
+    "then the command line. Before any work every number is checked to be finite and in its declared "
+    "range, then each section's own check and every rule between sections (a rule only when the "
+    "sections it reads passed their own); the checks that build or reach out (the optimizer's class, "
+    "the tracking store) come last. A bad config is refused with every problem found, one line each. "
+    "A machine check says why this machine cannot run a choice: the run is then recorded skipped, "
+    "with that reason.", ""]
 
 
 def generate(conf_dir: Path = CONF_DIR, searchpath: Optional[Path] = None) -> str:
     """The reference page, for conf_dir's options (plus a search path's, as a user adds them)."""
     checks, rules = section_checks(), section_rules()
-    out = ["# Config reference", "",
-           f"Generated from the code by `{COMMAND}`; do not edit it by hand "
-           "(tests/test_config_reference.py fails when it is out of date). The keys, their types and "
-           "ranges come from the schema (bertaccel/config.py), the options and defaults from Hydra's "
-           "composition of bertaccel/conf/, the allowed values and checks from the checks' own code.", "",
-           "A run's config is the schema, then conf/config.yaml with one option per group, then the "
-           "command line: `group=option` picks an option, `key=value` sets a key. Before any work every "
-           "number is checked to be finite and in its declared range, then each section's own check and "
-           "every rule between sections (a rule only when the sections it reads passed their own); the "
-           "checks that build or reach out (the optimizer's class, the tracking store) come last. A bad "
-           "config is refused with every problem found, one line each. A machine check says why this "
-           "machine cannot run a choice: the run is then recorded skipped, with that reason.", "",
-           "## Contents", "", "| Section | Kind | Default option |", "|---|---|---|"]
+    out = ["# Config reference", ""] + INTRO
     with Composer(conf_dir, searchpath) as composer:
         base, base_choices = composer.compose()
         all_sections = list(sections())
-        out += [f"| [{n}](#{n.lower()}) | {k} | {code(base_choices[n]) if k == 'group' else ' '} |"
-                for n, k, _ in all_sections] + [""]
+        allowed: Dict[str, str] = {}
+        for name, kind, _ in all_sections:
+            keys = [key for key, _ in _top_level_fields()] if kind == "settings" else [name]
+            for check in (c for key in keys for c in checks.get(key, [])):
+                allowed.update(allowed_values(check, name))
+        out += ["## Most used", ""] + most_used(composer, base, base_choices, allowed) + [""]
+        groups = [f"[{n}](#{n.lower()}) (`{base_choices[n]}`)" for n, k, _ in all_sections if k == "group"]
+        blocks = [f"[{n}](#{n.lower()})" for n, k, _ in all_sections if k != "group"]
+        out += [f"**Groups** (default option): {', '.join(groups)}. **Settings and blocks**: {', '.join(blocks)}. "
+                f"**[Papers cited](#{ANCHOR})**.", ""]
         for name, kind, cls in all_sections:
-            out += render_section(composer, name, kind, cls, base, base_choices, checks, rules)
+            out += render_section(composer, name, kind, cls, base, base_choices, checks, rules, allowed)
+        presets = composer.options("preset")
+    out += ["## Papers cited", "",
+            "The papers the options come from. Option texts cite them by title and section; preset names "
+            "and a few recorded values name them by number (`seed 001`, `preset=seed001_k4`).", ""]
+    out += papers_table(presets, cell)
     return "\n".join(out).rstrip("\n") + "\n"
 
 
