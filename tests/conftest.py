@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from typing import List
@@ -30,6 +31,31 @@ from bertaccel.runs import startup  # noqa: E402
 # Small but real: the tiny BERT on a slice of the bundled AG News sample, on the CPU (so the
 # expectations about what is skipped hold on a GPU machine too).
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=128", "dataset.test_subset=64", "train.batch_size=16"]
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_they_were(request):
+    """Each test leaves the worker's SIGINT/SIGTERM handlers and blocked set as it found them.
+    Code under test installs handlers (runs/interrupt.install, report/stop.run) and blocks the
+    signals while it writes (report/stop.held); a blocked or ignored signal is inherited by every
+    process the worker starts later, through fork and exec, so a later test's Ctrl-C to its child
+    was lost (test_sweep_wall's interrupted sweep ran to its end, exit 0) depending on which test
+    ran before it in the same worker. A test that leaves them changed is named in a warning."""
+    handlers = {s: signal.getsignal(s) for s in _SIGNALS}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    changed = [signal.Signals(s).name for s in _SIGNALS if signal.getsignal(s) is not handlers[s]]
+    now_blocked = signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    if now_blocked != blocked:
+        changed.append(f"blocked set {sorted(signal.Signals(s).name for s in now_blocked)}")
+    for s, h in handlers.items():
+        signal.signal(s, h)
+    if changed:
+        import warnings
+        warnings.warn(f"{request.node.nodeid} left the worker's signals changed: {', '.join(changed)} (restored)")
 
 
 # The start-up phases (runs/startup.py) of a sweep's first run in its main process before its job
