@@ -42,7 +42,7 @@ class Store:
 
 STORES: Dict[str, Store] = {
     "card": Store(ROOT / "tests" / "data" / "h200_card_sweep.db.gz", "config-b32a167b41"),
-    "grid": Store(ROOT / "tests" / "data" / "h200_thesis_grid_repeats.db.gz", "thesis_grid-bf4de72724"),
+    "grid": Store(ROOT / "docs" / "results" / "stores" / "h200-thesis-grid-repeats.db.gz", "thesis_grid-bf4de72724"),
 }
 
 

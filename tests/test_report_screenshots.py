@@ -51,7 +51,7 @@ def test_the_cropped_sections_are_in_the_reports_and_a_renamed_one_is_caught(tmp
     """--check makes both reports with the real CLI and finds every cropped heading; the same
     check on a report whose effects section is renamed names that section."""
     proc = subprocess.run([sys.executable, str(SCRIPT), "--check", "--keep", str(tmp_path)], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+                          text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "card: 3 sections found" in proc.stdout and "grid: 6 sections found" in proc.stdout, proc.stdout
     html = (tmp_path / "grid-report" / "report.html").read_text()
@@ -70,7 +70,7 @@ def test_the_script_crops_the_card_report_at_a_readable_size(tmp_path):
         if why is not None:
             pytest.skip(why)
     proc = subprocess.run([sys.executable, str(SCRIPT), "--only", "card", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     from PIL import Image
 
