@@ -29,7 +29,8 @@ ENV = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "HF_H
        "HF_DATASETS_OFFLINE": "1"}
 # The kinds of command a test below runs, by how the command starts; the installs and the test
 # command are .ci/run's.
-HERE = ("python -m bertaccel.run", "python -m bertaccel.report", "python -m bertaccel.plan", "mlflow ui")
+HERE = ("python -m bertaccel.doctor", "python -m bertaccel.run", "python -m bertaccel.report", "python -m bertaccel.plan",
+        "mlflow ui")
 IN_CI = ("pip install", "python -m pytest")
 
 
@@ -59,6 +60,17 @@ def test_every_readme_command_runs():
             assert cmd.startswith(HERE), f"the README's {cmd!r} is run by no test: add it to tests/test_readme.py"
     # the README's default job and sweep are distinct commands (the sweep has -m)
     assert command("python -m bertaccel.run -m")[3] == "-m"
+
+
+@pytest.mark.slow
+def test_the_readme_doctor_line_runs(tmp_path):
+    """The install's check, as the README writes it: exit 0 on a machine without a GPU, which it
+    says (tests/test_doctor.py checks each line against the machine)."""
+    p = subprocess.run(command("python -m bertaccel.doctor"), cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    import torch
+    assert re.search(rf"^torch\s+{re.escape(torch.__version__)}\b", p.stdout, re.M), p.stdout
 
 
 @pytest.fixture(scope="module")
