@@ -146,7 +146,7 @@ def log_accumulation(tracker: Any, result: Any, metrics: Dict[str, Any]) -> None
     tracker.log_metrics({"accumulation_mean": metrics["accumulation_mean"]})
     tracker.set_tags({
         "accumulation_k_source": "accumulation=adaptive: micro-batches in each optimizer step's window "
-                                 "(seed 001 eq. 6, bounded to [2, accumulation_max]; the first is the max)",
+                                 "(Systematic Training Compute Optimization, eq. 6, bounded to [2, accumulation_max]; the first is the max)",
         "grad_variance_source": "eq. 7 over each window's micro-batch gradients (mean-loss, fp16 scale removed); "
                                 "MLflow step = the optimizer step it was measured in",
         "accumulation_mean_source": "mean of accumulation_k over the run's optimizer steps"})
@@ -163,7 +163,7 @@ def log_backprop(tracker: Any, timing: Any, metrics: Dict[str, Any], device: tor
     tracker.log_metrics(values)
     metrics.update(values)
     clock = "CUDA events" if device.type == "cuda" else "time.perf_counter"
-    thesis = ("backprop_estimator.estimate_backward (seed 004 section 3.5.2) over rank 0's per-layer compute "
+    thesis = ("backprop_estimator.estimate_backward (Hardware Acceleration of Machine Learning, section 3.5.2) over rank 0's per-layer compute "
               "(gradient-ready hooks) and comm (standalone all-reduce of each layer's gradient bytes, "
               f"world_size={timing.world_size})")
     model = thesis if not timing.buckets else (

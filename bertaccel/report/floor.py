@@ -1,7 +1,7 @@
 """The accuracy floor: which runs the answer may pick (issue 44, item 1).
 
 A fast run that learned less is not an acceleration: the thesis compares encoders at the same
-accuracy (seed 004, Table 4.8). So by default only runs within 1 point of the best test accuracy
+accuracy (Hardware Acceleration of Machine Learning, Table 4.8). So by default only runs within 1 point of the best test accuracy
 may win: below it a run is still scored in every table (marked "excluded", so the tables stay
 comparable with the thesis'), but never "best", and the answer names it. With repeats the best is
 the configuration of best mean accuracy and the floor sits 1 point below the low end of its 95 %

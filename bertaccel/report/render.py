@@ -153,7 +153,9 @@ def baseline_table(rows: Sequence[Row], baseline: int, lab: Any = Basis().label,
                 f"for {len(unknown)} of {len(rows)} runs ({why_unknown})")
     else:
         note = f"speedup = baseline time / time; every run trained {b.train_samples} samples"
-    return (f"Against the baseline '{b.name}' (seed 000 Table 1 form{sfx})", note,
+    # Table 1's form: time, speed-up and accuracy change of each run against one baseline.
+    return (f"Against the baseline '{b.name}' (as Table 1 of Profiling and Optimizing Training Performance of "
+            f"BERT-Base{sfx})", note,
             ["run", lab("time_s"), "train_samples", lab("accuracy"), "speedup", "accuracy change"], cells)
 
 

@@ -1,4 +1,4 @@
-"""The thesis' weighted score (seed 004, section 5.1): max-normalize, weight, rank.
+"""The thesis' weighted score (Hardware Acceleration of Machine Learning, section 5.1): max-normalize, weight, rank.
 
 Score = w1*T + w2*C + w3*E - w4*O (+ w5*CO2e), each metric divided by its column maximum first
 (Table 5.2); lower is better. The fifth term, carbon (co2e_kg, bertaccel/measure/carbon.py), is ours, not
