@@ -42,7 +42,7 @@ def test_a_jit_only_winner_whose_warm_up_outlasts_its_window_is_warned_with_its_
     # 2.3 / (1.55/3200) = 4748.4 samples = 148.4 steps of 32 -> 149 steps, against the 100 it ran.
     assert ("its one-time warm-up (2.40 s: compile_time_s, compile / Triton JIT / CUDA-graph capture) is longer "
             "than its training window (1.45 s); the 2.30 s more than the baseline's pays back after 149 steps; "
-            "its run took 100") in answer
+            "its run took 100 steps") in answer
 
 
 def test_no_warning_where_the_warm_up_is_short_or_the_steps_never_pay_it_back(tmp_path):

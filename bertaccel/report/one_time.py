@@ -54,5 +54,5 @@ def one_time_warning(rows: Sequence[Row], runs: Sequence[int], base_runs: Sequen
     r = rows[runs[0]]
     per_step = (r.train_samples / r.optimizer_steps) if r.train_samples and r.optimizer_steps else 1.0
     steps = math.ceil(extra / (theirs - mine) / per_step)
-    took = f"; its run took {r.optimizer_steps:,}" if r.optimizer_steps else ""
+    took = f"; its run took {r.optimizer_steps:,} steps" if r.optimizer_steps else ""
     return said + f"; the {extra:.2f} s more than the baseline's pays back after {steps:,} steps{took}"
