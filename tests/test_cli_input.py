@@ -8,7 +8,7 @@ pytestmark = pytest.mark.slow
 
 # (overrides, words the one stderr line must contain)
 BAD = {
-    "unknown_precision": (["precision=fp8"], ["precision=fp8", "bf16", "fp16", "fp32"]),
+    "unknown_precision": (["precision=fp4"], ["precision=fp4", "bf16", "fp16", "fp32", "fp8"]),
     "unknown_hardware": (["hardware=tpu"], ["hardware=tpu", "auto", "cpu", "h100"]),
     "not_a_float": (["optimizer.lr=abc"], ["optimizer.lr=abc", "float"]),
     "schema_is_no_option": (["precision=precision_schema"], ["precision=precision_schema", "fp32"]),

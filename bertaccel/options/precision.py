@@ -3,16 +3,22 @@ this module their meaning (autocast, loss scaling), their validation and the mac
 
 Adding a precision is one YAML file: `autocast_dtype` (a torch dtype name, or null for none),
 `loss_scaling` (GradScaler, for dtypes whose narrow exponent underflows small gradients) and
-`mfu_peak` (which `peak_tflops_<mfu_peak>` of the hardware profile MFU divides by).
+`mfu_peak` (which `peak_tflops_<mfu_peak>` of the hardware profile MFU divides by) and
+`fp8_recipe` (torchao's float8 training of the Linear layers, options/fp8.py: tensorwise or rowwise;
+null for none).
+
+precision=fp8 runs only where it can pay: a GPU with FP8 tensor cores (sm_89+), torchao installed
+(the `fp8` extra) and torch.compile on (rules.py: eagerly, torchao's casts are separate kernels).
 """
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, List, Optional, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
 
 import torch
 
 from bertaccel.config import CONF_DIR, PrecisionConfig
+from bertaccel.options.fp8 import FP8_RECIPES
 from bertaccel.option import Option
 
 if TYPE_CHECKING:
@@ -21,6 +27,8 @@ if TYPE_CHECKING:
 OPTIONS_DIR = CONF_DIR / "precision"
 # The dtypes autocast can run in, by the names the YAML files use.
 AUTOCAST_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+FP8_MIN_CAPABILITY = (8, 9)  # Ada (sm_89) and Hopper (sm_90) have FP8 tensor cores; Ampere has none
+FP8_PIP = "pip install 'bertaccel[fp8]'"
 
 
 def load_option(name: str) -> Any:
@@ -44,11 +52,45 @@ def check_precision(p: Any) -> List[str]:
     elif p.loss_scaling and p.autocast_dtype != "float16":
         found.append(f"precision {p.name}: loss_scaling=true needs autocast_dtype float16 (GradScaler "
                      f"guards fp16's 5-bit exponent; {p.autocast_dtype or 'float32'} does not underflow so)")
+    elif p.fp8_recipe is not None and p.fp8_recipe not in FP8_RECIPES:
+        found.append(f"precision {p.name}: fp8_recipe={p.fp8_recipe!r} is not one of {', '.join(FP8_RECIPES)} "
+                     "(or null for no FP8)")
+    elif p.fp8_recipe is not None and p.autocast_dtype != "bfloat16":
+        # torchao's float8 casts its gradients without a loss scale: fp16's GradScaler has no part
+        # in it, and what is not FP8 (attention, LayerNorm, the head) runs in bf16 as torchao expects.
+        found.append(f"precision {p.name}: fp8_recipe={p.fp8_recipe} needs autocast_dtype bfloat16 (the layers "
+                     f"FP8 leaves out run in bf16; {p.autocast_dtype or 'float32'} is not supported)")
     return found
+
+
+def torchao_missing() -> Optional[str]:
+    """Why torchao's float8 training cannot be imported here, or None."""
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as e:
+        return f"{type(e).__name__}: {e}".splitlines()[0]
+    return None
+
+
+def fp8_unusable(p: Any, device: torch.device, capability: Optional[Tuple[int, int]] = None) -> Optional[str]:
+    """Why this machine cannot run FP8 training (a skip), or None. capability: the GPU's (major,
+    minor), read from the device when not given."""
+    if device.type != "cuda":
+        return (f"precision={p.name} needs a CUDA GPU with FP8 tensor cores (sm_89 or newer: Ada, Hopper); "
+                f"this run is on the {device.type.upper()}")
+    major, minor = capability or torch.cuda.get_device_capability(device)
+    if (major, minor) < FP8_MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(device) if capability is None else "this GPU"
+        return (f"precision={p.name} needs FP8 tensor cores (sm_89 or newer: Ada, Hopper); {name} is "
+                f"sm_{major}{minor}; use precision=bf16")
+    why = torchao_missing()
+    return f"precision={p.name} needs torchao's float8 training ({why}): {FP8_PIP}" if why else None
 
 
 def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool) -> Optional[str]:
     """Why this machine cannot run the precision (a skip, not bad input), or None."""
+    if p.fp8_recipe is not None:
+        return fp8_unusable(p, device)
     if device.type == "cpu":
         if p.autocast_dtype == "float16":
             return (f"precision={p.name} needs a CUDA GPU: fp16 autocast with GradScaler targets GPU "
@@ -66,11 +108,13 @@ class PrecisionOption(Option):
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses an autocast_dtype autocast cannot run in (AUTOCAST_DTYPES, or null for none), and
-        loss_scaling=true with any dtype but float16 (GradScaler guards fp16's narrow exponent only)."""
+        loss_scaling=true with any dtype but float16 (GradScaler guards fp16's narrow exponent only),
+        an fp8_recipe torchao has not (tensorwise, rowwise), and fp8 with an autocast dtype but bfloat16."""
         return check_precision(cfg.precision)
 
     def unusable(self, cfg: "RunConfig", device: torch.device, caps: Any) -> Optional[str]:
-        """fp16 on a CPU; bf16 on a CPU without native bf16, or on a GPU before Ampere."""
+        """fp16 on a CPU; bf16 on a CPU without native bf16, or on a GPU before Ampere; fp8 on a CPU,
+        on a GPU before sm_89 (no FP8 tensor cores), or without torchao (the `fp8` extra)."""
         return precision_unusable(cfg.precision, device, caps.cpu_native_bf16)
 
 
@@ -86,6 +130,17 @@ class Precision:
         self.device_type = device.type
         self.dtype = AUTOCAST_DTYPES[p.autocast_dtype] if p.autocast_dtype is not None else None
         self.scaler = torch.amp.GradScaler(device.type, enabled=bool(p.loss_scaling))
+        self.fp8_recipe = p.fp8_recipe
+
+    def prepare(self, model: torch.nn.Module) -> Optional[str]:
+        """Makes the model compute in this precision where autocast alone does not (fp8: its Linear
+        layers swapped for torchao's Float8Linear, in place, once); says what changed, or None."""
+        if self.fp8_recipe is None:
+            return None
+        from bertaccel.options.fp8 import swap_to_fp8
+
+        swapped = swap_to_fp8(model, self.fp8_recipe)
+        return f"{len(swapped)} Linear layers swapped for torchao Float8Linear ({self.fp8_recipe})" if swapped else None
 
     def autocast(self):
         if self.dtype is None:

@@ -30,7 +30,7 @@ COMMAND = "python -m bertaccel.options.reference --out docs/reference/config.md"
 # The settings a newcomer changes first, with what changing them does; the page adds each one's
 # values (a group's options, a key's allowed values) from the code, and links to its section.
 MOST_USED = (
-    ("precision", "Float32, or autocast to bfloat16 / float16: faster matmuls on a GPU with tensor cores."),
+    ("precision", "Float32, autocast to bfloat16 / float16, or FP8 GEMMs: faster matmuls on a GPU with tensor cores."),
     ("attention", "The self-attention kernel: Hugging Face's eager code, torch SDPA, xFormers or ours (Triton)."),
     ("compile", "torch.compile of the model; with compile.step_graph=true, the whole step from CUDA graphs."),
     ("accumulation", "Micro-batches per optimizer step: a larger effective batch, fewer optimizer steps."),

@@ -108,6 +108,30 @@ def _auto_batch_num_gpus(cfg: "RunConfig") -> Optional[str]:
     return None
 
 
+# --- precision=fp8: what torchao's float8 training (options/fp8.py) needs around it -----------
+
+def _fp8_compile_off(cfg: "RunConfig") -> Optional[str]:
+    """precision fp8 with compile=off: torchao's float8 scaling and casts are fused only by torch.compile."""
+    from bertaccel.options.compile import compiles
+
+    if cfg.precision.fp8_recipe is not None and not compiles(cfg.compile):
+        # torchao's docs and torchtitan's float8 guide: torch.compile is required for its speed-up.
+        # Eagerly each Linear runs an amax, a scale and a cast per tensor as separate kernels.
+        return (f"precision={cfg.precision.name} needs torch.compile (compile=default): torchao fuses its FP8 "
+                "scaling and casts only when compiled; eagerly they are separate kernels and FP8 is slower than bf16")
+    return None
+
+
+def _fp8_fused_encoder(cfg: "RunConfig") -> Optional[str]:
+    """precision fp8 with encoder=fused: the fused layer calls its GEMMs itself, so a swapped Linear would not run."""
+    if cfg.precision.fp8_recipe is not None and cfg.encoder.layer == "fused":
+        # encoder/layer.py runs F.linear on each Linear's weight (its bias fused into the next
+        # kernel): torchao's Float8Linear.forward would never be called, the run silently bf16.
+        return (f"precision={cfg.precision.name} with encoder={cfg.encoder.name}: the fused layer calls its GEMMs "
+                "on the weights itself, so torchao's FP8 Linear layers would never run; use encoder=hf")
+    return None
+
+
 RULES: Tuple[Rule, ...] = (
     Rule("step_graph_fp16", ("compile", "precision"), _step_graph_fp16),
     Rule("step_graph_freezing", ("compile", "freezing"), _step_graph_freezing),
@@ -118,4 +142,6 @@ RULES: Tuple[Rule, ...] = (
     Rule("freezing_num_gpus", ("freezing", "num_gpus"), _freezing_num_gpus),
     Rule("inline_num_gpus", ("launcher", "num_gpus"), _inline_num_gpus),
     Rule("auto_batch_num_gpus", ("train", "num_gpus"), _auto_batch_num_gpus),
+    Rule("fp8_compile_off", ("precision", "compile"), _fp8_compile_off),
+    Rule("fp8_fused_encoder", ("precision", "encoder"), _fp8_fused_encoder),
 )

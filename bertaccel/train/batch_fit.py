@@ -101,6 +101,7 @@ def training_step(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
     from bertaccel.train.forward import Forward, sdpa_backends
 
     precision = Precision(cfg.precision, device)
+    precision.prepare(model)  # fp8: the layers the run trains (swapped once; loop.py's call then finds none)
     forward = Forward(model, precision, device, sdpa_backends(cfg), drop_full_mask=False)
     vocab = int(model.config.vocab_size)
     labels = int(model.config.num_labels)

@@ -106,6 +106,9 @@ def _prepare(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: R
     accumulation = Accumulation(cfg)
     k = accumulation.first  # adaptive: accumulation_max, the window's largest
     model.to(device)
+    swapped = precision.prepare(model)  # fp8: the Linear layers swapped for torchao's (before compile)
+    if swapped:
+        log(swapped)
     if half_params(cfg, optimizer_class(cfg.optimizer)):
         # encoder=fused's mixed-precision update: the parameters live in the autocast dtype and the
         # optimizer keeps their fp32 masters in its flat buffers, so no weight is cast per step.

@@ -1,0 +1,140 @@
+"""precision=fp8 (torchao float8 training, options/fp8.py and options/precision.py) on a CPU: the
+composed option, each refusal's one line (its own checks, the machine checks, the rules), the
+doctor's verdict, and the swap itself (torchao's float8 runs on a CPU too, torch._scaled_mm)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from bertaccel.config import CONF_DIR
+from bertaccel.options.checks import typed
+from bertaccel.options.precision import Precision, check_precision, fp8_unusable, load_option
+from bertaccel.options.reference import Composer
+from bertaccel.options.rules import RULES
+
+CPU = torch.device("cpu")
+GPU = torch.device("cuda")  # a device object only: the checks are given the capability
+NO_TORCHAO = ("precision=fp8 needs torchao's float8 training (ModuleNotFoundError: No module named 'torchao'): "
+              "pip install 'bertaccel[fp8]'")
+
+
+def composed(*overrides: str):
+    with Composer(CONF_DIR, None) as composer:
+        cfg, _ = composer.compose(["model=tiny", *overrides])
+    return typed(cfg)
+
+
+def refusals(run) -> list:
+    return [line for rule in RULES for line in [rule.refusal(run)] if line]
+
+
+def test_fp8_composes_as_bf16_autocast_with_the_tensorwise_recipe():
+    p = composed("precision=fp8", "compile=default").precision
+    assert (p.name, p.autocast_dtype, p.loss_scaling, p.mfu_peak, p.fp8_recipe) == (
+        "fp8", "bfloat16", False, "bf16", "tensorwise")
+    assert composed("precision=fp8", "precision.fp8_recipe=rowwise").precision.fp8_recipe == "rowwise"
+    assert composed("precision=bf16").precision.fp8_recipe is None
+    assert check_precision(p) == []
+
+
+def test_an_unknown_recipe_and_fp8_without_bf16_are_one_line_each():
+    p = load_option("fp8")
+    p.fp8_recipe = "blockwise"
+    assert check_precision(p) == ["precision fp8: fp8_recipe='blockwise' is not one of tensorwise, rowwise "
+                                  "(or null for no FP8)"]
+    p = load_option("fp8")
+    p.autocast_dtype, p.loss_scaling = "float16", True
+    [line] = check_precision(p)
+    assert "fp8_recipe=tensorwise needs autocast_dtype bfloat16" in line
+
+
+def test_the_machine_checks_refuse_a_cpu_an_old_gpu_and_a_missing_torchao(monkeypatch):
+    p = load_option("fp8")
+    assert fp8_unusable(p, CPU) == ("precision=fp8 needs a CUDA GPU with FP8 tensor cores (sm_89 or newer: "
+                                    "Ada, Hopper); this run is on the CPU")
+    assert fp8_unusable(p, GPU, capability=(8, 0)) == (
+        "precision=fp8 needs FP8 tensor cores (sm_89 or newer: Ada, Hopper); this GPU is sm_80; use precision=bf16")
+    # An L4 / L40S (sm_89) and a Hopper (sm_90) run it where torchao is installed.
+    runs = None if importlib.util.find_spec("torchao") else NO_TORCHAO
+    assert fp8_unusable(p, GPU, capability=(8, 9)) == fp8_unusable(p, GPU, capability=(9, 0)) == runs
+    for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchao", None)  # what `import torchao` meets where it is not installed
+    why = fp8_unusable(p, GPU, capability=(9, 0))
+    assert why.startswith("precision=fp8 needs torchao's float8 training (ModuleNotFoundError: No module named")
+    assert why.endswith("): pip install 'bertaccel[fp8]'") and "\n" not in why
+
+
+def test_the_skip_reason_of_a_cpu_run_is_the_fp8_line():
+    from bertaccel.options.hardware import probe, skip_reason
+
+    why = skip_reason(composed("precision=fp8", "compile=default"), CPU, probe())
+    assert why.startswith("precision=fp8 needs a CUDA GPU with FP8 tensor cores")
+
+
+def test_the_rules_refuse_fp8_uncompiled_and_in_the_fused_encoder():
+    assert refusals(composed("precision=fp8", "compile=default")) == []
+    assert refusals(composed("precision=fp8")) == [
+        "precision=fp8 needs torch.compile (compile=default): torchao fuses its FP8 scaling and casts only "
+        "when compiled; eagerly they are separate kernels and FP8 is slower than bf16"]
+    [line] = refusals(composed("precision=fp8", "compile=default", "encoder=fused"))
+    assert line.startswith("precision=fp8 with encoder=fused: the fused layer calls its GEMMs")
+    assert refusals(composed("precision=bf16", "encoder=fused")) == []
+
+
+def test_the_swap_replaces_the_encoders_linear_layers_and_leaves_the_head():
+    pytest.importorskip("torchao.float8")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from bertaccel.model import build_model
+
+    run = composed("precision=fp8", "compile=default")
+    torch.manual_seed(0)
+    model, _ = build_model(run.model, 4, run.attention, 30522)
+    plain, _ = build_model(run.model, 4, run.attention, 30522)
+    plain.load_state_dict(model.state_dict())
+    precision = Precision(run.precision, CPU)
+    # tiny: 2 layers x (query, key, value, attention output, intermediate, output) + the pooler
+    assert precision.prepare(model) == "13 Linear layers swapped for torchao Float8Linear (tensorwise)"
+    assert precision.prepare(model) is None  # once: a Float8Linear is an nn.Linear too, not swapped again
+    layer = model.bert.encoder.layer[0]
+    for linear in (layer.attention.self.query, layer.attention.output.dense, layer.intermediate.dense,
+                   layer.output.dense, model.bert.pooler.dense):
+        assert isinstance(linear, Float8Linear)
+    assert type(model.classifier) is torch.nn.Linear  # 32 -> 4 labels: not a multiple of 16
+    # One training step on the CPU: FP8 GEMMs (torch._scaled_mm), close to bf16 but not bf16's.
+    ids = torch.randint(1, 30522, (4, 16), generator=torch.Generator().manual_seed(0))
+    batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1, 2, 3]))
+    model.eval(), plain.eval()
+    with precision.autocast():
+        fp8, bf16 = model(**batch), plain(**batch)
+    assert torch.isfinite(fp8.loss) and not torch.equal(fp8.logits, bf16.logits)
+    torch.testing.assert_close(fp8.logits.float(), bf16.logits.float(), atol=0.1, rtol=0.1)
+    fp8.loss.backward()
+    assert layer.intermediate.dense.weight.grad is not None and layer.intermediate.dense.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_uncompiled_fp8_with_one_line_exit_2_and_writes_nothing(cli):
+    r = cli(["model=tiny", "train.device=cpu", "dataset.train_subset=16", "dataset.test_subset=16",
+             "precision=fp8"], timeout=300)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert lines == ["error: precision=fp8 needs torch.compile (compile=default): torchao fuses its FP8 "
+                     "scaling and casts only when compiled; eagerly they are separate kernels and FP8 is "
+                     "slower than bf16"], r.stderr[-3000:]
+    assert not (cli.dir / "outputs").exists()
+    assert not (cli.dir / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_the_doctor_lists_fp8_with_its_reason_on_a_cpu():
+    from bertaccel.doctor.options import verdicts
+
+    if torch.cuda.is_available():
+        pytest.skip("the doctor's verdict on a CPU-only machine")
+    found = dict(verdicts())
+    assert found["precision=fp8"].startswith("precision=fp8 needs a CUDA GPU with FP8 tensor cores")
