@@ -138,3 +138,20 @@ def test_the_doctor_lists_fp8_with_its_reason_on_a_cpu():
         pytest.skip("the doctor's verdict on a CPU-only machine")
     found = dict(verdicts())
     assert found["precision=fp8"].startswith("precision=fp8 needs a CUDA GPU with FP8 tensor cores")
+
+
+def test_what_importing_torchao_warns_stays_off_the_users_stderr(caplog):
+    """transformers imports torchao wherever it is installed: its C++-kernel load failures and torch's
+    notice on its Enum registrations are dropped (bertaccel/__init__.py), any other warning is not."""
+    import enum
+    import logging
+
+    import bertaccel  # noqa: F401
+
+    kernel = enum.Enum("KernelPreference", "AUTO")
+    kernel.__module__ = "torchao.quantization.quantize_.common.kernel_preference"
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("torchao").warning("Failed to load _C_mxfp8.so: Could not load this library")
+        logging.getLogger("torch.utils._pytree").warning("%s is an Enum subclass and is now natively supported", kernel)
+        logging.getLogger("torch.utils._pytree").warning("%s is an Enum subclass and is now natively supported", "x")
+    assert [r.getMessage() for r in caplog.records] == ["x is an Enum subclass and is now natively supported"]
