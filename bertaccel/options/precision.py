@@ -2,7 +2,7 @@
 this module their meaning (autocast, loss scaling), their validation and the machine check.
 
 Adding a precision is one YAML file: `autocast_dtype` (a torch dtype name, or null for none),
-`loss_scaling` (GradScaler, for dtypes whose narrow exponent underflows small gradients) and
+`loss_scaling` (GradScaler, for dtypes whose narrow exponent underflows small gradients),
 `mfu_peak` (which `peak_tflops_<mfu_peak>` of the hardware profile MFU divides by) and
 `fp8_recipe` (torchao's float8 training of the Linear layers, options/fp8.py: tensorwise or rowwise;
 null for none).
