@@ -155,3 +155,19 @@ def test_what_importing_torchao_warns_stays_off_the_users_stderr(caplog):
         logging.getLogger("torch.utils._pytree").warning("%s is an Enum subclass and is now natively supported", kernel)
         logging.getLogger("torch.utils._pytree").warning("%s is an Enum subclass and is now natively supported", "x")
     assert [r.getMessage() for r in caplog.records] == ["x is an Enum subclass and is now natively supported"]
+
+
+def test_runs_recorded_before_fp8_existed_keep_their_identity(compose_cfg):
+    """precision.fp8_recipe is new in every config: unset (null), it must not change config_hash,
+    or every store's earlier runs would be strangers to resume and to a sweep's baseline."""
+    from omegaconf import OmegaConf
+
+    from bertaccel.record.tracking import config_hash
+
+    resolved = OmegaConf.to_container(compose_cfg(["precision=bf16"]), resolve=True)
+    assert resolved["precision"]["fp8_recipe"] is None
+    before = {**resolved, "precision": {k: v for k, v in resolved["precision"].items() if k != "fp8_recipe"}}
+    assert config_hash(resolved) == config_hash(before)  # a store written before the key existed
+    fp8 = OmegaConf.to_container(compose_cfg(["precision=fp8", "compile=default"]), resolve=True)
+    tensorwise, rowwise = fp8, {**fp8, "precision": {**fp8["precision"], "fp8_recipe": "rowwise"}}
+    assert len({config_hash(before), config_hash(tensorwise), config_hash(rowwise)}) == 3  # set: identity

@@ -48,6 +48,10 @@ HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search", *LAU
 # What versions before IDENTITY_VERSION left out: their config_hash tags are found by
 # legacy_config_hashes (record/sweep.py previous_outcome), so their stores stay resumable.
 LEGACY_HASH_EXCLUDED_KEYS = ("tracking", "cache_dir", "sweep", "carbon", "search")
+# Keys the schema gained after IDENTITY_VERSION, with the value that leaves a run as it was before
+# them: at that value they stay out of config_hash, so a store's earlier runs (which lack the key)
+# are still found by resume and as a sweep's baseline; set to anything else, they are identity.
+ADDED_AT_DEFAULT = {"precision.fp8_recipe": None}
 # A run's tag: the identity its config_hash and config_key_noseed follow. Runs without it were
 # recorded before: the report groups a mix of both by params (report/runinfo.py group_keys).
 IDENTITY_VERSION_TAG = "identity_version"
@@ -83,7 +87,7 @@ def _kept(tree: Mapping[str, Any], excluded: Iterable[str], prefix: str = "") ->
     out: Dict[str, Any] = {}
     for key, value in tree.items():
         name = f"{prefix}{key}"
-        if not_identity(name, excluded):
+        if not_identity(name, excluded) or (name in ADDED_AT_DEFAULT and value == ADDED_AT_DEFAULT[name]):
             continue
         out[key] = _kept(value, excluded, f"{name}.") if isinstance(value, Mapping) else value
     return out
