@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import time
 
@@ -26,29 +25,11 @@ if not torch.cuda.is_available():
     sys.exit("error: this benchmark needs a CUDA GPU (the CPU tests cover correctness in Triton's interpreter)")
 
 from bertaccel.attention.swap import swap_attention  # noqa: E402
+from cuda_timing import cuda_ms as timed  # noqa: E402 (benchmarks/: the tables' one GPU timer)
 from bertaccel.attention.triton_attention import fused_attention  # noqa: E402
 
 DEV = torch.device("cuda")
 H, D = 12, 64
-
-
-def timed(fn, warmup=10, calls=30, repeats=5):
-    """Milliseconds per call, calls enqueued back to back as in a training loop (median of
-    `repeats` batches): the GPU time when the GPU is the bottleneck, the host time when Python and
-    launches are. A sync after every single call would add its own latency to small ops."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        per_call.append(a.elapsed_time(b) / calls)
-    return statistics.median(per_call)
 
 
 def kernel_us(fn, calls=20):

@@ -18,37 +18,20 @@ Every figure of one table comes from one process on one GPU: compare within it o
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+from cuda_timing import cuda_ms  # noqa: E402 (benchmarks/: the tables' one GPU timer)
 
 SHAPES = ((768, 4096), (768, 32768), (1024, 32768), (2048, 32768), (4096, 16384))  # (d, tokens)
 RECIPES = ("tensorwise", "rowwise")
-
-
-def cuda_ms(fn: Callable[[], None], calls: int = 20, repeats: int = 5, warmup: int = 3) -> float:
-    """Median over `repeats` of the mean ms of `calls` back-to-back calls (CUDA events)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
 
 
 def ffn(d: int) -> torch.nn.Module:
@@ -71,7 +54,7 @@ def ffn_ms(d: int, tokens: int, recipe: Optional[str], compiled: bool) -> float:
             y = run(x)
         y.backward(grad)
 
-    ms = cuda_ms(step)
+    ms = cuda_ms(step, warmup=3, calls=20, repeats=5)
     torch._dynamo.reset()
     return ms
 

@@ -171,3 +171,17 @@ def test_runs_recorded_before_fp8_existed_keep_their_identity(compose_cfg):
     fp8 = OmegaConf.to_container(compose_cfg(["precision=fp8", "compile=default"]), resolve=True)
     tensorwise, rowwise = fp8, {**fp8, "precision": {**fp8["precision"], "fp8_recipe": "rowwise"}}
     assert len({config_hash(before), config_hash(tensorwise), config_hash(rowwise)}) == 3  # set: identity
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script runs its tables (minutes)")
+def test_the_fp8_benchmark_starts_and_says_in_one_line_that_it_needs_a_gpu():
+    """benchmarks/fp8_ffn.py measures on a GPU only; on a CPU it must still import (its timer,
+    cuda_timing.py, and argparse) and refuse in one line, so CI sees it break when its imports do."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "fp8_ffn.py"
+    p = subprocess.run([sys.executable, str(script), "--ffn-only"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and p.stdout == "", p.stdout + p.stderr
+    assert p.stderr.strip().splitlines() == ["fp8_ffn.py needs a CUDA GPU with FP8 tensor cores (sm_89 or newer)"]
