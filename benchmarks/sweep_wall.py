@@ -10,6 +10,7 @@ recompiles_in_window; last, the share of the sweep's wall time spent outside tra
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +31,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     cmd = [sys.executable, "-m", "bertaccel.run", "-m", *a.overrides, f"tracking.uri={a.uri}",
            f"tracking.experiment={a.experiment}"]
+    # Ctrl-C is KeyboardInterrupt below even where this process started with SIGINT ignored: a
+    # shell without job control starts `cmd &` so (POSIX), and then Python installs no handler of
+    # its own; a CI-like run started in the background lost every interrupt that way (the sweep
+    # ran to its end, exit 0). bertaccel.run installs its own handlers for the same reason.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.time()
     # The sweep's own lines ("run k of N", the summary) pass through as they come: a long sweep
     # cut off by a time limit still shows how far it got.

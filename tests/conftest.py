@@ -42,8 +42,8 @@ def _signals_as_they_were(request):
     Code under test installs handlers (runs/interrupt.install, report/stop.run) and blocks the
     signals while it writes (report/stop.held); a blocked or ignored signal is inherited by every
     process the worker starts later, through fork and exec, so a later test's Ctrl-C to its child
-    was lost (test_sweep_wall's interrupted sweep ran to its end, exit 0) depending on which test
-    ran before it in the same worker. A test that leaves them changed is named in a warning."""
+    would be lost depending on which test ran before it in the same worker. A test that leaves
+    them changed is named in a warning."""
     handlers = {s: signal.getsignal(s) for s in _SIGNALS}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     yield
