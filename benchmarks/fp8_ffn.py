@@ -1,15 +1,18 @@
 """Where FP8 training pays: torchao's float8 (precision=fp8) against bf16, on one GPU.
 
     python benchmarks/fp8_ffn.py [--ffn-only | --steps-only] [--steps 30] [--batch-sizes 32,256]
+                                 [--models minilm_l6,bert_base_random,bert_large_random]
 
 1. The FFN table: one BERT FFN block (Linear d->4d, GELU, Linear 4d->d), forward and backward,
    fp32 master weights under bf16 autocast, on `tokens` x d inputs, under torch.compile. Columns:
    bf16, torchao float8 tensorwise and rowwise (compiled), and tensorwise eager (why
    precision=fp8 needs compile: rules.py fp8_compile_off). ms per fwd+bwd: the median of 5
    repeats of 20 calls timed with CUDA events, after 3 warm-up calls (compilation).
-2. Whole training steps of random-init BERT-base (model=bert_base_random's shape, sdpa, fused
-   AdamW, S=128, random token ids): bf16 + torch.compile against fp8 tensorwise and rowwise +
-   torch.compile, the layers swapped by bertaccel's own Precision.prepare (options/fp8.py).
+2. Whole training steps, random init, of the shapes of model=minilm_l6 (384 wide, 6 layers),
+   bert_base_random (768, 12) and bert_large_random (1024, 24), read from their config options
+   (`--models`; sdpa, fused AdamW, S=128, random token ids): bf16 + torch.compile against fp8
+   tensorwise and rowwise + torch.compile, the layers swapped by bertaccel's own
+   Precision.prepare (options/fp8.py).
    ms/step: `--steps` steps back to back in 3 CUDA-event-timed windows, the median window's mean,
    after 5 warm-up steps (compile; their wall time is the warm-up column).
 
@@ -73,15 +76,29 @@ def ffn_table() -> List[str]:
     return rows
 
 
-def bert_step_ms(batch: int, seq: int, recipe: Optional[str], steps: int) -> tuple:
-    """(ms/step median, warm-up s) of BERT-base training steps, bf16 autocast + torch.compile."""
-    from transformers import BertConfig, BertForSequenceClassification
+def model_config(model: str):
+    """The Hugging Face config (random init) of a model option's shape: the project's own
+    conf/model/<model>.yaml, or for a pretrained one its package's config.json."""
+    from vs_hf_bertaccel import compose
+
+    from bertaccel.config import register_configs
+    from bertaccel.model import hf_config
+
+    register_configs()
+    config = hf_config(compose([f"model={model}"]).model, num_labels=2, vocab_size=30522)
+    config.problem_type = "single_label_classification"
+    return config
+
+
+def bert_step_ms(model_name: str, batch: int, seq: int, recipe: Optional[str], steps: int) -> tuple:
+    """(ms/step median, warm-up s, swap note) of training steps of a model option's shape, random
+    init, bf16 autocast + torch.compile."""
+    from transformers import BertForSequenceClassification
 
     from bertaccel.options.precision import Precision, load_option
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, num_labels=2, problem_type="single_label_classification",
-                        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+    config = model_config(model_name)
     model = BertForSequenceClassification._from_config(config, attn_implementation="sdpa").cuda().train()
     option = load_option("fp8" if recipe else "bf16")
     if recipe:
@@ -115,18 +132,21 @@ def bert_step_ms(batch: int, seq: int, recipe: Optional[str], steps: int) -> tup
     return ms, warm, note
 
 
-def step_table(batches: List[int], steps: int) -> List[str]:
-    rows = ["| BERT-base, S=128 | bf16 + compile (ms/step) | fp8 tensorwise + compile | fp8 rowwise + compile |",
-            "|---|---|---|---|"]
-    for batch in batches:
-        base, warm, _ = bert_step_ms(batch, 128, None, steps)
-        cells = [f"{base:.1f} (warm-up {warm:.0f} s)"]
-        for recipe in RECIPES:
-            ms, warm, note = bert_step_ms(batch, 128, recipe, steps)
-            print(f"# B={batch} {recipe}: {note}", flush=True)
-            cells.append(f"{ms:.1f} ({base / ms:.2f}x; warm-up {warm:.0f} s)")
-        rows.append(f"| B={batch} | " + " | ".join(cells) + " |")
-        print(rows[-1], flush=True)
+def step_table(models: List[str], batches: List[int], steps: int, recipes: List[str]) -> List[str]:
+    rows = ["| model (shape), S=128 | batch | bf16 + compile (ms/step) | "
+            + " | ".join(f"fp8 {r} + compile" for r in recipes) + " |", "|---" * (3 + len(recipes)) + "|"]
+    for name in models:
+        c = model_config(name)
+        shape = f"{name} ({c.hidden_size} wide, {c.num_hidden_layers} layers)"
+        for batch in batches:
+            base, warm, _ = bert_step_ms(name, batch, 128, None, steps)
+            cells = [f"{base:.1f} (warm-up {warm:.0f} s)"]
+            for recipe in recipes:
+                ms, warm, note = bert_step_ms(name, batch, 128, recipe, steps)
+                print(f"# {name} B={batch} {recipe}: {note}", flush=True)
+                cells.append(f"{ms:.1f} ({base / ms:.2f}x; warm-up {warm:.0f} s)")
+            rows.append(f"| {shape} | {batch} | " + " | ".join(cells) + " |")
+            print(rows[-1], flush=True)
     return rows
 
 
@@ -136,6 +156,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--steps-only", action="store_true")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch-sizes", default="32,256")
+    ap.add_argument("--models", default="minilm_l6,bert_base_random,bert_large_random",
+                    help="model options whose shapes the step table trains (conf/model/)")
+    ap.add_argument("--recipes", default=",".join(RECIPES), help="the fp8 recipes of the step table")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("fp8_ffn.py needs a CUDA GPU with FP8 tensor cores (sm_89 or newer)")
@@ -145,7 +168,8 @@ def main(argv: Optional[List[str]] = None) -> None:
           f"{time.strftime('%Y-%m-%d', time.gmtime())}", flush=True)
     table = [] if args.steps_only else ffn_table()
     if not args.ffn_only:
-        table += [""] + step_table([int(b) for b in args.batch_sizes.split(",")], args.steps)
+        table += [""] + step_table(args.models.split(","), [int(b) for b in args.batch_sizes.split(",")],
+                                   args.steps, args.recipes.split(","))
     print("\n".join(table))
 
 

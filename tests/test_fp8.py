@@ -185,3 +185,24 @@ def test_the_fp8_benchmark_starts_and_says_in_one_line_that_it_needs_a_gpu():
     p = subprocess.run([sys.executable, str(script), "--ffn-only"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and p.stdout == "", p.stdout + p.stderr
     assert p.stderr.strip().splitlines() == ["fp8_ffn.py needs a CUDA GPU with FP8 tensor cores (sm_89 or newer)"]
+
+
+def test_the_fp8_step_table_trains_the_shapes_of_the_model_options():
+    """benchmarks/fp8_ffn.py's step table reads each model's shape from its option (the YAML of a
+    random-init model, the package's config.json of the pretrained MiniLM), so the table's rows
+    are the shapes a run of that option trains."""
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("fp8_ffn_under_test", bench / "fp8_ffn.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        shapes = {name: (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.intermediate_size)
+                  for name in ("minilm_l6", "bert_base_random", "bert_large_random")
+                  for c in [module.model_config(name)]}
+    finally:
+        sys.path.remove(str(bench))
+    assert shapes == {"minilm_l6": (384, 6, 12, 1536), "bert_base_random": (768, 12, 12, 3072),
+                      "bert_large_random": (1024, 24, 16, 4096)}
