@@ -15,7 +15,7 @@ import yaml
 
 from bertaccel.report.data import ReportInputError, rows_from_csv
 from bertaccel.report.effects import effects
-from bertaccel.report.glance import COMMAND, PAGE, Entry, check_command, generate, verdict
+from bertaccel.report.glance import COMMAND, MANIFEST, PAGE, Entry, check_command, generate, load_manifest, read, verdict
 
 CARD = "precision=fp16,fp32 attention=xformers,triton"
 H100 = "docs/results/stores/h100-card.db.gz"
@@ -39,7 +39,7 @@ def test_each_table_names_gpu_date_command_and_store_and_judges_each_row(page):
     heads = [line for line in page.splitlines() if line.startswith("### ")]
     assert heads[0] == "### The README's sweep, 3 repeats: NVIDIA H200, 2026-11-27"
     assert "### The README's sweep, one run per configuration: NVIDIA H100 80GB HBM3, 2026-11-25" in heads
-    assert page.count("- Command: `python -m bertaccel.run -m ") == page.count("- Store: `") == len(heads) == 4
+    assert page.count("- Command: `python -m bertaccel.run -m ") == page.count("- Store: `") == len(heads) == 5
     grid = page[page.index("### The thesis grid"):page.index("### The README's sweep, one run")]
     adan = next(line for line in grid.splitlines() if line.startswith("| optimizer | adan_fused vs adamw |"))
     assert adan.endswith("| 12 | **within noise** (all 12); **costs 2.29 pts** of accuracy |")
@@ -47,6 +47,8 @@ def test_each_table_names_gpu_date_command_and_store_and_judges_each_row(page):
     card = page[:page.index("### The thesis grid")]
     assert "| triton vs eager | 1.20x | -12.3 % | -0.10 | 1 | **within noise**; accuracy within 1 pt |" in card
     assert rows["triton vs xformers"].endswith("| 2 | speed not judged (one run each); accuracy within 1 pt |")
+    # precision=fp8 against the bf16 a user runs today (the manifest's baseline), not the slowest run
+    assert rows["fp8 vs bf16"] == "| precision | fp8 vs bf16 | 0.77x | +29.5 % | +0.25 | 1 | **slower**; accuracy within 1 pt |"
 
 
 @pytest.mark.slow
@@ -130,3 +132,17 @@ def test_the_command_line_writes_the_page_and_refuses_a_bad_manifest(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"error: --manifest {manifest}: entry 1 lacks title, command "
                                                 "(each entry needs store, sweep, title, command)"]
+
+
+@pytest.mark.slow
+def test_a_manifest_baseline_sets_each_settings_reference_and_an_unknown_one_is_refused():
+    """Without the config groups' defaults among its runs, a sweep's reference is the slowest run
+    (fp8 here); the manifest's baseline is what the report's --baseline gives."""
+    (fp8,) = [e for e in load_manifest(MANIFEST) if e.baseline]
+    assert fp8.baseline == "precision=bf16"
+    assert [(a.key, a.reference) for a in read(fp8).found.axes] == [("precision", "bf16")]
+    fp8.baseline = None
+    assert [(a.key, a.reference) for a in read(fp8).found.axes] == [("precision", "fp8")]
+    fp8.baseline = "precision=fp16"
+    with pytest.raises(ReportInputError, match="baseline 'precision=fp16' is no run of sweep config-5e884036e6"):
+        read(fp8)

@@ -46,6 +46,10 @@ class Entry:
     sweep: str      # its sweep id
     title: str
     command: str    # as a user types it
+    # optional: the run name the report's --baseline would be given (each setting is then
+    # measured against that run's value): for sweeps without the config groups' defaults, where
+    # the report's own choice is the slowest run
+    baseline: Optional[str] = None
 
 
 @dataclass
@@ -78,7 +82,11 @@ def load_manifest(path: Path) -> List[Entry]:
         if missing:
             raise ReportInputError(f"--manifest {path}: entry {k} lacks {', '.join(missing)} (each entry needs "
                                    f"{', '.join(FIELDS)})")
-        out.append(Entry(*(given[f].strip() for f in FIELDS)))
+        base = given.get("baseline")
+        if base is not None and not (isinstance(base, str) and base.strip()):
+            raise ReportInputError(f"--manifest {path}: entry {k}'s baseline must be a run name (as the report's "
+                                   f"--baseline takes)")
+        out.append(Entry(*(given[f].strip() for f in FIELDS), baseline=base.strip() if base else None))
     return out
 
 
@@ -143,7 +151,13 @@ def read(entry: Entry, root: Path = ROOT) -> Table:
         raise ReportInputError(f"manifest entry {entry.store}: its runs measured on {', '.join(devices)}; "
                                "one GPU per table")
     first, last = _day(starts[0]), _day(starts[-1])
-    base = choose_baseline(rows).index
+    given = None
+    if entry.baseline is not None:
+        given = next((i for i, r in enumerate(rows) if r.name == entry.baseline), None)
+        if given is None:
+            raise ReportInputError(f"manifest entry {entry.store}: baseline {entry.baseline!r} is no run of sweep "
+                                   f"{entry.sweep} (e.g. {rows[0].name!r})")
+    base = choose_baseline(rows, given).index
     found = effects(rows, base)
     ((_, _, headers, cells),) = effects_tables(rows, base, time_view(rows).basis.label) or (("", "", [], []),)
     return Table(entry, devices[0], first if first == last else f"{first} to {last}", rows, found, cells, headers)
@@ -226,7 +240,8 @@ def _section(t: Table) -> List[str]:
            f"- Store: `{t.entry.store}`, sweep `{t.entry.sweep}`: {len(t.rows)} runs, {len(groups)} configurations, "
            f"{each}; {data}",
            f"- Full report: `gunzip -k {t.entry.store}`, then `python -m bertaccel.report --uri "
-           f"sqlite:///{t.entry.store[:-3]} --sweep {t.entry.sweep}`",
+           f"sqlite:///{t.entry.store[:-3]} --sweep {t.entry.sweep}"
+           + (f" --baseline {t.entry.baseline}`" if t.entry.baseline else "`"),
            f"- Each setting against: {refs}", ""]
     if not t.cells:
         return out + ["No setting varies among these runs: nothing to compare.", ""]
