@@ -206,3 +206,32 @@ def test_the_fp8_step_table_trains_the_shapes_of_the_model_options():
         sys.path.remove(str(bench))
     assert shapes == {"minilm_l6": (384, 6, 12, 1536), "bert_base_random": (768, 12, 12, 3072),
                       "bert_large_random": (1024, 24, 16, 4096)}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script measures (minutes)")
+def test_the_fp8_gemm_ceiling_times_a_layers_four_linears_and_refuses_a_cpu_in_one_line():
+    """benchmarks/fp8_gemm_ceiling.py: the GEMMs it times are a BERT layer's Linear layers (Q/K/V
+    as one, attention output, FFN in and out: (K, N) as FusedBertLayer holds them), and without an
+    FP8 GPU it stops with one line."""
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        import fp8_gemm_ceiling as ceiling
+    finally:
+        sys.path.remove(str(bench))
+    assert ceiling.layer_gemms(768, 3072) == [("qkv", 768, 2304), ("attention out", 768, 768), ("ffn in", 768, 3072),
+                                              ("ffn out", 3072, 768)]
+    from transformers import BertConfig
+
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    from bertaccel.encoder.layer import FusedBertLayer
+
+    cfg = BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=256)
+    layer = FusedBertLayer(BertLayer(cfg), core=None)
+    held = [(m.in_features, m.out_features) for m in (layer.qkv, layer.attention_output, layer.intermediate, layer.output)]
+    assert held == [(k, n) for _, k, n in ceiling.layer_gemms(64, 256)]
+    with pytest.raises(SystemExit, match="needs a CUDA GPU with FP8 tensor cores"):
+        ceiling.main([])
