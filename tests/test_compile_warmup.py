@@ -7,7 +7,10 @@ import os
 import pytest
 import torch
 from conftest import tiny_training
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 
+from bertaccel.config import CONF_DIR, register_configs
 from bertaccel.measure.step_clock import steady_median_ms
 from bertaccel.options.hardware import probe
 from bertaccel.train.compile_cache import cache_key, cache_key_parts, compile_caches
@@ -32,13 +35,38 @@ def _setup(compose_cfg, tmp_path, overrides):
 needs_cxx = pytest.mark.skipif(probe().cxx_compiler is None, reason="torch.compile on the CPU needs a C++ compiler")
 
 
+@pytest.fixture(scope="module")
+def persistent_twice(tmp_path_factory):
+    """The same compiled configuration trained twice against one persistent cache, in a directory
+    of its own: (the first run's result and warm-up plan, the cache's state after each run). One
+    Inductor compile from cold (40-60 s on CI's box) for the two tests that read it: the first run
+    compiles everything cold, as a fresh cache would (compile_caches clears the in-memory caches),
+    so it is the run whose window is checked; the second is the warm one. (test_without_the_warmup
+    still trains through a fresh cache.)"""
+    register_configs()
+    GlobalHydra.instance().clear()
+    cache = tmp_path_factory.mktemp("persistent_twice")
+    runs = []
+    try:
+        for _ in range(2):
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg, model, (tr, te), plan = _setup(
+                    lambda o: compose(config_name="config", overrides=list(o)), cache, ["compile=default"])
+            torch.compiler.reset()
+            with compile_caches(cfg.cache_dir, "persistent", CPU) as c:
+                result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=plan)
+                c.mark_warmed_up()
+                runs.append((result, plan, c.state(result.compiled_anything)))
+    finally:
+        GlobalHydra.instance().clear()
+    return runs[0][0], runs[0][1], [state for _, _, state in runs]
+
+
 @needs_cxx
-def test_compiled_run_compiles_nothing_inside_its_window(compose_cfg, tmp_path):
-    cfg, model, (tr, te), plan = _setup(compose_cfg, tmp_path, ["compile=default"])
+def test_compiled_run_compiles_nothing_inside_its_window(persistent_twice):
+    result, plan, states = persistent_twice
+    assert states[0] == "cold"  # compiled from nothing, as through a fresh cache
     assert len(plan.train_lengths) >= 3  # ragged real text: several padded lengths
-    torch.compiler.reset()
-    with compile_caches(cfg.cache_dir, "fresh", CPU):
-        result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=plan)
     assert result.compiled_anything and result.compile_time_s > 0
     assert result.compile_graphs >= 2  # at least a training graph and an evaluation graph
     assert result.recompiles_in_window == 0
@@ -123,17 +151,10 @@ def test_steady_median_leaves_out_each_windows_first_steps():
 
 
 @needs_cxx
-def test_second_run_finds_the_compiled_graphs_in_the_persistent_cache(compose_cfg, tmp_path):
+def test_second_run_finds_the_compiled_graphs_in_the_persistent_cache(persistent_twice):
     """The same configuration twice against one persistent cache: cold, then warm (Inductor's
     FX-graph cache hits, counted)."""
-    states = []
-    for _ in range(2):
-        cfg, model, (tr, te), plan = _setup(compose_cfg, tmp_path, ["compile=default", "train.max_steps_per_epoch=2"])
-        torch.compiler.reset()
-        with compile_caches(cfg.cache_dir, "persistent", CPU) as c:
-            result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=plan)
-            c.mark_warmed_up()
-            states.append(c.state(result.compiled_anything))
+    _, _, states = persistent_twice
     assert states == ["cold", "warm"]
 
 
