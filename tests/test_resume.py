@@ -17,7 +17,10 @@ from bertaccel.record.tracking import runs_by_status, search_runs
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
 
+# Runs long enough (48 steps) to be caught mid-way by the SIGKILL test.
 SWEEP = ["-m", "train.seed=1,2,3", *TINY, "dataset.train_subset=384", "train.epochs=2"]
+# The same three configurations cut to 2 steps each, for the test that never acts mid-run.
+QUICK_SWEEP = ["-m", "train.seed=1,2,3", *TINY, "train.max_steps_per_epoch=2"]
 
 
 def _children(store):
@@ -25,7 +28,7 @@ def _children(store):
 
 
 def test_sweep_has_a_parent_run_and_a_rerun_skips_finished_configurations(cli):
-    first = cli(SWEEP)
+    first = cli(QUICK_SWEEP)
     assert first.returncode == 0, first.stderr[-2000:]
     (parent,) = [r for r in search_runs(cli.store, "bertaccel") if r.data.tags.get("bertaccel.role") == "sweep"]
     assert parent.data.tags["status"] == "finished (3 of 3 runs finished)" and parent.data.tags["runs_finished"] == "3"
@@ -34,7 +37,7 @@ def test_sweep_has_a_parent_run_and_a_rerun_skips_finished_configurations(cli):
     assert {k.data.tags["mlflow.parentRunId"] for k in kids} == {parent.info.run_id}
     assert {k.data.tags["sweep_id"] for k in kids} == {parent.data.tags["sweep_id"]}
 
-    again = cli(SWEEP)
+    again = cli(QUICK_SWEEP)
     assert again.returncode == 0
     assert "resumed: already finished=3" in again.stdout
     assert len(_children(cli.store)) == 3  # nothing ran twice
@@ -42,7 +45,8 @@ def test_sweep_has_a_parent_run_and_a_rerun_skips_finished_configurations(cli):
 
 
 def test_failed_configurations_are_retried_only_with_the_flag(cli):
-    sweep = ["-m", "optimizer.lr=1e-4,1e30", *TINY, "train.log_every_steps=1"]
+    # 3 steps a run, not the epoch's 8: lr=1e30 makes the loss non-finite by the 2nd step.
+    sweep = ["-m", "optimizer.lr=1e-4,1e30", *TINY, "train.log_every_steps=1", "train.max_steps_per_epoch=3"]
     assert cli(sweep).returncode == 0
     again = cli(sweep)
     assert "already finished=1, failed/skipped before and not retried=1" in again.stdout
