@@ -24,8 +24,10 @@ from hydra_plugins.bertaccel_launcher.submitit_launchers import BertaccelSlurmLa
 # Four good configurations and a bad one (lr < 0). inline: the run in the job's own process (one
 # fresh interpreter per job is what is tested here; a forkserver in each job would double the
 # imports on a 2-core CI machine).
+# 32 tokens a row: what is checked is which jobs ran and how they ended, not what they learnt; the
+# 256 rows keep each run "running" long enough (seconds, four jobs on two cores) to be seen and killed.
 SWEEP = ["-m", "hydra/launcher=local_jobs", "optimizer.lr=1e-4,2e-4,3e-4,4e-4,-1", "launcher.name=inline",
-         *TINY, "dataset.train_subset=256"]
+         *TINY, "dataset.train_subset=256", "dataset.max_length=32"]
 BAD = "optimizer.lr=-1"
 
 
