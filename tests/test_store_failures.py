@@ -19,8 +19,12 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 from test_nothing_lost import ENV, TINY, _cmd, _group_gone, _one_per_config, _parents, _popen, _runs, _said, _wait_for
 
-# Long enough that a run is still training when the test acts on its sweep (a few seconds each).
-SLOW = ["train.epochs=30"]
+# Long enough that a run is still training when the test acts on its sweep (a few seconds each):
+# 12 epochs of 4 steps, 48 steps and 12 evaluations, as long as test_resume's runs that are killed
+# mid-way (2 epochs of 24 steps). Not 30: three tests here train both configurations to their end
+# again (the rerun, or sweep B and A's rest), so every epoch counts 2 to 3 times (a loaded 2-core
+# box takes about 2 s an epoch).
+SLOW = ["train.epochs=12"]
 
 
 def _running(store):
