@@ -107,3 +107,29 @@ def test_a_signal_inside_a_deferred_section_is_raised_when_it_ends():
     r = subprocess.run([sys.executable, "-c", DEFERRED], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "interrupted by SIGINT after the section, which ran to its end"
+
+
+SWALLOWED = """
+import os, signal, time
+from bertaccel.runs import interrupt
+interrupt.in_worker()
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        total = 0
+        for i in range(100000):  # the handler runs here, inside the finalizer
+            total += i
+item = Finalized()
+del item
+time.sleep(3)
+print("still running")
+"""
+
+
+def test_a_workers_sigterm_inside_a_finalizer_still_exits_it_quietly():
+    """Seen in CI: the launcher's SIGTERM reached a worker inside SQLAlchemy's weakref callback;
+    the SystemExit raised there cannot propagate, Python printed 'Exception ignored in ...' with a
+    traceback (the interrupted sweep's one line broke) and the worker ran on. Now it exits with
+    128 + SIGTERM and prints nothing."""
+    p = subprocess.run([sys.executable, "-c", SWALLOWED], capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout, p.stderr) == (128 + signal.SIGTERM, "", "")

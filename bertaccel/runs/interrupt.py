@@ -11,7 +11,9 @@ stops them, so a run is marked once and no worker prints a traceback.
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
@@ -79,8 +81,24 @@ def check() -> None:
         raise Interrupted(_received[0] if _received else "SIGINT")
 
 
+_received_term: list = []  # a worker's SIGTERM, once received (this process's own: a worker runs one run)
+
+
 def _exit_quietly(signum: int, frame: Any) -> None:
+    _received_term.append(signum)
     raise SystemExit(128 + signum)  # unwinds (finalizers run), and prints nothing
+
+
+def _exit_if_swallowed(unraisable: Any) -> None:
+    """sys.unraisablehook of a worker. A SIGTERM handled while a finalizer or a GC callback runs
+    (seen: SQLAlchemy's weakref callback) raises SystemExit where Python cannot propagate it: it
+    printed "Exception ignored in ..." with a traceback, breaking the interrupted sweep's one
+    line, and the worker went on running. Such a SystemExit exits now, with its code, silently
+    (the unwinding it would have done was cut off already); anything else is reported as before."""
+    if isinstance(unraisable.exc_value, SystemExit) and _received_term:
+        os._exit(int(unraisable.exc_value.code or 0))
+    sys.__unraisablehook__(unraisable)
+
 
 
 def in_worker() -> None:
@@ -88,3 +106,4 @@ def in_worker() -> None:
     on which the worker exits without a traceback; its run is marked by the launcher."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_quietly)
+    sys.unraisablehook = _exit_if_swallowed
