@@ -22,6 +22,7 @@ from typing import List, Optional
 
 from . import floor, load_rows
 from .args import OneLineParser
+from .baseline import named_row
 from .data import OPTIONAL_COLUMNS, Column, ReportInputError, parse_weights
 from .extend import extend
 from .folder import check_folder, write_folder
@@ -127,12 +128,10 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
         rows = view.rows
         baseline = None
         if a.baseline is not None:
-            hits = [i for i, r in enumerate(rows) if a.baseline in (r.name, r.run_id)
-                    or r.run_id in labels.ids_of(a.baseline)]
-            if not hits:
+            baseline = named_row(rows, a.baseline, labels.ids_of(a.baseline))
+            if baseline is None:
                 raise ReportInputError(f"--baseline {a.baseline!r}: no run of that name or id among "
                                        f"{len(rows)} rows (e.g. {rows[0].name!r})")
-            baseline = hits[0]
     except ReportInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

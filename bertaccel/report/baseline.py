@@ -27,6 +27,12 @@ def _slowest(rows: Sequence[Row], among: Sequence[int]) -> Optional[int]:
     return -max(timed)[1] if timed else None
 
 
+def named_row(rows: Sequence[Row], name: str, ids_of_name: Sequence[str] = ()) -> Optional[int]:
+    """The first row a --baseline value names: a run name, a run id, or (ids_of_name) the ids of
+    the runs whose MLflow name it is when the report relabelled them; None if none."""
+    return next((i for i, r in enumerate(rows) if name in (r.name, r.run_id) or r.run_id in ids_of_name), None)
+
+
 def choose_baseline(rows: Sequence[Row], given: Optional[int] = None) -> Baseline:
     """given: the row --baseline named (the caller resolved the name)."""
     if given is not None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .args import OneLineParser
-from .baseline import choose_baseline
+from .baseline import choose_baseline, named_row
 from .data import ReportInputError
 from .effects import Effect, Effects, effects, effects_tables
 from .floor import DEFAULT_POINTS
@@ -153,7 +153,7 @@ def read(entry: Entry, root: Path = ROOT) -> Table:
     first, last = _day(starts[0]), _day(starts[-1])
     given = None
     if entry.baseline is not None:
-        given = next((i for i, r in enumerate(rows) if r.name == entry.baseline), None)
+        given = named_row(rows, entry.baseline)
         if given is None:
             raise ReportInputError(f"manifest entry {entry.store}: baseline {entry.baseline!r} is no run of sweep "
                                    f"{entry.sweep} (e.g. {rows[0].name!r})")
