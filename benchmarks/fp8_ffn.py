@@ -90,15 +90,14 @@ def model_config(model: str):
     return config
 
 
-def bert_step_ms(model_name: str, batch: int, seq: int, recipe: Optional[str], steps: int) -> tuple:
-    """(ms/step median, warm-up s, swap note) of training steps of a model option's shape, random
-    init, bf16 autocast + torch.compile."""
+def bert_step_ms(config, batch: int, seq: int, recipe: Optional[str], steps: int) -> tuple:
+    """(ms/step median, warm-up s, swap note) of training steps of a model of this Hugging Face
+    config (model_config's), random init, bf16 autocast + torch.compile."""
     from transformers import BertForSequenceClassification
 
     from bertaccel.options.precision import Precision, load_option
 
     torch.manual_seed(0)
-    config = model_config(model_name)
     model = BertForSequenceClassification._from_config(config, attn_implementation="sdpa").cuda().train()
     option = load_option("fp8" if recipe else "bf16")
     if recipe:
@@ -139,10 +138,10 @@ def step_table(models: List[str], batches: List[int], steps: int, recipes: List[
         c = model_config(name)
         shape = f"{name} ({c.hidden_size} wide, {c.num_hidden_layers} layers)"
         for batch in batches:
-            base, warm, _ = bert_step_ms(name, batch, 128, None, steps)
+            base, warm, _ = bert_step_ms(c, batch, 128, None, steps)
             cells = [f"{base:.1f} (warm-up {warm:.0f} s)"]
             for recipe in recipes:
-                ms, warm, note = bert_step_ms(name, batch, 128, recipe, steps)
+                ms, warm, note = bert_step_ms(c, batch, 128, recipe, steps)
                 print(f"# {name} B={batch} {recipe}: {note}", flush=True)
                 cells.append(f"{ms:.1f} ({base / ms:.2f}x; warm-up {warm:.0f} s)")
             rows.append(f"| {shape} | {batch} | " + " | ".join(cells) + " |")
