@@ -7,7 +7,20 @@ import subprocess
 import sys
 from typing import List
 
-import torch
+# Each pytest-xdist worker's share of the cores for torch's intra-op threads, in this worker and
+# (through the environment) in every run, script and server it starts: torch gives each process a
+# thread per core, so two workers training at once ran four spinning threads on CI's two cores. A
+# CPU run of the default job on 800 rows took 92 s beside another where alone it takes 28 s (46 s
+# with one thread each). Set before torch is imported: it reads the variable then. A value the
+# developer exported wins.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
+
+import torch  # noqa: E402
+
+if _WORKERS > 1 and "OMP_NUM_THREADS" in os.environ:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # (in case a plugin imported torch first)
 
 # Triton kernels run on a machine without CUDA only in Triton's interpreter, which is chosen
 # when the kernels are defined: set it before any test imports them.

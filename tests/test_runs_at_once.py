@@ -2,6 +2,7 @@
 own and on GPUs of its own, all recorded in one store (hydra_plugins/bertaccel_launcher)."""
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -19,6 +20,7 @@ def test_two_at_a_time_each_on_its_own_gpu_all_in_one_store(cli, monkeypatch):
     # Two "GPUs" by name: the launcher hands them out from CUDA_VISIBLE_DEVICES as it would on a
     # GPU host (the runs themselves use the CPU, so the names need not exist).
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "gpuA,gpuB")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # (conftest sets it for the xdist workers)
     proc = cli(["-m", "train.seed=1,2,3", "launcher.runs_at_once=2", *SMALL])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "3 runs: finished=3 skipped=0 failed=0" in proc.stdout, proc.stdout[-3000:]
@@ -28,6 +30,9 @@ def test_two_at_a_time_each_on_its_own_gpu_all_in_one_store(cli, monkeypatch):
     assert sorted(r.info.run_name for r in runs) == ["train.seed=1", "train.seed=2", "train.seed=3"]  # none lost
     assert all(r.info.status == "FINISHED" and r.data.tags["status"] == "finished" for r in runs)
     assert {r.data.tags["cuda_visible_devices"] for r in runs} <= {"gpuA", "gpuB"}
+    # Two CPU runs at once split the cores rather than each spinning a thread on every one.
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert {r.data.tags["device_name"].rsplit("(", 1)[1] for r in runs} == {f"{threads} threads)"}, runs[0].data.tags
     # Side by side: the first two runs overlap in time, and never on the same GPU.
     first, second = sorted(runs, key=lambda r: r.info.start_time)[:2]
     assert second.info.start_time < first.info.end_time

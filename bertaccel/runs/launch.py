@@ -48,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 from bertaccel.distributed import Rank
 from bertaccel.runs import interrupt
 from bertaccel.runs.claims import second_turn, wait_for_others
+from bertaccel.runs.cores import share_the_cores
 from bertaccel.runs.forkserver import start_forkserver
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
                                     PROCESS_SPAWN, Mark, fork_marks, process_started_at, resume_collector, stamp)
@@ -191,9 +192,8 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
         # fabric-manager multicast support that shared GPU hosts often lack (and the machines
         # this was built on forbid), and plain ring/tree all-reduce is what the thesis measured.
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # this worker's own environment only
-    if world > 1 and not torch.cuda.is_available():
-        # CPU ranks share the cores: without this every rank starts a thread per core.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    if not torch.cuda.is_available():
+        share_the_cores(world * int(job.cfg.get("launcher", {}).get("runs_at_once", 1)))
     from bertaccel.config import ConfigError
     from bertaccel.data import DataError
 
