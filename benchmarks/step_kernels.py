@@ -1,6 +1,7 @@
 """Where a training step's GPU time goes: the plain-HF step of vs_hf.py, timed, then profiled.
 
     python benchmarks/step_kernels.py [--batch-sizes 32,256] [--seq 128] [--modes eager,compile,reduce-overhead]
+                                      [--model bert_large_random]
 
 For each batch size and mode (BERT-base shape, random init, bf16 autocast, sdpa, fused AdamW, fixed
 B x S batches of real text on the device, no clipping: vs_hf.py's rungs b/c/d) it prints one row:
@@ -37,8 +38,10 @@ from bertaccel.measure.profiling import CATEGORIES, categorize, summarize  # noq
 from vs_hf_common import (SEED, StepClock, bert_config, fixed_batches, free_memory, hardware_profile,  # noqa: E402
                           load_tokenizer_from, package_dir, random_bert, read_rows, shuffled_subset, sync)
 
+# fused*: eager, our fused encoder (encoder=fused, bertaccel/encoder/) with our Triton attention core,
+# or torch's varlen sdpa kernels (-sdpa); -fp8: its GEMMs' forward in FP8 (encoder/fp8_ops.py).
 MODES = {"eager": None, "compile": "default", "reduce-overhead": "reduce-overhead",
-         "fused": None}  # fused: eager, our fused encoder (encoder=fused, bertaccel/encoder/)
+         "fused": None, "fused-sdpa": None, "fused-fp8": None, "fused-sdpa-fp8": None}
 
 
 def gpu_activity(prof) -> List[tuple]:
@@ -66,13 +69,16 @@ def union_ns(spans: List[tuple]) -> int:
 def measure(mode: str, batches, config, device, warmup: int, steps: int, profile_steps: int,
             top: int) -> Dict[str, object]:
     model = random_bert(config, "sdpa")
-    if mode == "fused":
+    if mode.startswith("fused"):
         from types import SimpleNamespace
 
         from bertaccel.encoder.swap import fuse_encoder
 
+        sdpa = "-sdpa" in mode
         fuse_encoder(model, SimpleNamespace(packed=True, fused_kernels=True),
-                     SimpleNamespace(swap="triton", hf_implementation="eager"))
+                     SimpleNamespace(swap=None if sdpa else "triton", hf_implementation="sdpa" if sdpa else "eager"))
+        for layer in model.base_model.encoder.layer:
+            layer.fp8 = mode.endswith("-fp8")
     model = model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
     forward = model if MODES[mode] is None else torch.compile(model, mode=MODES[mode])
@@ -144,6 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", help="CSV for the batches' text (default: the bundled AG News sample)")
     ap.add_argument("--top", type=int, default=0, help="also list each row's N most expensive kernels")
     ap.add_argument("--tiny", action="store_true", help="hidden 32 / 2 layers (CPU tests)")
+    ap.add_argument("--model", help="a model option whose shape to train instead of BERT-base's, e.g. "
+                                    "bert_large_random (conf/model/; random init)")
     ap.add_argument("--no-dropout", action="store_true",
                     help="dropout 0 in hidden states and attention: what BERT's dropout costs per step")
     a = ap.parse_args(argv)
@@ -166,13 +174,19 @@ def main(argv=None) -> int:
     texts, labels = shuffled_subset(texts, labels, None)
     label_ids = {v: i for i, v in enumerate(sorted(set(labels)))}
     config = bert_config(a.tiny, tok.vocab_size, len(label_ids))
+    if a.model:
+        from fp8_ffn import model_config
+
+        config = model_config(a.model)
+        config.vocab_size, config.num_labels = tok.vocab_size, len(label_ids)
     if a.no_dropout:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     peak = peak_tflops(profile, "bf16")[0] if profile else None
     cols = ["B", "mode", "ms/step", "GPU ms/step", "host gap ms", "kernels"] + [f"{c} ms" for c in CATEGORIES] + \
         ["floor ms", "MFU"]
-    print(f"device: {note}; torch {torch.__version__}; S={a.seq}; bf16 autocast, sdpa, fused AdamW, no clipping; "
-          f"dropout {config.hidden_dropout_prob}")
+    print(f"device: {note}; torch {torch.__version__}; model {a.model or ('tiny' if a.tiny else 'BERT-base')} "
+          f"({config.hidden_size} wide, {config.num_hidden_layers} layers); S={a.seq}; bf16 autocast, sdpa, fused AdamW, "
+          f"no clipping; dropout {config.hidden_dropout_prob}")
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols), flush=True)
     tops: List[tuple] = []
     for b in map(int, a.batch_sizes.split(",")):

@@ -178,16 +178,20 @@ def _bias_gelu_bwd_impl(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -
 
 
 def _layernorm_fwd_impl(x, bias, residual, weight, ln_bias, seed: Optional[torch.Tensor], p: float,
-                        eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, xhat, rstd): y and xhat in x's dtype, rstd fp32 [N]."""
+                        eps: float, fp8: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, xhat, rstd): y and xhat in x's dtype, rstd fp32 [N]. fp8: (e4m3 [N, D], fp32 [N]) buffers
+    the kernel also fills with y's FP8 rows and their scales (encoder/fp8_ops.py)."""
     n_rows, n_cols = x.shape
     y, xhat = torch.empty_like(x), torch.empty_like(x)
     rstd = torch.empty((n_rows,), device=x.device, dtype=torch.float32)
     block_r, block_d, warps = _row_tile(n_cols)
+    q, s = fp8 if fp8 is not None else (x, rstd)  # (placeholders, never written without FP8)
     if n_rows > 0:
         K._bdrln_fwd_kernel[(triton.cdiv(n_rows, block_r),)](
-            x, bias, residual, weight, ln_bias, x if seed is None else seed, y, xhat, rstd, n_rows, n_cols,
-            p, 1.0 / (1.0 - p), eps, BLOCK_R=block_r, BLOCK_D=block_d, DROPOUT=seed is not None, num_warps=warps)
+            x, bias, residual, weight, ln_bias, x if seed is None else seed, y, xhat, rstd, q, s, n_rows, n_cols,
+            p, 1.0 / (1.0 - p), eps, BLOCK_R=block_r, BLOCK_D=block_d, DROPOUT=seed is not None,
+            FP8=fp8 is not None, num_warps=warps)
     return y, xhat, rstd
 
 

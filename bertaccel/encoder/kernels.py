@@ -20,6 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .fp8_kernels import _store_fp8_rows
+
 
 @triton.jit
 def _load_seed(Seed, DROPOUT: tl.constexpr):
@@ -95,10 +97,31 @@ def _bias_gelu_bwd_kernel(DY, X, Bias, DX, DBiasPartial, n_rows, n_cols, rows_pe
 
 
 @triton.jit(do_not_specialize=["n_rows"])
-def _bdrln_fwd_kernel(X, Bias, Res, W, LnB, Seed, Y, Xhat, Rstd, n_rows, n_cols, p_drop, keep_scale, eps,
-                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr):
+def _bias_gelu_fp8_fwd_kernel(X, Bias, Y, Q, S, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Y = gelu(X + Bias) in X's dtype and its FP8 rows (Q e4m3, S fp32 scales) from the same fp32
+    values: whole rows per program (a row's scale needs all of it), where _bias_gelu_fwd_kernel
+    tiles columns."""
+    rows, cols, ok, offs = _tile(n_rows, n_cols, tl.program_id(0) * BLOCK_R, 0, BLOCK_R, BLOCK_D)
+    b = tl.load(Bias + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    z = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32) + b[None, :]
+    y = tl.where(ok, _gelu(z), 0.0)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=ok)
+    _store_fp8_rows(y, Q, S, rows, ok, offs, n_rows)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _rowwise_fp8_kernel(X, Q, S, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """BLOCK_R whole rows per program: the FP8 rows of X (Q e4m3 [N, C], S fp32 [N])."""
+    rows, _, ok, offs = _tile(n_rows, n_cols, tl.program_id(0) * BLOCK_R, 0, BLOCK_R, BLOCK_D)
+    _store_fp8_rows(tl.load(X + offs, mask=ok, other=0.0).to(tl.float32), Q, S, rows, ok, offs, n_rows)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _bdrln_fwd_kernel(X, Bias, Res, W, LnB, Seed, Y, Xhat, Rstd, Q, S, n_rows, n_cols, p_drop, keep_scale, eps,
+                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr, FP8: tl.constexpr):
     """BLOCK_R whole rows per program (BLOCK_D >= D): z = dropout(X + Bias) + Res, Y = LN(z) * W + LnB.
-    Writes Y, xhat = (z - mean) * rstd (both in X's dtype) and rstd (fp32)."""
+    Writes Y, xhat = (z - mean) * rstd (both in X's dtype) and rstd (fp32); with FP8, also Y's FP8
+    rows (Q e4m3, S fp32 scales) from the same fp32 values (else Q and S are placeholders)."""
     rows, cols, ok, offs = _tile(n_rows, n_cols, tl.program_id(0) * BLOCK_R, 0, BLOCK_R, BLOCK_D)
     col_ok = cols < n_cols
     h = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
@@ -112,9 +135,12 @@ def _bdrln_fwd_kernel(X, Bias, Res, W, LnB, Seed, Y, Xhat, Rstd, n_rows, n_cols,
     xhat = centered * rstd[:, None]
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     lnb = tl.load(LnB + cols, mask=col_ok, other=0.0).to(tl.float32)
-    tl.store(Y + offs, (xhat * w[None, :] + lnb[None, :]).to(Y.dtype.element_ty), mask=ok)
+    y = tl.where(ok, xhat * w[None, :] + lnb[None, :], 0.0)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=ok)
     tl.store(Xhat + offs, xhat.to(Xhat.dtype.element_ty), mask=ok)
     tl.store(Rstd + rows, rstd, mask=rows < n_rows)
+    if FP8:
+        _store_fp8_rows(y, Q, S, rows, ok, offs, n_rows)
 
 
 @triton.jit(do_not_specialize=["n_rows", "rows_per_program"])

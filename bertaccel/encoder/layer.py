@@ -59,6 +59,8 @@ class FusedBertLayer(nn.Module):
         self.ffn_dropout = float(src.output.dropout.p)
         self.core = core  # the attention core function (encoder/attention.py core())
         self.fused_kernels = fused_kernels
+        # The four GEMMs' forward in FP8 (encoder/fp8_ops.py), set by precision=fp8's prepare.
+        self.fp8 = False
         ref = attn.query.weight
         self.qkv = nn.Linear(hidden, 3 * hidden, device=ref.device, dtype=ref.dtype)
         with torch.no_grad():
@@ -87,6 +89,8 @@ class FusedBertLayer(nn.Module):
         tokens = x.shape[0]
         training = self.training
         seed = (lambda i: None) if seeds is None else (lambda i: seeds[i:i + 1])
+        if self.fp8:
+            return self._forward_fp8(x, packing, seed).view(shape)
         qkv = F.linear(x, self.qkv.weight, self.qkv.bias)
         ctx = self.core(qkv.view(tokens, 3, self.num_heads, self.head_dim), packing,
                         self.attention_dropout if training else 0.0, self.scaling, seed(0))
@@ -97,6 +101,26 @@ class FusedBertLayer(nn.Module):
         o = F.linear(g, self.output.weight)
         y = self._add_norm(o, self.output.bias, h, self.output_LayerNorm, self.ffn_dropout, seed(2))
         return y.view(shape)
+
+    def _forward_fp8(self, x: torch.Tensor, packing: Packing, seed: Any) -> torch.Tensor:
+        """forward's arithmetic with each GEMM's forward in FP8: the LayerNorm and bias+GELU kernels
+        write the FP8 rows of h and g in their pass; x and the attention output are cast by a pass
+        of their own. Needs the fused kernels and a half residual stream (bf16 autocast)."""
+        from bertaccel.encoder.fp8_ops import bias_gelu_fp8, fp8_linear, layernorm_fp8, rowwise_fp8
+
+        tokens = x.shape[0]
+        p = self.attention_dropout if self.training else 0.0
+        qkv = fp8_linear(x, *rowwise_fp8(x), self.qkv.weight, self.qkv.bias)
+        ctx = self.core(qkv.view(tokens, 3, self.num_heads, self.head_dim), packing, p, self.scaling, seed(0))
+        ctx = ctx.reshape(tokens, -1)
+        a = fp8_linear(ctx, *rowwise_fp8(ctx), self.attention_output.weight)
+        norm = self.attention_LayerNorm
+        h, h8, h_scale = layernorm_fp8(a, self.attention_output.bias, x, norm.weight, norm.bias,
+                                       self.hidden_dropout, norm.eps, seed=seed(1), training=self.training)
+        i = fp8_linear(h, h8, h_scale, self.intermediate.weight)
+        g, g8, g_scale = bias_gelu_fp8(i, self.intermediate.bias)
+        o = fp8_linear(g, g8, g_scale, self.output.weight)
+        return self._add_norm(o, self.output.bias, h, self.output_LayerNorm, self.ffn_dropout, seed(2))
 
     def _bias_gelu(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         if self.fused_kernels:
