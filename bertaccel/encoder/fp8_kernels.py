@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-E4M3_MAX = 448.0
+E4M3_MAX = tl.constexpr(448.0)  # (a global a @jit function reads must be a constexpr)
 
 
 @triton.jit

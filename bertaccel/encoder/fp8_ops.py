@@ -103,8 +103,12 @@ class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, q, scale, weight, bias):
         w8, w_scale = rowwise_fp8(weight)
+        # The bias in the GEMM's epilogue, where cuBLAS takes one (a half output; the CPU's takes any).
+        epilogue = bias is not None and (x.dtype != torch.float32 or x.device.type == "cpu")
         y = torch._scaled_mm(q, w8.t(), scale_a=scale[:, None], scale_b=w_scale[None, :],
-                             bias=None if bias is None else bias.to(x.dtype), out_dtype=x.dtype)
+                             bias=bias.to(x.dtype) if epilogue else None, out_dtype=x.dtype)
+        if bias is not None and not epilogue:
+            y = y + bias
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         return y
