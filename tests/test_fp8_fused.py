@@ -109,8 +109,10 @@ def test_fp8_linear_is_its_dequantized_gemm_forward_and_the_plain_gradients_back
     weight = (torch.randn(48, 32, generator=g) * 0.2).to(DEVICE).requires_grad_()
     bias = torch.randn(48, generator=g).to(DEVICE).requires_grad_()
     y = fp8_linear(x, *rowwise_fp8(x.detach()), weight, bias)
+    # (On a GPU the FP8 tensor cores accumulate in less than fp32: a looser match there.)
+    tol = 1e-5 if DEVICE == "cpu" else 2e-3
     torch.testing.assert_close(y, dequantized(x.detach()) @ dequantized(weight.detach()).t() + bias.detach(),
-                               rtol=1e-5, atol=1e-5)
+                               rtol=tol, atol=tol)
     rel = ((y - F.linear(x, weight, bias)).norm() / F.linear(x, weight, bias).norm()).item()
     assert 0 < rel < 0.05, rel  # FP8 rounding happened, and stayed at e4m3's few per cent
     dy = torch.randn(y.shape, generator=g).to(DEVICE)
