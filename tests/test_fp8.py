@@ -80,9 +80,40 @@ def test_the_rules_refuse_fp8_uncompiled_and_in_the_fused_encoder():
     assert refusals(composed("precision=fp8")) == [
         "precision=fp8 needs torch.compile (compile=default): torchao fuses its FP8 scaling and casts only "
         "when compiled; eagerly they are separate kernels and FP8 is slower than bf16"]
-    [line] = refusals(composed("precision=fp8", "compile=default", "encoder=fused"))
-    assert line.startswith("precision=fp8 with encoder=fused: the fused layer calls its GEMMs")
     assert refusals(composed("precision=bf16", "encoder=fused")) == []
+
+
+def test_fp8_in_the_fused_encoder_is_its_own_rowwise_path_needing_neither_compile_nor_torchao():
+    # The fused layer's own FP8 GEMMs (encoder/fp8_ops.py): row-wise scales, eager is fine.
+    assert refusals(composed("precision=fp8", "precision.fp8_recipe=rowwise", "encoder=fused")) == []
+    assert refusals(composed("precision=fp8", "encoder=fused", "compile=default")) == [
+        "precision=fp8 with encoder=fused: the fused layer's FP8 GEMMs scale row-wise (each token's row from its "
+        "LayerNorm or GELU kernel); use precision.fp8_recipe=rowwise, or encoder=hf for torchao's tensorwise recipe"]
+    assert refusals(composed("precision=fp8", "precision.fp8_recipe=rowwise", "encoder=fused",
+                             "encoder.fused_kernels=false")) == [
+        "precision=fp8 with encoder.fused_kernels=false: the FP8 rows are written by the fused LayerNorm and GELU "
+        "kernels; use encoder.fused_kernels=true"]
+    from bertaccel.options.precision import precision_unusable
+
+    p = composed("precision=fp8", "precision.fp8_recipe=rowwise").precision
+    # On an sm_90 GPU the fused path needs no torchao, installed or not; on a CPU, or
+    # a GPU before sm_89, it is the FP8 line as ever.
+    assert fp8_unusable(p, GPU, capability=(9, 0), torchao=False) is None
+    assert fp8_unusable(p, GPU, capability=(8, 0), torchao=False).startswith("precision=fp8 needs FP8 tensor cores")
+    assert precision_unusable(p, CPU, False, fused_encoder=True).startswith("precision=fp8 needs a CUDA GPU")
+
+
+def test_prepare_switches_a_fused_models_layers_to_fp8_once():
+    from bertaccel.model import build_model
+
+    run = composed("precision=fp8", "precision.fp8_recipe=rowwise", "encoder=fused")
+    model, note = build_model(run.model, 4, run.attention, 30522, encoder=run.encoder)
+    precision = Precision(run.precision, CPU)
+    assert precision.prepare(model) == "2 fused layers run their GEMMs' forward in FP8 (row-wise scales, " \
+                                       "encoder/fp8_ops.py)"
+    assert all(layer.fp8 for layer in model.bert.encoder.layer)
+    assert precision.prepare(model) is None  # once
+    assert type(model.bert.pooler.dense) is torch.nn.Linear  # no torchao swap beside it
 
 
 def test_the_swap_replaces_the_encoders_linear_layers_and_leaves_the_head():

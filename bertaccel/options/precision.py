@@ -9,6 +9,8 @@ null for none).
 
 precision=fp8 runs only where it can pay: a GPU with FP8 tensor cores (sm_89+), torchao installed
 (the `fp8` extra) and torch.compile on (rules.py: eagerly, torchao's casts are separate kernels).
+With encoder=fused the fused layers' own FP8 GEMMs run instead (encoder/fp8_ops.py: recipe rowwise,
+no torchao, no compile needed).
 """
 from __future__ import annotations
 
@@ -72,9 +74,10 @@ def torchao_missing() -> Optional[str]:
     return None
 
 
-def fp8_unusable(p: Any, device: torch.device, capability: Optional[Tuple[int, int]] = None) -> Optional[str]:
+def fp8_unusable(p: Any, device: torch.device, capability: Optional[Tuple[int, int]] = None,
+                 torchao: bool = True) -> Optional[str]:
     """Why this machine cannot run FP8 training (a skip), or None. capability: the GPU's (major,
-    minor), read from the device when not given."""
+    minor), read from the device when not given; torchao: whether the run needs it (encoder=hf)."""
     if device.type != "cuda":
         return (f"precision={p.name} needs a CUDA GPU with FP8 tensor cores (sm_89 or newer: Ada, Hopper); "
                 f"this run is on the {device.type.upper()}")
@@ -83,14 +86,15 @@ def fp8_unusable(p: Any, device: torch.device, capability: Optional[Tuple[int, i
         name = torch.cuda.get_device_name(device) if capability is None else "this GPU"
         return (f"precision={p.name} needs FP8 tensor cores (sm_89 or newer: Ada, Hopper); {name} is "
                 f"sm_{major}{minor}; use precision=bf16")
-    why = torchao_missing()
+    why = torchao_missing() if torchao else None
     return f"precision={p.name} needs torchao's float8 training ({why}): {FP8_PIP}" if why else None
 
 
-def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool) -> Optional[str]:
-    """Why this machine cannot run the precision (a skip, not bad input), or None."""
+def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool, fused_encoder: bool = False) -> Optional[str]:
+    """Why this machine cannot run the precision (a skip, not bad input), or None. fused_encoder:
+    encoder=fused, whose FP8 GEMMs are its own (no torchao)."""
     if p.fp8_recipe is not None:
-        return fp8_unusable(p, device)
+        return fp8_unusable(p, device, torchao=not fused_encoder)
     if device.type == "cpu":
         if p.autocast_dtype == "float16":
             return (f"precision={p.name} needs a CUDA GPU: fp16 autocast with GradScaler targets GPU "
@@ -115,7 +119,7 @@ class PrecisionOption(Option):
     def unusable(self, cfg: "RunConfig", device: torch.device, caps: Any) -> Optional[str]:
         """fp16 on a CPU; bf16 on a CPU without native bf16, or on a GPU before Ampere; fp8 on a CPU,
         on a GPU before sm_89 (no FP8 tensor cores), or without torchao (the `fp8` extra)."""
-        return precision_unusable(cfg.precision, device, caps.cpu_native_bf16)
+        return precision_unusable(cfg.precision, device, caps.cpu_native_bf16, cfg.encoder.layer == "fused")
 
 
 OPTION = PrecisionOption()
@@ -134,9 +138,19 @@ class Precision:
 
     def prepare(self, model: torch.nn.Module) -> Optional[str]:
         """Makes the model compute in this precision where autocast alone does not (fp8: its Linear
-        layers swapped for torchao's Float8Linear, in place, once); says what changed, or None."""
+        layers swapped for torchao's Float8Linear, in place, once; with encoder=fused, its layers'
+        own FP8 GEMMs switched on instead); says what changed, or None."""
         if self.fp8_recipe is None:
             return None
+        from bertaccel.encoder.layer import FusedBertLayer
+
+        fused = [m for m in model.modules() if isinstance(m, FusedBertLayer)]
+        if fused:
+            switched = [layer for layer in fused if not layer.fp8]
+            for layer in switched:
+                layer.fp8 = True
+            return (f"{len(switched)} fused layers run their GEMMs' forward in FP8 (row-wise scales, "
+                    "encoder/fp8_ops.py)") if switched else None
         from bertaccel.options.fp8 import swap_to_fp8
 
         swapped = swap_to_fp8(model, self.fp8_recipe)

@@ -108,13 +108,14 @@ def _auto_batch_num_gpus(cfg: "RunConfig") -> Optional[str]:
     return None
 
 
-# --- precision=fp8: what torchao's float8 training (options/fp8.py) needs around it -----------
+# --- precision=fp8: what torchao's float8 training (options/fp8.py) needs around it, and what the
+# fused encoder's own FP8 GEMMs (encoder/fp8_ops.py) need -------------------------------------
 
 def _fp8_compile_off(cfg: "RunConfig") -> Optional[str]:
-    """precision fp8 with compile=off: torchao's float8 scaling and casts are fused only by torch.compile."""
+    """precision fp8 (encoder=hf) with compile=off: torchao's float8 scaling and casts are fused only by torch.compile."""
     from bertaccel.options.compile import compiles
 
-    if cfg.precision.fp8_recipe is not None and not compiles(cfg.compile):
+    if cfg.precision.fp8_recipe is not None and cfg.encoder.layer != "fused" and not compiles(cfg.compile):
         # torchao's docs and torchtitan's float8 guide: torch.compile is required for its speed-up.
         # Eagerly each Linear runs an amax, a scale and a cast per tensor as separate kernels.
         return (f"precision={cfg.precision.name} needs torch.compile (compile=default): torchao fuses its FP8 "
@@ -123,12 +124,19 @@ def _fp8_compile_off(cfg: "RunConfig") -> Optional[str]:
 
 
 def _fp8_fused_encoder(cfg: "RunConfig") -> Optional[str]:
-    """precision fp8 with encoder=fused: the fused layer calls its GEMMs itself, so a swapped Linear would not run."""
-    if cfg.precision.fp8_recipe is not None and cfg.encoder.layer == "fused":
-        # encoder/layer.py runs F.linear on each Linear's weight (its bias fused into the next
-        # kernel): torchao's Float8Linear.forward would never be called, the run silently bf16.
-        return (f"precision={cfg.precision.name} with encoder={cfg.encoder.name}: the fused layer calls its GEMMs "
-                "on the weights itself, so torchao's FP8 Linear layers would never run; use encoder=hf")
+    """precision fp8 with encoder=fused: its own FP8 GEMMs, which scale row-wise and need its fused kernels."""
+    p, e = cfg.precision, cfg.encoder
+    if p.fp8_recipe is None or e.layer != "fused":
+        return None
+    # The fused layer runs its GEMMs itself (torchao's Float8Linear would never be called): its own
+    # FP8 path scales each token's row, which its LayerNorm and GELU kernels write (encoder/fp8_ops.py).
+    if p.fp8_recipe != "rowwise":
+        return (f"precision={p.name} with encoder={e.name}: the fused layer's FP8 GEMMs scale row-wise (each "
+                f"token's row from its LayerNorm or GELU kernel); use precision.fp8_recipe=rowwise, or encoder=hf "
+                f"for torchao's {p.fp8_recipe} recipe")
+    if not e.fused_kernels:
+        return (f"precision={p.name} with encoder.fused_kernels=false: the FP8 rows are written by the fused "
+                "LayerNorm and GELU kernels; use encoder.fused_kernels=true")
     return None
 
 
