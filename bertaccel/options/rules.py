@@ -132,8 +132,8 @@ def _fp8_fused_encoder(cfg: "RunConfig") -> Optional[str]:
     # FP8 path scales each token's row, which its LayerNorm and GELU kernels write (encoder/fp8_ops.py).
     if p.fp8_recipe != "rowwise":
         return (f"precision={p.name} with encoder={e.name}: the fused layer's FP8 GEMMs scale row-wise (each "
-                f"token's row from its LayerNorm or GELU kernel); use precision.fp8_recipe=rowwise, or encoder=hf "
-                f"for torchao's {p.fp8_recipe} recipe")
+                f"token's row from its LayerNorm or GELU kernel); use precision=fp8_rowwise, or encoder=hf for "
+                f"torchao's {p.fp8_recipe} recipe")
     if not e.fused_kernels:
         return (f"precision={p.name} with encoder.fused_kernels=false: the FP8 rows are written by the fused "
                 "LayerNorm and GELU kernels; use encoder.fused_kernels=true")
