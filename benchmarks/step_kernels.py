@@ -40,7 +40,8 @@ from vs_hf_common import (SEED, StepClock, bert_config, fixed_batches, free_memo
 
 # fused*: eager, our fused encoder (encoder=fused, bertaccel/encoder/) with our Triton attention core,
 # or torch's varlen sdpa kernels (-sdpa); -fp8: its GEMMs' forward in FP8 (encoder/fp8_ops.py).
-MODES = {"eager": None, "compile": "default", "reduce-overhead": "reduce-overhead",
+# compile-fp8: compile with precision=fp8's torchao float8 Linear layers (tensorwise).
+MODES = {"eager": None, "compile": "default", "reduce-overhead": "reduce-overhead", "compile-fp8": "default",
          "fused": None, "fused-sdpa": None, "fused-fp8": None, "fused-sdpa-fp8": None}
 
 
@@ -80,6 +81,10 @@ def measure(mode: str, batches, config, device, warmup: int, steps: int, profile
         for layer in model.base_model.encoder.layer:
             layer.fp8 = mode.endswith("-fp8")
     model = model.to(device).train()
+    if mode == "compile-fp8":
+        from bertaccel.options.precision import Precision
+
+        Precision("fp8", device).prepare(model)  # (before compile, as the run does)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
     forward = model if MODES[mode] is None else torch.compile(model, mode=MODES[mode])
     graphs = mode == "reduce-overhead"
