@@ -165,11 +165,10 @@ def test_report_and_plan_name_what_another_programs_database_is(foreign, tmp_pat
     assert _digests(folder) == before and not (tmp_path / "report").exists()
 
 
-def test_an_mlflow_store_with_a_model_but_no_runs_is_used_as_it_is(tmp_path):
-    db = tmp_path / "mlflow.db"
-    _mlflow_with_model(db)
-    assert sqlite_state(db)[0] == "ok"
-    r = subprocess.run(_cmd(tmp_path, QUICK), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+def test_an_mlflow_store_with_a_model_but_no_runs_is_used_as_it_is(store_made):
+    # (the run is the shared `store` fixture's own: the tests reading that store write nothing to it)
+    db, state_before, r = store_made
+    assert state_before == "ok"
     assert r.returncode == 0, r.stderr[-3000:]
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     assert client.get_experiment_by_name("mine") is not None  # kept: the store was not rebuilt
@@ -207,14 +206,26 @@ def test_only_an_empty_mlflow_creation_counts_as_half_created(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# A store with one finished run, shared by the tests below (a real run costs 10-20 s here).
+# A store with one finished run, shared by the tests below (a real run costs 10-20 s here). It is
+# made as test_an_mlflow_store_with_a_model_but_no_runs_is_used_as_it_is needs it: an MLflow store
+# with an experiment and a registered model but no runs, then one run into it (one real run for
+# both; every test that reads this store checks it writes nothing to it).
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store_made(tmp_path_factory):
     folder = tmp_path_factory.mktemp("store")
+    db = folder / "mlflow.db"
+    _mlflow_with_model(db)
+    state_before = sqlite_state(db)[0]
     r = subprocess.run(_cmd(folder, QUICK), cwd=folder, env=ENV, capture_output=True, text=True, timeout=600)
+    return db, state_before, r
+
+
+@pytest.fixture(scope="module")
+def store(store_made):
+    db, _, r = store_made
     assert r.returncode == 0, r.stderr[-3000:]
-    return folder / "mlflow.db"
+    return db
 
 
 def _read_only(path: Path, cmd):
