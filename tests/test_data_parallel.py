@@ -13,13 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from mlflow.tracking import MlflowClient
 from transformers import BertConfig, BertForSequenceClassification
 
 from bertaccel import distributed
 from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
 from bertaccel.options.precision import Precision
-from bertaccel.plan.predict_dp import PredictError, predict
 from bertaccel.train.forward import Forward
 from bertaccel.train.step import accumulate_window, data_parallel, evaluate
 
@@ -53,22 +51,29 @@ def _step(model, step_model, windows_for_rank, no_sync=None):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _rank_main(rank, port, micro, out_dir):
+MICROS = [1, 2]
+
+
+def _rank_main(rank, port, out_dir):
     faulthandler.dump_traceback_later(HANG_S - 20, exit=True)  # a hung rank says where, then ends
     torch.set_num_threads(1)
     r = distributed.Rank(rank, 2, f"tcp://127.0.0.1:{port}", 60)
     with distributed.process_group(r, "cpu"):
-        model = _model()
-        ddp = data_parallel(model, torch.device("cpu"))
-        assert ddp is not None and distributed.world_size() == 2
-        collate = PadCollator(0)
-        mine = _samples(16)[rank * 8:(rank + 1) * 8]  # batch b=8 per rank, global 16
-        window = [collate(mine[i:i + 8 // micro]) for i in range(0, 8, 8 // micro)]
-        weights = _step(model, ddp, window, ddp.no_sync)
-        # evaluation: 5 test batches split 3 / 2 over the ranks, accuracy over all of them
-        accuracy = evaluate(Forward(model, Precision("fp32", torch.device("cpu")), torch.device("cpu")),
-                            distributed.shard(_test_batches(), rank, 2, equal=False))
-        torch.save({"weights": weights, "accuracy": accuracy}, os.path.join(out_dir, f"rank{rank}.pt"))
+        # Every micro-batch count in one pair of rank processes (their start, imports and process
+        # group are most of the time), each from a fresh model and a fresh DDP wrapper.
+        for micro in MICROS:
+            model = _model()
+            ddp = data_parallel(model, torch.device("cpu"))
+            assert ddp is not None and distributed.world_size() == 2
+            collate = PadCollator(0)
+            mine = _samples(16)[rank * 8:(rank + 1) * 8]  # batch b=8 per rank, global 16
+            window = [collate(mine[i:i + 8 // micro]) for i in range(0, 8, 8 // micro)]
+            weights = _step(model, ddp, window, ddp.no_sync)
+            # evaluation: 5 test batches split 3 / 2 over the ranks, accuracy over all of them
+            accuracy = evaluate(Forward(model, Precision("fp32", torch.device("cpu")), torch.device("cpu")),
+                                distributed.shard(_test_batches(), rank, 2, equal=False))
+            torch.save({"weights": weights, "accuracy": accuracy},
+                       os.path.join(out_dir, f"rank{rank}_micro{micro}.pt"))
 
 
 def _test_batches():
@@ -84,23 +89,31 @@ def _port():
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("micro", [1, 2], ids=["one-micro-batch", "accumulation-no_sync"])
-def test_two_ranks_of_batch_b_step_like_one_process_of_batch_2b(tmp_path, micro):
-    ranks = mp.start_processes(_rank_main, args=(_port(), micro, str(tmp_path)), nprocs=2, start_method="spawn",
-                               join=False)
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory):
+    """The 2 ranks' weights and accuracy for every micro-batch count, from one spawn shared by the
+    tests below, which only read the files (spawning 2 ranks, each importing torch and transformers,
+    took ~25 s a test)."""
+    out = tmp_path_factory.mktemp("ranks")
+    ranks = mp.start_processes(_rank_main, args=(_port(), str(out)), nprocs=2, start_method="spawn", join=False)
     deadline = time.monotonic() + HANG_S
     while not ranks.join(timeout=1):  # raises if a rank failed
         if time.monotonic() > deadline:
             for p in ranks.processes:
                 p.kill()
             pytest.fail(f"the 2 ranks did not finish in {HANG_S} s")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("micro", MICROS, ids=["one-micro-batch", "accumulation-no_sync"])
+def test_two_ranks_of_batch_b_step_like_one_process_of_batch_2b(two_rank_results, micro):
     model = _model()
     expected = _step(model, model, [PadCollator(0)(_samples(16))])
     expected_accuracy = evaluate(Forward(model, Precision("fp32", torch.device("cpu")), torch.device("cpu")),
                                  _test_batches())
     for rank in (0, 1):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+        got = torch.load(two_rank_results / f"rank{rank}_micro{micro}.pt")
         for name, w in expected.items():
             torch.testing.assert_close(got["weights"][name], w, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
         assert got["accuracy"] == expected_accuracy  # summed over both ranks' shares, 37 rows
@@ -136,6 +149,12 @@ def test_ranks_get_disjoint_equal_shares_of_the_same_bucketed_batches():
 
 @pytest.mark.slow
 def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path):
+    # Imported here, not at the top: the spawned rank processes above import this module, and
+    # mlflow's import (seconds) is of no use to them.
+    from mlflow.tracking import MlflowClient
+
+    from bertaccel.plan.predict_dp import PredictError, predict
+
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "bertaccel.run", "-m", "num_gpus=1,2", "model=tiny",

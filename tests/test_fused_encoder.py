@@ -19,11 +19,12 @@ from bertaccel.options.checks import validate
 pytest.importorskip("triton")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # Triton runs on CPU tensors only in the interpreter
-# The training runs here keep sequences short: Triton's interpreter runs each kernel program in
-# Python, so a run's time grows with the tokens (a 2-rank data-parallel step took 231 s at the default
-# 128 tokens, 45 s at 32), and what these tests check (the fused path trains with the other
-# techniques) does not depend on the length.
-SHORT = ["dataset.max_length=32"]
+# The training runs here keep sequences short and batches small: Triton's interpreter runs each
+# kernel program in Python (attention: one per sequence and head), so a run's time grows with the
+# tokens and rows (a 2-rank data-parallel step took 231 s at the default 128 tokens, 45 s at 32),
+# and what these tests check (the fused path trains with the other techniques, the steps counted,
+# the weights move) depends on neither.
+SHORT = ["dataset.max_length=16", "train.batch_size=4", "train.eval_batch_size=4"]
 LENGTHS = [9, 1, 5]  # ragged: a single token, and rows padded in a batch of 9
 
 
@@ -260,7 +261,7 @@ def test_a_fused_run_trains_end_to_end_and_a_cpu_sweep_skips_it_with_the_reason(
 
     from bertaccel.record.tracking import runs_by_status
 
-    r = cli([*TINY, "encoder=fused", "train.max_steps_per_epoch=3", "dataset.test_subset=32", *SHORT])
+    r = cli([*TINY, "encoder=fused", "train.max_steps_per_epoch=3", "dataset.test_subset=8", *SHORT])
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
     assert run.data.params["encoder"] == "fused"
@@ -268,7 +269,7 @@ def test_a_fused_run_trains_end_to_end_and_a_cpu_sweep_skips_it_with_the_reason(
     assert run.data.metrics["padded_tokens"] >= run.data.metrics["real_tokens"] > 0
     assert "encoder=fused" in run.data.tags["model_flops_source"]
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the run processes inherit the environment: a plain CPU now
-    r = cli(["-m", *TINY, "encoder=hf,fused", "train.max_steps_per_epoch=2", "dataset.test_subset=32", *SHORT,
+    r = cli(["-m", *TINY, "encoder=hf,fused", "train.max_steps_per_epoch=2", "dataset.test_subset=8", *SHORT,
              "tracking.experiment=sweep"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2 runs: finished=1 skipped=1 failed=0" in r.stdout
@@ -293,8 +294,10 @@ def test_fused_runs_with_the_other_techniques(cli, overrides):
 
     from bertaccel.record.tracking import runs_by_status
 
-    # One step an epoch, a few test rows: Triton's interpreter runs every kernel program in Python.
-    r = cli([*TINY, "encoder=fused", "train.max_steps_per_epoch=1", "dataset.test_subset=16", *SHORT, *overrides])
+    # One step an epoch of 4 rows (2 micro-batches of 2), 8 test rows (2 batches: one per rank under
+    # data parallel; its warm-up runs 4 micro-steps of a whole batch on each rank): Triton's
+    # interpreter runs every kernel program in Python.
+    r = cli([*TINY, "encoder=fused", "train.max_steps_per_epoch=1", "dataset.test_subset=8", *SHORT, *overrides])
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = runs_by_status(cli.store, "bertaccel")["finished"]
     epochs = 2 if "train.epochs=2" in overrides else 1
@@ -310,8 +313,9 @@ def test_half_parameters_train_with_the_optimizers_fp32_masters(compose_cfg, tmp
 
     from bertaccel.train.loop import train
 
-    cfg = compose_cfg(["model=tiny", f"train.device={DEVICE}", "dataset.train_subset=64", "dataset.test_subset=16",
-                       "train.batch_size=16", "encoder=fused", "precision=bf16", "optimizer=adamw_fused",
+    # 2 steps of 4 rows, 8 test rows (SHORT): the check is the dtypes and that the weights move.
+    cfg = compose_cfg(["model=tiny", f"train.device={DEVICE}", "dataset.train_subset=16", "dataset.test_subset=8",
+                       "encoder=fused", "precision=bf16", "optimizer=adamw_fused",
                        "train.max_steps_per_epoch=2", f"encoder.half_params={str(half).lower()}", *SHORT,
                        f"cache_dir={tmp_path}"])
     model, (train_loader, test_loader), _ = tiny_training(cfg)
