@@ -53,25 +53,42 @@ def _garbage(path: Path) -> None:
     path.write_bytes(os.urandom(len(path.read_bytes())))
 
 
-@pytest.mark.slow
-def test_a_truncated_or_garbage_cache_entry_is_named_and_rebuilt_and_the_run_ends_alike(tmp_path):
-    store, cache = tmp_path / "mlflow.db", tmp_path / "cache"
-    first = _run(tmp_path, store, cache)
-    assert first.returncode == 0, first.stderr[-3000:]
+@pytest.fixture(scope="module")
+def moved_and_damaged(tmp_path_factory):
+    """Three real runs shared by the two tests below (each CLI start costs seconds of imports):
+    a first run into a/mlflow.db; a/ (the store with its mlartifacts/) moved to b/; then twice a
+    cache entry pair damaged and a run into b/mlflow.db. The damage test reads the rebuilds and
+    the runs' accuracies, the move test the runs' artifacts: neither writes to the other's."""
+    root = tmp_path_factory.mktemp("moved_and_damaged")
+    a, b, cache = root / "a", root / "b", root / "cache"
+    a.mkdir()
+    out = SimpleNamespace(a=a, b=b, cache=cache, first=_run(root, a / "mlflow.db", cache), again=[])
+    assert out.first.returncode == 0, out.first.stderr[-3000:]
     (raw,), (tokens,) = list((cache / "raw").glob("*.pkl")), list((cache / "tokens").glob("*.pt"))
-    good = {raw: raw.read_bytes(), tokens: tokens.read_bytes()}
+    out.entries = (raw, tokens)
+    out.good = {raw: raw.read_bytes(), tokens: tokens.read_bytes()}
+    shutil.move(str(a), str(b))
     for damage_raw, damage_tokens in ((_truncate, _garbage), (_garbage, _truncate)):
         damage_raw(raw)
         damage_tokens(tokens)
-        again = _run(tmp_path, store, cache)
+        again = _run(root, b / "mlflow.db", cache)
+        out.again.append((again, {entry: entry.read_bytes() for entry in (raw, tokens)}))
+    return out
+
+
+@pytest.mark.slow
+def test_a_truncated_or_garbage_cache_entry_is_named_and_rebuilt_and_the_run_ends_alike(moved_and_damaged):
+    t = moved_and_damaged  # (the later two runs go into the store moved after the first: see the fixture)
+    assert len(t.again) == 2
+    for again, after in t.again:
         assert again.returncode == 0, again.stderr[-3000:]
-        for entry in (raw, tokens):
+        for entry in t.entries:
             said = [line for line in again.stdout.splitlines() if f"cache entry {entry} is unreadable" in line]
             assert len(said) == 1 and said[0].endswith(": rebuilt"), again.stdout[-3000:]
-            assert entry.read_bytes() == good[entry]  # rebuilt as the first run wrote it
-    accuracies = {r.data.metrics["test_accuracy"] for r in _finished(store)}
-    assert len(_finished(store)) == 3 and len(accuracies) == 1, accuracies
-    assert not [p for p in cache.rglob("*.tmp")]  # no temporary file left beside an entry
+            assert after[entry] == t.good[entry]  # rebuilt as the first run wrote it
+    accuracies = {r.data.metrics["test_accuracy"] for r in _finished(t.b / "mlflow.db")}
+    assert len(_finished(t.b / "mlflow.db")) == 3 and len(accuracies) == 1, accuracies
+    assert not [p for p in t.cache.rglob("*.tmp")]  # no temporary file left beside an entry
 
 
 def _tiny_data(tmp_path: Path):
@@ -152,23 +169,19 @@ def test_a_damaged_entry_in_a_read_only_cache_dir_is_one_line_and_the_run_goes_o
 # 11. Artifacts of a store moved with its mlartifacts/, and experiment names that look like paths.
 
 @pytest.mark.slow
-def test_a_store_moved_with_its_artifacts_keeps_them_and_the_old_folder_is_not_made_again(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    first = _run(tmp_path, a / "mlflow.db", tmp_path / "cache")
-    assert first.returncode == 0, first.stderr[-3000:]
-    shutil.move(str(a), str(b))
-    second = _run(tmp_path, b / "mlflow.db", tmp_path / "cache")
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert not a.exists()  # the old project folder is not made again
-    client = MlflowClient(tracking_uri=f"sqlite:///{b / 'mlflow.db'}")
-    runs = _finished(b / "mlflow.db")
-    assert len(runs) == 2
-    for run in runs:  # both runs' artifacts, the first's (moved) and the second's, found by MLflow
+def test_a_store_moved_with_its_artifacts_keeps_them_and_the_old_folder_is_not_made_again(moved_and_damaged, tmp_path):
+    t = moved_and_damaged  # a first run into a/, a/ moved to b/, two more runs into b/ (the fixture)
+    for again, _ in t.again:
+        assert again.returncode == 0, again.stderr[-3000:]
+    assert not t.a.exists()  # the old project folder is not made again
+    client = MlflowClient(tracking_uri=f"sqlite:///{t.b / 'mlflow.db'}")
+    runs = _finished(t.b / "mlflow.db")
+    assert len(runs) == 3
+    for run in runs:  # every run's artifacts, the first's (moved) and the later ones', found by MLflow
         assert "config.yaml" in {f.path for f in client.list_artifacts(run.info.run_id)}
         local = client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path / run.info.run_id))
         assert "model:" in Path(local).read_text()
-        assert Path(run.info.artifact_uri.removeprefix("file://")).is_relative_to(b / "mlartifacts")
+        assert Path(run.info.artifact_uri.removeprefix("file://")).is_relative_to(t.b / "mlartifacts")
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/../../b", "..", "{tmp}/abs/x"])
