@@ -313,10 +313,12 @@ def test_half_parameters_train_with_the_optimizers_fp32_masters(compose_cfg, tmp
 
     from bertaccel.train.loop import train
 
-    # 2 steps of 4 rows, 8 test rows (SHORT): the check is the dtypes and that the weights move.
+    # One step of 4 rows, 8 test rows (SHORT): the check is the dtypes and that the weights move (lr is
+    # the full lr at step 0: warm-up of ceil(0.1 x 1) step). Each step's fused AdamW kernel runs over
+    # the whole flat buffer (the 30k-row embedding too) in Triton's interpreter: most of the time.
     cfg = compose_cfg(["model=tiny", f"train.device={DEVICE}", "dataset.train_subset=16", "dataset.test_subset=8",
                        "encoder=fused", "precision=bf16", "optimizer=adamw_fused",
-                       "train.max_steps_per_epoch=2", f"encoder.half_params={str(half).lower()}", *SHORT,
+                       "train.max_steps_per_epoch=1", f"encoder.half_params={str(half).lower()}", *SHORT,
                        f"cache_dir={tmp_path}"])
     model, (train_loader, test_loader), _ = tiny_training(cfg)
     before = model.bert.encoder.layer[0].qkv.weight.detach().float().clone()
