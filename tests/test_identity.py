@@ -123,7 +123,7 @@ def test_a_sweep_that_resumed_configurations_reports_all_of_them_and_launcher_se
     assert len(rows) == 2 and rows[0].group == rows[1].group  # seeds 1 and 2: repeats of one configuration
 
 
-def test_two_sweeps_at_once_sharing_a_configuration_each_report_all_three(tmp_path):
+def test_two_sweeps_at_once_sharing_a_configuration_each_report_all_of_theirs(tmp_path):
     """Two different sweeps started together that share train.seed=3, first in both: one runs it,
     the other puts it off, runs its own, then takes the finished run. Each sweep's report covers
     its configurations, the shared one included (before, each reported 1 of its 2: the shared run
