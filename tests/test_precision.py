@@ -17,7 +17,7 @@ def test_the_shipped_options_mean_what_their_yaml_says():
     assert Precision("bf16", CPU).dtype is torch.bfloat16 and not Precision("bf16", CPU).scaler.is_enabled()
     fp16 = load_option("fp16")
     assert (fp16.autocast_dtype, fp16.loss_scaling, fp16.mfu_peak) == ("float16", True, "fp16")
-    with pytest.raises(ValueError, match=r"precision='fp4': no conf/precision/fp4.yaml \(known: bf16, fp16, fp32, fp8\)"):
+    with pytest.raises(ValueError, match=r"precision='fp4': no conf/precision/fp4.yaml \(known: bf16, fp16, fp32, fp8, fp8_rowwise\)"):
         load_option("fp4")
 
 
