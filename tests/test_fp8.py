@@ -90,6 +90,9 @@ def test_fp8_in_the_fused_encoder_is_its_own_rowwise_path_needing_neither_compil
         "precision=fp8 with encoder=fused: the fused layer's FP8 GEMMs scale row-wise (each token's row from its "
         "LayerNorm or GELU kernel); use precision=fp8_rowwise, or encoder=hf for torchao's tensorwise recipe"]
     assert refusals(composed("precision=fp8_rowwise", "encoder=fused")) == []
+    assert refusals(composed("precision=fp8_rowwise", "encoder=fused", "compile=default")) == [
+        "precision=fp8_rowwise with encoder=fused runs its FP8 GEMMs eagerly (its FP8 kernels are not "
+        "torch.compile ops); use compile=off"]
     assert refusals(composed("precision=fp8", "precision.fp8_recipe=rowwise", "encoder=fused",
                              "encoder.fused_kernels=false")) == [
         "precision=fp8 with encoder.fused_kernels=false: the FP8 rows are written by the fused LayerNorm and GELU "

@@ -10,7 +10,7 @@ null for none).
 precision=fp8 runs only where it can pay: a GPU with FP8 tensor cores (sm_89+), torchao installed
 (the `fp8` extra) and torch.compile on (rules.py: eagerly, torchao's casts are separate kernels).
 With encoder=fused the fused layers' own FP8 GEMMs run instead (encoder/fp8_ops.py: recipe rowwise,
-no torchao, no compile needed).
+no torchao, compile=off).
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def _fp8_compile_off(cfg: "RunConfig") -> Optional[str]:
 
 
 def _fp8_fused_encoder(cfg: "RunConfig") -> Optional[str]:
-    """precision fp8 with encoder=fused: its own FP8 GEMMs, which scale row-wise and need its fused kernels."""
+    """precision fp8 with encoder=fused: its own FP8 GEMMs, which scale row-wise, need its fused kernels and run eagerly."""
     p, e = cfg.precision, cfg.encoder
     if p.fp8_recipe is None or e.layer != "fused":
         return None
@@ -137,6 +137,13 @@ def _fp8_fused_encoder(cfg: "RunConfig") -> Optional[str]:
     if not e.fused_kernels:
         return (f"precision={p.name} with encoder.fused_kernels=false: the FP8 rows are written by the fused "
                 "LayerNorm and GELU kernels; use encoder.fused_kernels=true")
+    from bertaccel.options.compile import compiles
+
+    if compiles(cfg.compile) or cfg.compile.step_graph:
+        # Its FP8 ops are opaque to torch.compile (compiler.disable: a graph break at each), and
+        # neither that nor a CUDA-graph capture of them has been measured: eager is what was.
+        return (f"precision={p.name} with encoder=fused runs its FP8 GEMMs eagerly (its FP8 kernels are not "
+                f"torch.compile ops); use compile=off")
     return None
 
 
