@@ -10,6 +10,8 @@ import sqlite3
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -39,7 +41,7 @@ def test_each_table_names_gpu_date_command_and_store_and_judges_each_row(page):
     heads = [line for line in page.splitlines() if line.startswith("### ")]
     assert heads[0] == "### The README's sweep, 3 repeats: NVIDIA H200, 2026-11-27"
     assert "### The README's sweep, one run per configuration: NVIDIA H100 80GB HBM3, 2026-11-25" in heads
-    assert page.count("- Command: `python -m bertaccel.run -m ") == page.count("- Store: `") == len(heads) == 5
+    assert page.count("- Command: `python -m bertaccel.run -m ") == page.count("- Store: `") == len(heads) == 6
     grid = page[page.index("### The thesis grid"):page.index("### The README's sweep, one run")]
     adan = next(line for line in grid.splitlines() if line.startswith("| optimizer | adan_fused vs adamw |"))
     assert adan.endswith("| 12 | **within noise** (all 12); **costs 2.29 pts** of accuracy |")
@@ -137,12 +139,16 @@ def test_the_command_line_writes_the_page_and_refuses_a_bad_manifest(tmp_path):
 @pytest.mark.slow
 def test_a_manifest_baseline_sets_each_settings_reference_and_an_unknown_one_is_refused():
     """Without the config groups' defaults among its runs, a sweep's reference is the slowest run
-    (fp8 here); the manifest's baseline is what the report's --baseline gives."""
-    (fp8,) = [e for e in load_manifest(MANIFEST) if e.baseline]
-    assert fp8.baseline == "precision=bf16"
-    assert [(a.key, a.reference) for a in read(fp8).found.axes] == [("precision", "bf16")]
-    fp8.baseline = None
-    assert [(a.key, a.reference) for a in read(fp8).found.axes] == [("precision", "fp8")]
+    (the fp8 one in both FP8 stores); the manifest's baseline is what the report's --baseline gives."""
+    entries = {Path(e.store).name: e for e in load_manifest(MANIFEST) if e.baseline}
+    assert sorted(entries) == ["h200-fp8-fused-minilm-imdb.db.gz", "h200-fp8-minilm-imdb.db.gz"]
+    for name, slowest in (("h200-fp8-minilm-imdb.db.gz", "fp8"), ("h200-fp8-fused-minilm-imdb.db.gz", "fp8_rowwise")):
+        entry = entries[name]
+        assert entry.baseline == "precision=bf16"
+        assert [(a.key, a.reference) for a in read(entry).found.axes] == [("precision", "bf16")]
+        entry.baseline = None
+        assert [(a.key, a.reference) for a in read(entry).found.axes] == [("precision", slowest)]
+    fp8 = entries["h200-fp8-minilm-imdb.db.gz"]
     fp8.baseline = "precision=fp16"
     with pytest.raises(ReportInputError, match="baseline 'precision=fp16' is no run of sweep config-5e884036e6"):
         read(fp8)
