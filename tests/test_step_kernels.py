@@ -22,7 +22,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cpu_rows_split_the_step_into_categories():
-    r = _run("--device", "cpu", "--tiny", "--batch-sizes", "4", "--seq", "32", "--modes", "eager,fused",
+    r = _run("--device", "cpu", "--tiny", "--batch-sizes", "4", "--seq", "32", "--modes", "eager,fused,fused-fp8",
              "--steps", "2", "--warmup-steps", "1", "--profile-steps", "2", "--top", "3")
     assert r.returncode == 0, r.stderr[-2000:]
     header = next(line for line in r.stdout.splitlines() if line.startswith("| B |"))
@@ -40,6 +40,8 @@ def test_cpu_rows_split_the_step_into_categories():
     assert len(listed) == 3 and all(float(line.split()[0]) >= 0 for line in listed), r.stdout
     # encoder=fused's row: the same model with our layers (Triton's interpreter on a CPU)
     assert any(line.startswith("| 4 | fused |") for line in r.stdout.splitlines()), r.stdout
+    # and with its FP8 forward GEMMs (encoder/fp8_ops.py: torch._scaled_mm runs on a CPU too)
+    assert any(line.startswith("| 4 | fused-fp8 |") for line in r.stdout.splitlines()), r.stdout
 
 
 def test_reduce_overhead_on_a_cpu_is_one_line():

@@ -23,7 +23,8 @@ Backward: the input and weight gradients in bf16 (`torch.mm`, as under autocast)
 activation the forward kept for them: an FP8 weight gradient would need the activation scaled
 along tokens, a second cast pass of its own, and the input gradient the weight transposed and cast
 again. So only the forward GEMMs (a third of the GEMM work) run in FP8; the benchmark
-(benchmarks/fp8_ffn.py) says what that is worth against bf16 and torchao.
+(benchmarks/step_kernels.py, modes fused-sdpa-fp8 and compile-fp8) says what that is worth against
+bf16 and torchao.
 
 Eager only: the wrappers are opaque to torch.compile (compiler.disable), which runs around them.
 """
@@ -38,7 +39,6 @@ from . import fused_ops as F
 from . import kernels as K
 
 FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
 
 
 def _fp8_buffers(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
