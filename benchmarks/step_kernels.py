@@ -2,6 +2,7 @@
 
     python benchmarks/step_kernels.py [--batch-sizes 32,256] [--seq 128] [--modes eager,compile,reduce-overhead]
                                       [--model bert_large_random]
+    (modes also fused, fused-sdpa, their -fp8, and -graph of the eager ones: see MODES)
 
 For each batch size and mode (BERT-base shape, random init, bf16 autocast, sdpa, fused AdamW, fixed
 B x S batches of real text on the device, no clipping: vs_hf.py's rungs b/c/d) it prints one row:
@@ -41,8 +42,11 @@ from vs_hf_common import (SEED, StepClock, bert_config, fixed_batches, free_memo
 # fused*: eager, our fused encoder (encoder=fused, bertaccel/encoder/) with our Triton attention core,
 # or torch's varlen sdpa kernels (-sdpa); -fp8: its GEMMs' forward in FP8 (encoder/fp8_ops.py).
 # compile-fp8: compile with precision=fp8's torchao float8 Linear layers (tensorwise).
+# -graph: the whole step (forward, backward, fused AdamW) captured in one CUDA graph and replayed, a
+# plain CUDA-graph loop (what compile.step_graph=true does in a run): no host work per step.
 MODES = {"eager": None, "compile": "default", "reduce-overhead": "reduce-overhead", "compile-fp8": "default",
          "fused": None, "fused-sdpa": None, "fused-fp8": None, "fused-sdpa-fp8": None}
+MODES.update({f"{m}-graph": None for m in ("eager", "fused", "fused-sdpa", "fused-fp8", "fused-sdpa-fp8")})
 
 
 def gpu_activity(prof) -> List[tuple]:
@@ -67,8 +71,43 @@ def union_ns(spans: List[tuple]) -> int:
     return total
 
 
+def graphed_step(model, opt, batch):
+    """step(batch) replaying one CUDA graph of the whole step, captured on a copy of batch after
+    three eager steps on a side stream (the kernels compiled, the optimizer's state made);
+    autocast without its cache, which capture forbids. The fused encoder packs statically under
+    capture (attention/packing.py): every padded token runs through the layers."""
+    static = {k: v.clone() for k, v in batch.items()}
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+
+    def body():
+        with autocast:
+            loss = model(**static).loss
+        loss.backward()
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    opt.zero_grad(set_to_none=True)  # the captured backward then writes the gradients afresh each replay
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+
+    def step(b):
+        for k, v in b.items():
+            static[k].copy_(v, non_blocking=True)
+        graph.replay()
+    return step
+
+
 def measure(mode: str, batches, config, device, warmup: int, steps: int, profile_steps: int,
             top: int) -> Dict[str, object]:
+    captured = mode.endswith("-graph")
+    mode = mode[:-len("-graph")] if captured else mode
     model = random_bert(config, "sdpa")
     if mode.startswith("fused"):
         from types import SimpleNamespace
@@ -85,7 +124,7 @@ def measure(mode: str, batches, config, device, warmup: int, steps: int, profile
         from bertaccel.options.precision import Precision
 
         Precision("fp8", device).prepare(model)  # (before compile, as the run does)
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True, capturable=captured)
     forward = model if MODES[mode] is None else torch.compile(model, mode=MODES[mode])
     graphs = mode == "reduce-overhead"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -99,6 +138,8 @@ def measure(mode: str, batches, config, device, warmup: int, steps: int, profile
         loss.backward()
         opt.step()
 
+    if captured:
+        step = graphed_step(model, opt, batches[0])
     for i in range(warmup):
         step(batches[i % len(batches)])
     sync(device)
@@ -168,8 +209,9 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA GPU is visible; use --device cpu", file=sys.stderr)
         return 2
-    if a.device == "cpu" and "reduce-overhead" in modes:
-        print("error: --modes reduce-overhead replays CUDA graphs and needs --device cuda", file=sys.stderr)
+    graphed = [m for m in modes if m == "reduce-overhead" or m.endswith("-graph")]
+    if a.device == "cpu" and graphed:
+        print(f"error: --modes {','.join(graphed)} replays CUDA graphs and needs --device cuda", file=sys.stderr)
         return 2
     device = torch.device(a.device)
     profile, note = hardware_profile(device)

@@ -90,9 +90,15 @@ def test_fp8_in_the_fused_encoder_is_its_own_rowwise_path_needing_neither_compil
         "precision=fp8 with encoder=fused: the fused layer's FP8 GEMMs scale row-wise (each token's row from its "
         "LayerNorm or GELU kernel); use precision=fp8_rowwise, or encoder=hf for torchao's tensorwise recipe"]
     assert refusals(composed("precision=fp8_rowwise", "encoder=fused")) == []
-    assert refusals(composed("precision=fp8_rowwise", "encoder=fused", "compile=default")) == [
-        "precision=fp8_rowwise with encoder=fused runs its FP8 GEMMs eagerly (its FP8 kernels are not "
-        "torch.compile ops); use compile=off"]
+    refused = ["precision=fp8_rowwise with encoder=fused runs its FP8 GEMMs outside torch.compile (its FP8 kernels "
+               "are not torch.compile ops); use compile=off, with compile.step_graph=true to replay the step from "
+               "CUDA graphs"]
+    assert refusals(composed("precision=fp8_rowwise", "encoder=fused", "compile=default")) == refused
+    assert refusals(composed("precision=fp8_rowwise", "encoder=fused", "compile=default",
+                             "compile.step_graph=true")) == refused
+    # Captured whole (train/step_graph.py): the casts, Triton kernels and FP8 GEMMs replay as they are.
+    assert refusals(composed("precision=fp8_rowwise", "encoder=fused", "compile=off", "compile.step_graph=true",
+                             "attention=sdpa")) == []
     assert refusals(composed("precision=fp8", "precision.fp8_recipe=rowwise", "encoder=fused",
                              "encoder.fused_kernels=false")) == [
         "precision=fp8 with encoder.fused_kernels=false: the FP8 rows are written by the fused LayerNorm and GELU "

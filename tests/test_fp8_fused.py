@@ -178,3 +178,126 @@ def test_a_fused_layer_with_fp8_gemms_computes_its_dequantized_arithmetic_and_tr
     assert xin.grad is not None and torch.isfinite(xin.grad).all()
     for p in layer.parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all()
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_layernorm_backward_writes_its_input_gradients_fp8_rows_for_the_gemm_before_it(p):
+    from bertaccel.encoder.fp8_ops import GradRows
+
+    n, d = 6, 40  # 40 wide in a tile of 64: the padding columns' dz must not enter the amax
+    g = torch.Generator().manual_seed(5)
+    x, res = (torch.randn(n, d, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
+    bias, weight, ln_bias = (torch.randn(d, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    seed = torch.tensor([1234], device=DEVICE)
+    box = GradRows()
+    y = layernorm_fp8(x, bias, res, weight, ln_bias, p, 1e-12, seed=seed, out_rows=False, grad_rows=box)
+    assert isinstance(y, torch.Tensor)  # out_rows=False: y alone
+    plain = bias_dropout_residual_layernorm(x, bias, res, weight, ln_bias, p, 1e-12, seed=seed)
+    torch.testing.assert_close(y, plain, rtol=0, atol=0)
+    w = torch.randn(n, d, generator=g).to(DEVICE)
+    dx, = torch.autograd.grad((y * w).sum(), (x,))
+    ref_dx, = torch.autograd.grad((plain * w).sum(), (x,))
+    torch.testing.assert_close(dx, ref_dx, rtol=0, atol=0)
+    rows = box.take(dx)
+    assert rows is not None and box.take(dx) is None  # handed over once
+    ref_q, ref_s = reference_rowwise(dx)
+    torch.testing.assert_close(rows[1], ref_s, rtol=0, atol=0)
+    torch.testing.assert_close(rows[0].float(), ref_q.float(), rtol=0, atol=0)
+    if p:
+        assert (rows[0].float() == 0).any()  # dropped elements' gradient is 0 in the FP8 rows too
+
+
+def test_fp8_linear_runs_its_input_gradient_in_fp8_on_the_rows_the_layernorm_backward_wrote():
+    from bertaccel.encoder.fp8_ops import GradRows
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(9, 32, generator=g).to(DEVICE).requires_grad_()
+    weight = (torch.randn(48, 32, generator=g) * 0.2).to(DEVICE).requires_grad_()
+    bias = torch.randn(48, generator=g).to(DEVICE).requires_grad_()
+    res = torch.randn(9, 48, generator=g).to(DEVICE)
+    ln_w, ln_b = (torch.randn(48, generator=g).to(DEVICE) for _ in range(2))
+    r = torch.randn(9, 48, generator=g).to(DEVICE)
+    box = GradRows()
+    lin = fp8_linear(x, *rowwise_fp8(x.detach()), weight, grad_rows=box)
+    out = layernorm_fp8(lin, bias, res, ln_w, ln_b, 0.0, 1e-12, out_rows=False, grad_rows=box)
+    dx, dw, db = torch.autograd.grad((out * r).sum(), (x, weight, bias))
+    # The gradient reaching the GEMM's output, from the plain kernel on the same values:
+    a = lin.detach().requires_grad_()
+    dlin, = torch.autograd.grad((bias_dropout_residual_layernorm(a, bias.detach(), res, ln_w, ln_b, 0.0, 1e-12)
+                                 * r).sum(), (a,))
+    # dx = dy W on dy's FP8 rows and W^T's (a scale per input channel), as dequantized arithmetic:
+    tol = 1e-5 if DEVICE == "cpu" else 2e-3
+    torch.testing.assert_close(dx, dequantized(dlin) @ dequantized(weight.detach().t()).t(), rtol=tol, atol=tol)
+    rel = ((dx - dlin @ weight.detach()).norm() / (dlin @ weight.detach()).norm()).item()
+    assert 0 < rel < 0.05, rel  # FP8 rounding happened in the input gradient
+    # The weight gradient stays the plain product of the bf16 (here fp32) operands.
+    torch.testing.assert_close(dw, dlin.t() @ x.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(db, dlin.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_rows_for_another_gradient_are_not_taken():
+    from bertaccel.encoder.fp8_ops import GradRows
+
+    box = GradRows()
+    a, b = torch.randn(4, 16, device=DEVICE), torch.randn(4, 16, device=DEVICE)
+    box.dy, (box.q, box.scale) = a, rowwise_fp8(a)
+    assert box.take(b) is None and box.q is None  # a different tensor: the bf16 GEMM runs, the rows are dropped
+    box.dy, (box.q, box.scale) = a, rowwise_fp8(a)
+    assert box.take(a[:2]) is None  # same storage, other shape
+    box.dy, (box.q, box.scale) = a, rowwise_fp8(a)
+    assert box.take(a) is not None
+
+
+def test_a_fused_fp8_layers_backward_runs_two_input_gradients_in_fp8(monkeypatch):
+    """Per layer: four FP8 GEMMs forward, and in backward the input gradients of the output
+    projection and the second FFN GEMM (the two whose output gradient a LayerNorm backward
+    writes); counted by wrapping the real torch._scaled_mm."""
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64, hidden_dropout_prob=0.1,
+                     attention_probs_dropout_prob=0.0)
+    layer = FusedBertLayer(BertLayer(cfg).to(DEVICE), _reference_core).train()
+    layer.fp8 = True
+    x = torch.randn(12, 32, device=DEVICE, requires_grad=True)
+    packing = pack_exact(torch.ones(1, 12, dtype=torch.bool, device=DEVICE))
+    packing.cu_seqlens = torch.tensor([0, 7, 12], dtype=torch.int32, device=DEVICE)
+    packing.max_seqlen = 7
+    calls = []
+    real = torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    out = layer(x, packing)
+    assert len(calls) == 4
+    out.square().sum().backward()
+    # Backward: the second FFN GEMM's input gradient (dy 32 wide -> dx 64), then the output projection's.
+    assert calls[4:] == [torch.Size([12, 32]), torch.Size([12, 32])]
+    assert torch.isfinite(x.grad).all()
+
+
+def test_between_fp8_layers_the_last_layernorm_hands_its_fp8_rows_to_the_next_qkv_gemm(monkeypatch):
+    """The encoder's loop (swap.run_layers): layer 1's output rows come from its LayerNorm kernel,
+    so layer 2 casts its input no more (one rowwise_fp8 pass fewer), and computes the same."""
+    import bertaccel.encoder.fp8_ops as ops
+    from transformers.models.bert.modeling_bert import BertEncoder
+
+    from bertaccel.encoder.swap import FusedEncoder, run_layers
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64, num_hidden_layers=2,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    encoder = FusedEncoder(BertEncoder(cfg).to(DEVICE), "triton", packed=True, fused_kernels=True).train()
+    for layer in encoder.layer:
+        layer.core = _reference_core
+        layer.fp8 = True
+    x = torch.randn(1, 12, 32, device=DEVICE)
+    packing = pack_exact(torch.ones(1, 12, dtype=torch.bool, device=DEVICE))
+    packing.cu_seqlens = torch.tensor([0, 7, 12], dtype=torch.int32, device=DEVICE)
+    packing.max_seqlen = 7
+    casts = []
+    real = ops.rowwise_fp8
+    monkeypatch.setattr(ops, "rowwise_fp8", lambda t: casts.append(tuple(t.shape)) or real(t))
+    handed = run_layers(encoder, x, packing).last_hidden_state
+    n_handed = len(casts)
+    h = x
+    for layer in encoder.layer:  # each layer casting its own input
+        h = layer(h, packing)
+    assert len(casts) - n_handed == n_handed + 1
+    torch.testing.assert_close(handed, h, rtol=0, atol=0)

@@ -47,3 +47,7 @@ def test_cpu_rows_split_the_step_into_categories():
 def test_reduce_overhead_on_a_cpu_is_one_line():
     r = _run("--device", "cpu", "--modes", "reduce-overhead")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "needs --device cuda" in r.stderr
+    # The captured-step modes likewise, named in the line.
+    r = _run("--device", "cpu", "--modes", "fused,fused-sdpa-fp8-graph")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: --modes fused-sdpa-fp8-graph replays CUDA graphs and needs --device cuda")

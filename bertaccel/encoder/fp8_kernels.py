@@ -8,7 +8,9 @@ zeros gets scale 1. The FP8 value is round-to-nearest-even of row / scale on e4m
 rounding is done in fp32 arithmetic (`_e4m3`) so that the final cast converts an exactly
 representable value: Triton's interpreter (the CPU tests) rounds a value that carries into the
 next binade down a binade (31.6 became 16, not 32), the GPU's converter does not; both agree on
-exact values.
+exact values. On a GPU (NATIVE=True) the hardware's own conversion (round to nearest even,
+saturating) does the rounding: the emulation's dozen integer and float operations per element made
+the whole-row bias-GELU kernel compute-bound (docs/lab/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -42,8 +44,14 @@ def _row_scale(x):
 
 
 @triton.jit
-def _store_fp8_rows(x, Q, S, rows, ok, offs, n_rows):
-    """Q = x / scale on e4m3's grid, S = the rows' scales (fp32 [N])."""
+def _store_fp8_rows(x, Q, S, rows, ok, offs, n_rows, NATIVE: tl.constexpr):
+    """Q = x / scale on e4m3's grid, S = the rows' scales (fp32 [N]). x's padding must be 0.
+    NATIVE: the GPU's converter rounds (True), or _e4m3 in fp32 (Triton's interpreter)."""
     scale = _row_scale(x)
-    tl.store(Q + offs, _e4m3(x / scale[:, None]).to(Q.dtype.element_ty), mask=ok)
+    v = x / scale[:, None]
+    if NATIVE:
+        v = tl.minimum(tl.maximum(v, -E4M3_MAX), E4M3_MAX)
+    else:
+        v = _e4m3(v)
+    tl.store(Q + offs, v.to(Q.dtype.element_ty), mask=ok)
     tl.store(S + rows, scale, mask=rows < n_rows)

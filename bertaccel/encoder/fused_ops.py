@@ -191,23 +191,27 @@ def _layernorm_fwd_impl(x, bias, residual, weight, ln_bias, seed: Optional[torch
         K._bdrln_fwd_kernel[(triton.cdiv(n_rows, block_r),)](
             x, bias, residual, weight, ln_bias, x if seed is None else seed, y, xhat, rstd, q, s, n_rows, n_cols,
             p, 1.0 / (1.0 - p), eps, BLOCK_R=block_r, BLOCK_D=block_d, DROPOUT=seed is not None,
-            FP8=fp8 is not None, num_warps=warps)
+            FP8=fp8 is not None, NATIVE=x.is_cuda, num_warps=warps)
     return y, xhat, rstd
 
 
-def _layernorm_bwd_impl(dy, xhat, rstd, bias, weight, ln_bias, seed: Optional[torch.Tensor], p: float):
-    """(dx, dbias, dresidual, dweight, dln_bias); parameter gradients in their parameter's dtype."""
+def _layernorm_bwd_impl(dy, xhat, rstd, bias, weight, ln_bias, seed: Optional[torch.Tensor], p: float,
+                        fp8: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
+    """(dx, dbias, dresidual, dweight, dln_bias); parameter gradients in their parameter's dtype.
+    fp8: (e4m3 [N, D], fp32 [N]) buffers the kernel also fills with dx's FP8 rows and their scales."""
     dy = dy.contiguous()
     n_rows, n_cols = xhat.shape
     block_r, block_d, warps = _row_tile(n_cols)
     programs, rows_per_program = _row_split(n_rows, block_r, 1, xhat.device)
     dx, dres = torch.empty_like(xhat), torch.empty_like(xhat)
     partials = torch.empty((3, programs, n_cols), device=xhat.device, dtype=torch.float32)
+    q, s = fp8 if fp8 is not None else (dx, rstd)  # (placeholders, never written without FP8)
     if programs > 0:
         K._bdrln_bwd_kernel[(programs,)](
             dy, xhat, weight, rstd, xhat if seed is None else seed, dx, dres, partials[0], partials[1],
-            partials[2], n_rows, n_cols, rows_per_program, p, 1.0 / (1.0 - p),
-            BLOCK_R=block_r, BLOCK_D=block_d, DROPOUT=seed is not None, num_warps=warps)
+            partials[2], q, s, n_rows, n_cols, rows_per_program, p, 1.0 / (1.0 - p),
+            BLOCK_R=block_r, BLOCK_D=block_d, DROPOUT=seed is not None, FP8=fp8 is not None,
+            NATIVE=xhat.is_cuda, num_warps=warps)
     dbias, dweight, dln_bias = _sum_partials(partials, (bias, weight, ln_bias))
     return dx, dbias, dres, dweight, dln_bias
 

@@ -97,7 +97,8 @@ def _bias_gelu_bwd_kernel(DY, X, Bias, DX, DBiasPartial, n_rows, n_cols, rows_pe
 
 
 @triton.jit(do_not_specialize=["n_rows"])
-def _bias_gelu_fp8_fwd_kernel(X, Bias, Y, Q, S, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _bias_gelu_fp8_fwd_kernel(X, Bias, Y, Q, S, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                              NATIVE: tl.constexpr):
     """Y = gelu(X + Bias) in X's dtype and its FP8 rows (Q e4m3, S fp32 scales) from the same fp32
     values: whole rows per program (a row's scale needs all of it), where _bias_gelu_fwd_kernel
     tiles columns."""
@@ -106,19 +107,20 @@ def _bias_gelu_fp8_fwd_kernel(X, Bias, Y, Q, S, n_rows, n_cols, BLOCK_R: tl.cons
     z = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32) + b[None, :]
     y = tl.where(ok, _gelu(z), 0.0)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=ok)
-    _store_fp8_rows(y, Q, S, rows, ok, offs, n_rows)
+    _store_fp8_rows(y, Q, S, rows, ok, offs, n_rows, NATIVE)
 
 
 @triton.jit(do_not_specialize=["n_rows"])
-def _rowwise_fp8_kernel(X, Q, S, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rowwise_fp8_kernel(X, Q, S, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, NATIVE: tl.constexpr):
     """BLOCK_R whole rows per program: the FP8 rows of X (Q e4m3 [N, C], S fp32 [N])."""
     rows, _, ok, offs = _tile(n_rows, n_cols, tl.program_id(0) * BLOCK_R, 0, BLOCK_R, BLOCK_D)
-    _store_fp8_rows(tl.load(X + offs, mask=ok, other=0.0).to(tl.float32), Q, S, rows, ok, offs, n_rows)
+    _store_fp8_rows(tl.load(X + offs, mask=ok, other=0.0).to(tl.float32), Q, S, rows, ok, offs, n_rows, NATIVE)
 
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _bdrln_fwd_kernel(X, Bias, Res, W, LnB, Seed, Y, Xhat, Rstd, Q, S, n_rows, n_cols, p_drop, keep_scale, eps,
-                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr, FP8: tl.constexpr):
+                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr, FP8: tl.constexpr,
+                      NATIVE: tl.constexpr):
     """BLOCK_R whole rows per program (BLOCK_D >= D): z = dropout(X + Bias) + Res, Y = LN(z) * W + LnB.
     Writes Y, xhat = (z - mean) * rstd (both in X's dtype) and rstd (fp32); with FP8, also Y's FP8
     rows (Q e4m3, S fp32 scales) from the same fp32 values (else Q and S are placeholders)."""
@@ -140,16 +142,19 @@ def _bdrln_fwd_kernel(X, Bias, Res, W, LnB, Seed, Y, Xhat, Rstd, Q, S, n_rows, n
     tl.store(Xhat + offs, xhat.to(Xhat.dtype.element_ty), mask=ok)
     tl.store(Rstd + rows, rstd, mask=rows < n_rows)
     if FP8:
-        _store_fp8_rows(y, Q, S, rows, ok, offs, n_rows)
+        _store_fp8_rows(y, Q, S, rows, ok, offs, n_rows, NATIVE)
 
 
 @triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
-def _bdrln_bwd_kernel(DY, Xhat, W, Rstd, Seed, DX, DRes, DBiasPartial, DWPartial, DLnBPartial,
+def _bdrln_bwd_kernel(DY, Xhat, W, Rstd, Seed, DX, DRes, DBiasPartial, DWPartial, DLnBPartial, Q, S,
                       n_rows, n_cols, rows_per_program, p_drop, keep_scale,
-                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr):
+                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr, FP8: tl.constexpr,
+                      NATIVE: tl.constexpr):
     """Each program walks rows_per_program rows (a multiple of BLOCK_R), BLOCK_R at a time:
     dz = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = DY * W; DRes = dz; DX = dz * keep / (1 - p).
-    Row pid of each [programs, D] fp32 partial buffer gets this program's sums of DX, DY * xhat, DY."""
+    Row pid of each [programs, D] fp32 partial buffer gets this program's sums of DX, DY * xhat, DY.
+    With FP8, also DX's FP8 rows (Q e4m3, S fp32 scales): the input gradient of the GEMM that made X
+    runs on them (encoder/fp8_ops.py)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < n_cols
@@ -178,6 +183,8 @@ def _bdrln_bwd_kernel(DY, Xhat, W, Rstd, Seed, DX, DRes, DBiasPartial, DWPartial
         else:
             dx = dz
         tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=ok)
+        if FP8:  # (the padding columns' nonzero dz must not enter a row's amax)
+            _store_fp8_rows(tl.where(ok, dx, 0.0), Q, S, rows, ok, offs, n_rows, NATIVE)
         acc_dbias += dx
         acc_dw += dy * xhat
         acc_dlnb += dy

@@ -20,7 +20,7 @@ BertModel loads, and a BertLayer's state dict loads into this layer.
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -80,17 +80,20 @@ class FusedBertLayer(nn.Module):
         return self.attention_dropout > 0 or self.hidden_dropout > 0 or self.ffn_dropout > 0
 
     def forward(self, hidden_states: torch.Tensor, packing: Packing, *args: Any,
-                seeds: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
+                seeds: Optional[torch.Tensor] = None, x_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                rows_out: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None, **kwargs: Any) -> torch.Tensor:
         """hidden_states: the packed tokens [1, T, D] (or [T, D]); packing: where the sequences start;
         seeds: int64 [3], the dropout seeds of the attention and the two LayerNorm kernels (drawn
-        by each kernel's wrapper when None)."""
+        by each kernel's wrapper when None). With fp8 only: x_rows, hidden_states' FP8 rows (q,
+        scale) if the layer before wrote them; rows_out, a list that gets this layer's output's
+        (its last LayerNorm writes them in its pass, for the next layer's Q/K/V GEMM)."""
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         tokens = x.shape[0]
         training = self.training
         seed = (lambda i: None) if seeds is None else (lambda i: seeds[i:i + 1])
         if self.fp8:
-            return self._forward_fp8(x, packing, seed).view(shape)
+            return self._forward_fp8(x, packing, seed, x_rows, rows_out).view(shape)
         qkv = F.linear(x, self.qkv.weight, self.qkv.bias)
         ctx = self.core(qkv.view(tokens, 3, self.num_heads, self.head_dim), packing,
                         self.attention_dropout if training else 0.0, self.scaling, seed(0))
@@ -102,25 +105,38 @@ class FusedBertLayer(nn.Module):
         y = self._add_norm(o, self.output.bias, h, self.output_LayerNorm, self.ffn_dropout, seed(2))
         return y.view(shape)
 
-    def _forward_fp8(self, x: torch.Tensor, packing: Packing, seed: Any) -> torch.Tensor:
+    def _forward_fp8(self, x: torch.Tensor, packing: Packing, seed: Any, x_rows: Any = None,
+                     rows_out: Optional[list] = None) -> torch.Tensor:
         """forward's arithmetic with each GEMM's forward in FP8: the LayerNorm and bias+GELU kernels
         write the FP8 rows of h and g in their pass; x and the attention output are cast by a pass
-        of their own. Needs the fused kernels and a half residual stream (bf16 autocast)."""
-        from bertaccel.encoder.fp8_ops import bias_gelu_fp8, fp8_linear, layernorm_fp8, rowwise_fp8
+        of their own. The LayerNorms' backward kernels write their input gradient's FP8 rows too,
+        for the input gradients of the output projection and the second FFN GEMM (fp8_ops.py).
+        Needs the fused kernels and a half residual stream (bf16 autocast)."""
+        from bertaccel.encoder.fp8_ops import GradRows, bias_gelu_fp8, fp8_linear, layernorm_fp8, rowwise_fp8
 
         tokens = x.shape[0]
         p = self.attention_dropout if self.training else 0.0
-        qkv = fp8_linear(x, *rowwise_fp8(x), self.qkv.weight, self.qkv.bias)
+        if x_rows is None or x_rows[0].shape != x.shape:
+            x_rows = rowwise_fp8(x)
+        qkv = fp8_linear(x, *x_rows, self.qkv.weight, self.qkv.bias)
         ctx = self.core(qkv.view(tokens, 3, self.num_heads, self.head_dim), packing, p, self.scaling, seed(0))
         ctx = ctx.reshape(tokens, -1)
-        a = fp8_linear(ctx, *rowwise_fp8(ctx), self.attention_output.weight)
+        da_rows, do_rows = GradRows(), GradRows()
+        a = fp8_linear(ctx, *rowwise_fp8(ctx), self.attention_output.weight, grad_rows=da_rows)
         norm = self.attention_LayerNorm
         h, h8, h_scale = layernorm_fp8(a, self.attention_output.bias, x, norm.weight, norm.bias,
-                                       self.hidden_dropout, norm.eps, seed=seed(1), training=self.training)
+                                       self.hidden_dropout, norm.eps, seed=seed(1), training=self.training,
+                                       grad_rows=da_rows)
         i = fp8_linear(h, h8, h_scale, self.intermediate.weight)
         g, g8, g_scale = bias_gelu_fp8(i, self.intermediate.bias)
-        o = fp8_linear(g, g8, g_scale, self.output.weight)
-        return self._add_norm(o, self.output.bias, h, self.output_LayerNorm, self.ffn_dropout, seed(2))
+        o = fp8_linear(g, g8, g_scale, self.output.weight, grad_rows=do_rows)
+        norm = self.output_LayerNorm
+        y = layernorm_fp8(o, self.output.bias, h, norm.weight, norm.bias, self.ffn_dropout, norm.eps,
+                          seed=seed(2), training=self.training, out_rows=rows_out is not None, grad_rows=do_rows)
+        if rows_out is None:
+            return y
+        rows_out.append(y[1:])
+        return y[0]
 
     def _bias_gelu(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         if self.fused_kernels:

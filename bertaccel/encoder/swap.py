@@ -30,15 +30,22 @@ def run_layers(encoder: nn.Module, hidden_states: torch.Tensor, packing: Packing
     """The layer loop, a plain function of the encoder (activation checkpointing replaces it, and
     DataParallel replicas run their own layers). The dropout seeds of every layer (attention and
     the two LayerNorm kernels) are drawn in one launch per forward, not three per layer: at BERT
-    sizes a launch costs the host more than the kernel costs the GPU."""
+    sizes a launch costs the host more than the kernel costs the GPU. Between two FP8 layers the
+    first's last LayerNorm kernel also writes its output's FP8 rows, which the second's Q/K/V GEMM
+    takes instead of casting its input again (encoder/fp8_ops.py)."""
     from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
     seeds = None
     if encoder.training and any(layer.draws_dropout() for layer in encoder.layer):
         seeds = torch.randint(0, 2 ** 31 - 1, (len(encoder.layer), 3), device=hidden_states.device,
                               dtype=torch.int64)
-    for i, layer in enumerate(encoder.layer):
-        hidden_states = layer(hidden_states, packing, seeds=None if seeds is None else seeds[i])
+    layers = list(encoder.layer)
+    rows = None
+    for i, layer in enumerate(layers):
+        rows_out = [] if layer.fp8 and i + 1 < len(layers) and layers[i + 1].fp8 else None
+        hidden_states = layer(hidden_states, packing, seeds=None if seeds is None else seeds[i], x_rows=rows,
+                              rows_out=rows_out)
+        rows = rows_out[0] if rows_out else None
     return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states)
 
 

@@ -124,7 +124,7 @@ def _fp8_compile_off(cfg: "RunConfig") -> Optional[str]:
 
 
 def _fp8_fused_encoder(cfg: "RunConfig") -> Optional[str]:
-    """precision fp8 with encoder=fused: its own FP8 GEMMs, which scale row-wise, need its fused kernels and run eagerly."""
+    """precision fp8 with encoder=fused: its own FP8 GEMMs, which scale row-wise, need its fused kernels and compile=off."""
     p, e = cfg.precision, cfg.encoder
     if p.fp8_recipe is None or e.layer != "fused":
         return None
@@ -139,11 +139,12 @@ def _fp8_fused_encoder(cfg: "RunConfig") -> Optional[str]:
                 "LayerNorm and GELU kernels; use encoder.fused_kernels=true")
     from bertaccel.options.compile import compiles
 
-    if compiles(cfg.compile) or cfg.compile.step_graph:
-        # Its FP8 ops are opaque to torch.compile (compiler.disable: a graph break at each), and
-        # neither that nor a CUDA-graph capture of them has been measured: eager is what was.
-        return (f"precision={p.name} with encoder=fused runs its FP8 GEMMs eagerly (its FP8 kernels are not "
-                f"torch.compile ops); use compile=off")
+    if compiles(cfg.compile):
+        # Its FP8 ops are opaque to torch.compile (compiler.disable: a graph break at each). A
+        # CUDA-graph capture of the step (compile.step_graph) replays them as they are.
+        return (f"precision={p.name} with encoder=fused runs its FP8 GEMMs outside torch.compile (its FP8 kernels "
+                f"are not torch.compile ops); use compile=off, with compile.step_graph=true to replay the step "
+                f"from CUDA graphs")
     return None
 
 
