@@ -300,4 +300,8 @@ def test_between_fp8_layers_the_last_layernorm_hands_its_fp8_rows_to_the_next_qk
     for layer in encoder.layer:  # each layer casting its own input
         h = layer(h, packing)
     assert len(casts) - n_handed == n_handed + 1
-    torch.testing.assert_close(handed, h, rtol=0, atol=0)
+    # The same rows either way: exactly in Triton's interpreter; on a GPU the LayerNorm kernel
+    # compiled with and without its FP8 output may contract y's multiply-add differently (one ulp),
+    # which can flip an element's FP8 rounding downstream.
+    tol = 0 if DEVICE == "cpu" else 2e-3
+    torch.testing.assert_close(handed, h, rtol=0, atol=tol)
