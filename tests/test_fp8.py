@@ -119,8 +119,8 @@ def test_prepare_switches_a_fused_models_layers_to_fp8_once():
     run = composed("precision=fp8", "precision.fp8_recipe=rowwise", "encoder=fused")
     model, note = build_model(run.model, 4, run.attention, 30522, encoder=run.encoder)
     precision = Precision(run.precision, CPU)
-    assert precision.prepare(model) == "2 fused layers run their GEMMs' forward in FP8 (row-wise scales, " \
-                                       "encoder/fp8_ops.py)"
+    assert precision.prepare(model) == "2 fused layers run their GEMMs' forward and two input gradients in FP8 " \
+                                       "(row-wise scales, encoder/fp8_ops.py)"
     assert all(layer.fp8 for layer in model.bert.encoder.layer)
     assert precision.prepare(model) is None  # once
     assert type(model.bert.pooler.dense) is torch.nn.Linear  # no torchao swap beside it

@@ -59,7 +59,7 @@ class FusedBertLayer(nn.Module):
         self.ffn_dropout = float(src.output.dropout.p)
         self.core = core  # the attention core function (encoder/attention.py core())
         self.fused_kernels = fused_kernels
-        # The four GEMMs' forward in FP8 (encoder/fp8_ops.py), set by precision=fp8's prepare.
+        # The four GEMMs' forward and two input gradients in FP8 (encoder/fp8_ops.py), set by precision=fp8's prepare.
         self.fp8 = False
         ref = attn.query.weight
         self.qkv = nn.Linear(hidden, 3 * hidden, device=ref.device, dtype=ref.dtype)

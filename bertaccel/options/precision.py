@@ -10,7 +10,7 @@ null for none).
 precision=fp8 runs only where it can pay: a GPU with FP8 tensor cores (sm_89+), torchao installed
 (the `fp8` extra) and torch.compile on (rules.py: eagerly, torchao's casts are separate kernels).
 With encoder=fused the fused layers' own FP8 GEMMs run instead (encoder/fp8_ops.py: recipe rowwise,
-no torchao, compile=off).
+no torchao, compile=off; compile.step_graph=true replays them from CUDA graphs, which they need to pay).
 """
 from __future__ import annotations
 
@@ -149,8 +149,8 @@ class Precision:
             switched = [layer for layer in fused if not layer.fp8]
             for layer in switched:
                 layer.fp8 = True
-            return (f"{len(switched)} fused layers run their GEMMs' forward in FP8 (row-wise scales, "
-                    "encoder/fp8_ops.py)") if switched else None
+            return (f"{len(switched)} fused layers run their GEMMs' forward and two input gradients in FP8 "
+                    "(row-wise scales, encoder/fp8_ops.py)") if switched else None
         from bertaccel.options.fp8 import swap_to_fp8
 
         swapped = swap_to_fp8(model, self.fp8_recipe)
