@@ -237,6 +237,25 @@ def _read_waiting(db: Path, wait_s: float):
     return _read(db, wait_s)
 
 
+def holds_nothing(db: Path, wait_s: float = 1.0) -> bool:
+    """Whether the file at db holds nothing anyone wrote: empty, a SQLite file without tables, or
+    a store with only the rows MLflow writes when it makes one (no runs, no experiment of a user's).
+    False for anything else, and for a file it cannot read within wait_s."""
+    kind, _ = sqlite_state(db, wait_s)
+    if kind == "empty":
+        return True
+    if kind not in ("ok", "half_created"):
+        return False
+    try:
+        con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=wait_s)
+        try:
+            return not _user_rows(con, _tables(con))
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+
+
 def sqlite_state(db: Path, wait_s: float = LOCK_WAIT_S) -> Tuple[str, str]:
     """What the file of a sqlite:/// store holds: (kind, detail). kind: missing | directory |
     not_file | empty | not_sqlite | locked | foreign | half_created | old_schema | new_schema | ok.

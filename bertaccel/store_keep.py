@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from bertaccel.store_file import sqlite_file
+from bertaccel.store_file import holds_nothing, sqlite_file
 
 # "<db file> <device>:<inode>": the kept store, set in the environment so its run processes see it too.
 KEEP_ENV = "BERTACCEL_STORE_KEPT"
@@ -38,16 +38,28 @@ def keep_store(uri: Optional[str]) -> None:
         os.environ.pop(KEEP_ENV, None)
 
 
+def _kept_identity(db: Path) -> Optional[str]:
+    """The identity keep_store recorded for db, or None if db is not the kept store."""
+    kept, _, identity = os.environ.get(KEEP_ENV, "").rpartition(" ")
+    return identity if kept == str(db) else None
+
+
+def _made_in_its_place(db: Path, identity: str) -> bool:
+    """Whether the file at db (there, not the kept one) is one our own processes made after the
+    kept store was deleted, in the moment between a hold's check and its query: a pooled SQLite
+    connection opening the path makes an empty file (or one with only a header), and MLflow's
+    store set-up on a new client a fresh store with none of the sweep's runs. Either holds
+    nothing; a file someone put there (a backup put back) holds runs."""
+    st = db.stat()
+    return st.st_size == 0 or (f"{st.st_dev}:{st.st_ino}" != identity and holds_nothing(db))
+
+
 def check_kept(db: Path) -> None:
     """StoreLost if `db` is the store keep_store keeps and it is gone or another file now."""
-    kept, _, identity = os.environ.get(KEEP_ENV, "").rpartition(" ")
-    if kept != str(db):
+    identity = _kept_identity(db)
+    if identity is None:
         return
-    if not db.exists():
-        raise StoreLost(f"the store {db} was deleted while the sweep ran; a new one is not made in its place (the "
-                        "sweep's runs are not in it): put the file back, or give another tracking.uri=, then run the "
-                        "same command again")
-    if db.stat().st_size == 0:  # (a store is never empty: a connection opened on the path made this one)
+    if not db.exists() or _made_in_its_place(db, identity):
         raise StoreLost(f"the store {db} was deleted while the sweep ran; a new one is not made in its place (the "
                         "sweep's runs are not in it): put the file back, or give another tracking.uri=, then run the "
                         "same command again")
@@ -57,12 +69,13 @@ def check_kept(db: Path) -> None:
 
 
 def is_kept(db: Path) -> bool:
-    return os.environ.get(KEEP_ENV, "").rpartition(" ")[0] == str(db)
+    return _kept_identity(db) is not None
 
 
 def no_empty_in_place(db: Path, kept: bool) -> None:
-    """At the end of a hold of the kept store: if it was deleted during the hold and a new
-    connection of MLflow's engine pool (opened after the hold's check) made an empty file in its
-    place, that file is not left there (a store is never empty; the next check says deleted)."""
-    if kept and db.is_file() and db.stat().st_size == 0:
+    """At the end of a hold of the kept store: if it was deleted during the hold and our own
+    processes made a file in its place that holds nothing (_made_in_its_place), that file is not
+    left there (the next check says deleted)."""
+    identity = _kept_identity(db) if kept else None
+    if identity is not None and db.is_file() and _made_in_its_place(db, identity):
         db.unlink(missing_ok=True)

@@ -161,27 +161,43 @@ def test_a_store_deleted_mid_sweep_stops_it_and_is_not_made_again(tmp_path):
     assert _group_gone(proc.pid, 30)
 
 
-@pytest.mark.slow
-def test_a_kept_store_deleted_during_a_hold_is_not_left_as_an_empty_file(tmp_path, monkeypatch):
-    """The race behind the test above's rare 'replaced by another file': the store is deleted after
-    store_lock checked it, and a new pooled connection (here sqlite3's own, as SQLAlchemy's pool
-    opens them) makes an empty file at its path before MLflow's query fails. The hold leaves no
-    file there, and the next hold says the store was deleted."""
+def _an_empty_file(db: Path) -> None:
     import sqlite3
 
+    sqlite3.connect(db).execute("select 1").fetchall()  # what a new pooled connection does
+    assert db.stat().st_size == 0
+
+
+def _a_fresh_mlflow_store(db: Path) -> None:
+    # What a new MLflow client's set-up leaves there: a store with MLflow's tables and none of the
+    # sweep's runs (made beside it and moved in: this process's MLflow keeps its engine for the
+    # URI, whose connections hold the deleted file).
+    fresh = db.with_name("fresh.db")
+    MlflowClient(tracking_uri=f"sqlite:///{fresh}").search_experiments()
+    os.replace(fresh, db)
+    assert db.stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("made", [_an_empty_file, _a_fresh_mlflow_store], ids=["empty file", "fresh store"])
+def test_a_kept_store_deleted_during_a_hold_is_not_left_as_a_file_holding_nothing(tmp_path, monkeypatch, made):
+    """The race behind the test above's rare 'replaced by another file': the store is deleted after
+    store_lock checked it, and our own process makes a file at its path before MLflow's query fails:
+    a new pooled connection an empty one, a new MLflow client a fresh store. Either holds none of
+    the sweep's runs: the hold leaves no file there, and the next hold says the store was deleted."""
     from bertaccel.store import store_lock
     from bertaccel.store_keep import KEEP_ENV, StoreLost, keep_store
 
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
     monkeypatch.delenv(KEEP_ENV, raising=False)
-    MlflowClient(tracking_uri=uri).search_experiments()  # a real store
+    client = MlflowClient(tracking_uri=uri)
+    client.create_run(client.create_experiment("sweep"))  # a store with a run in it
     keep_store(uri)
     try:
         with store_lock(uri):
             db.unlink()
-            sqlite3.connect(db).execute("select 1").fetchall()  # what a new pooled connection does
-            assert db.exists() and db.stat().st_size == 0
+            made(db)
         assert not db.exists()
         with pytest.raises(StoreLost, match="was deleted while the sweep ran"):
             with store_lock(uri):
