@@ -15,11 +15,13 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 STOP = threading.Event()
 _received: list = []  # the name of the signal that set STOP
+RESIGNAL_AFTER_S = 0.05  # a worker's SIGTERM swallowed by a finalizer is sent again after this
 _deferring: list = []  # open deferred() sections (nested): a signal inside is raised at their end
 
 
@@ -93,12 +95,26 @@ def _exit_if_swallowed(unraisable: Any) -> None:
     """sys.unraisablehook of a worker. A SIGTERM handled while a finalizer or a GC callback runs
     (seen: SQLAlchemy's weakref callback) raises SystemExit where Python cannot propagate it: it
     printed "Exception ignored in ..." with a traceback, breaking the interrupted sweep's one
-    line, and the worker went on running. Such a SystemExit exits now, with its code, silently
-    (the unwinding it would have done was cut off already); anything else is reported as before."""
+    line, and the worker went on running. Such a SystemExit is not printed, and the signal is sent
+    to this process again from a helper thread, so that its handler raises SystemExit once more
+    where it propagates, in the code the main thread runs, whose `finally` blocks then run: an
+    os._exit here skipped them, and a store being built when it came left its half-built file and
+    its lock file behind (store._build_store, store_lock). Anything else is reported as before."""
     if isinstance(unraisable.exc_value, SystemExit) and _received_term:
-        os._exit(int(unraisable.exc_value.code or 0))
+        try:
+            threading.Thread(target=_signal_again, args=(_received_term[-1],), daemon=True).start()
+        except RuntimeError:  # (no new thread at interpreter shutdown: exiting anyway, do it now)
+            os._exit(int(unraisable.exc_value.code or 0))
+        return
     sys.__unraisablehook__(unraisable)
 
+
+def _signal_again(signum: int) -> None:
+    # After a pause, so that this hook has returned and the handler's SystemExit is not raised
+    # inside it (where it would be swallowed again); if it lands in another finalizer, the hook
+    # sends it once more.
+    time.sleep(RESIGNAL_AFTER_S)
+    os.kill(os.getpid(), signum)
 
 
 def in_worker() -> None:
