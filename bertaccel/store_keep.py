@@ -50,8 +50,7 @@ def _made_in_its_place(db: Path, identity: str) -> bool:
     connection opening the path makes an empty file (or one with only a header), and MLflow's
     store set-up on a new client a fresh store with none of the sweep's runs. Either holds
     nothing; a file someone put there (a backup put back) holds runs."""
-    st = db.stat()
-    return st.st_size == 0 or (f"{st.st_dev}:{st.st_ino}" != identity and holds_nothing(db))
+    return db.stat().st_size == 0 or (_identity(db) != identity and holds_nothing(db))
 
 
 def check_kept(db: Path) -> None:
