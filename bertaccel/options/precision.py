@@ -50,8 +50,9 @@ def check_precision(p: Any) -> List[str]:
     needs a certain autocast dtype is judged only against a dtype that is itself valid (one that
     is not is said once, not again as each setting's mismatch)."""
     found = []
-    dtype_valid = p.autocast_dtype is None or p.autocast_dtype in AUTOCAST_DTYPES
-    if not dtype_valid:
+    dtype_valid = True
+    if p.autocast_dtype is not None and p.autocast_dtype not in AUTOCAST_DTYPES:
+        dtype_valid = False
         found.append(f"precision {p.name}: autocast_dtype={p.autocast_dtype!r} is not one of "
                      f"{', '.join(AUTOCAST_DTYPES)} (or null for no autocast)")
     if dtype_valid and p.loss_scaling and p.autocast_dtype != "float16":
