@@ -86,7 +86,7 @@ class Option:
       and the dataclass of config.py that types it (None for a top-level setting);
     - `check(cfg)`: every problem of its own values, one line each (a list, not the first);
     - `later`: checks that build or reach out (an optimizer class, the tracking store), asked once
-      the rest of the config is sound, and left to the run's own process where that is cheaper
+      its own section is sound (no unknown key, number out of range or own problem), and left to the run's own process where that is cheaper
       (`validate(leave=...)` names them `<section>.<function>`);
     - `unusable(cfg, device, caps)`: why this machine cannot run it (a skip, not bad input), or None;
     - `effect`: where the run applies it (module.function).
@@ -94,7 +94,7 @@ class Option:
     section: str = ""
     schema: Optional[type] = None
     effect: str = ""
-    # (cfg) -> one line or None each, asked after every `check` and rule found nothing.
+    # (cfg) -> one line or None each, asked when the section's own keys, numbers and `check` found nothing.
     later: Tuple[Callable[[Any], Optional[str]], ...] = ()
 
     def check(self, cfg: Any) -> List[str]:

@@ -63,15 +63,17 @@ from typing import Dict, List, Optional, Sequence
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import ConfigCompositionException, OverrideParseException
+from hydra.errors import ConfigCompositionException, OverrideParseException, SearchPathException
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from yaml import YAMLError
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from bertaccel.config import CONF_DIR, GROUPS, ConfigError, first_line, register_configs
 from bertaccel.data import DataError
 from bertaccel.options.checks import unknown_setting
 from bertaccel.options.search import trial_result, uses_search
+from bertaccel.runs.command_config import every_problem_of_argv, study_error
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.runs.interrupt import install as install_signal_handlers
 from bertaccel.record.store_failure import StoreFailed
@@ -161,6 +163,9 @@ def group_options(group: str, found: Optional[Sequence[str]] = None) -> List[str
 
 def input_error(e: Exception) -> str:
     """One line for a command line Hydra could not compose."""
+    study = study_error(e)  # (a --config-dir that is not there, a file that is not YAML)
+    if study:
+        return study
     missing = getattr(e, "missing_cfg_file", None)
     if missing and "/" in missing:
         group, option = missing.rsplit("/", 1)
@@ -208,6 +213,12 @@ def said(prefix: str, e: Exception) -> str:
     return "\n".join(prefix + line for line in str(e).splitlines() or [""])
 
 
+def refused(e: BaseException) -> str:
+    """A command line Hydra could not compose, as every problem it has (a typo key and the bad
+    values beside it: runs/command_config.py), a line each."""
+    return "\n".join(f"error: {line}" for line in every_problem_of_argv(e, sys.argv[1:], input_error))
+
+
 def cli() -> None:
     mark_main(MAIN_COMPOSE)  # (this module's imports are done: Hydra's part begins)
     install_signal_handlers()
@@ -222,7 +233,7 @@ def cli() -> None:
     except SweepRefused as e:  # (before the sweep's store: runs/sweep_plan.py)
         if user_full_error and e.error is not None:
             raise e.error
-        print(f"error: {e.why or input_error(e.error)}", file=sys.stderr)
+        print(said("error: ", e) if e.why else refused(e.error), file=sys.stderr)
         sys.exit(2)
     except Refused:
         # (its line is printed; here only without bertaccel's frame among Hydra's callbacks, e.g. a
@@ -230,10 +241,11 @@ def cli() -> None:
         sys.exit(2)
     except StoreFailed as e:  # the store or its disk failed under a run: one line (record/store_failure.py)
         sys.exit(store_stopped(e))
-    except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as e:
+    except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException, SearchPathException,
+            YAMLError) as e:
         if user_full_error:
             raise
-        print(f"error: {input_error(e)}", file=sys.stderr)
+        print(refused(e), file=sys.stderr)
         sys.exit(2)
     # Reached after a finished single run, or a multirun with at least one finished run
     # (runs/progress.py ends one without any with exit status 1).

@@ -1,20 +1,26 @@
 """validate(): every setting of a run checked before any work. A bad config is one ConfigError
-whose message says every problem found, one line each (with one problem, that one line). In
-stages, each asked only when the one before found nothing, since each relies on it:
+whose message says every problem found, one line each (with one problem, that one line), all at
+once: a user who fixes what one refusal says is not refused again for something it left out.
 1. every key is one of the schema's (a misspelt `+key=` would otherwise train without it);
 2. every number finite, and in the range its field declares (config.py `bounded`);
-3. the composed config typed as config.RunConfig, and every registered option's own check and
-   every rule between sections (options/registry.py, options/rules.py);
-4. the options' later checks, which build or reach out (the optimizer's class, the tracking
-   store), unless `leave` names them: a sweep leaves them to each run's own process."""
+3. the config without the unknown keys typed as config.RunConfig, and every registered option's
+   own check (options/registry.py);
+4. every rule between sections (options/rules.py) whose sections all passed 1-3: a rule compares
+   values each section vouched for;
+5. the options' later checks, which build or reach out (the optimizer's class, the tracking
+   store), of the sections that passed 1-3, unless `leave` names them: a sweep leaves them to
+   each run's own process.
+What one stage relies on is a section's own values, so a problem holds back only the checks of
+its own section's later stages, never another section's."""
 from __future__ import annotations
 
+import copy
 import difflib
 import math
 from dataclasses import MISSING, is_dataclass
-from typing import Any, Collection, Iterator, List, Tuple, get_type_hints
+from typing import Any, Collection, Iterator, List, Set, Tuple, get_type_hints
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from bertaccel.config import ConfigError, RunConfig, schema_fields
 
@@ -60,6 +66,11 @@ def unknown_keys(cfg: DictConfig) -> List[str]:
     a param and train without it (+train.bacth_size=64 trained at the default batch size). Below a
     field that is not a block of the schema (optimizer.impl, a Dict: the optimizer class's own
     settings, which its check_built asks the class about), the keys are the user's."""
+    return [unknown_setting(key) for key in _unknown_paths(cfg)]
+
+
+def _unknown_paths(cfg: DictConfig) -> List[str]:
+    """The dotted keys unknown_keys refuses."""
     found: List[str] = []
 
     def walk(node: DictConfig, cls: type, prefix: str) -> None:
@@ -67,12 +78,37 @@ def unknown_keys(cfg: DictConfig) -> List[str]:
         for k in node.keys():
             key = f"{prefix}{k}"
             if k not in hints:
-                found.append(unknown_setting(key))
+                found.append(key)
             elif is_dataclass(hints[k]) and isinstance(node[k], DictConfig):
                 walk(node[k], hints[k], f"{key}.")
 
     walk(cfg, RunConfig, "")
     return found
+
+
+def _without(cfg: DictConfig, keys: List[str]) -> DictConfig:
+    """A copy of cfg without these keys (the unknown ones: typed() could not hold them)."""
+    if not keys:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    for key in keys:
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        with open_dict(node):
+            node.pop(name)
+    return cfg
+
+
+def _root(key: str) -> str:
+    """The top-level setting a dotted key belongs to (train.epochs -> train, model[0] -> model)."""
+    return key.split(".", 1)[0].split("[", 1)[0]
+
+
+def _failed(roots: Set[str], section: str) -> bool:
+    """Whether a section (an option's, or a rule's read) had a problem at one of these top-level
+    keys: its own (train, num_gpus), or a top-level setting of its family (accumulation_max is
+    accumulation's)."""
+    return any(root == section or root.startswith(section + "_") for root in roots)
 
 
 def check_known_keys(cfg: DictConfig) -> None:
@@ -84,6 +120,11 @@ def not_finite(cfg: DictConfig) -> List[str]:
     """No NaN or infinity anywhere, schema field or an option's own setting (optimizer.impl's betas,
     eps ...): a range check cannot catch NaN (every comparison with it is false), and no setting
     here means anything by one: a timeout or a limit of inf would read as "none" by accident."""
+    return [why for _, why in _not_finite(cfg)]
+
+
+def _not_finite(cfg: DictConfig) -> List[Tuple[str, str]]:
+    """not_finite's lines with their keys."""
     defaults = {key: f.default for key, f in schema_fields()}
     found = []
     for key, value in _leaves(cfg):
@@ -91,13 +132,18 @@ def not_finite(cfg: DictConfig) -> List[str]:
             example = defaults.get(key, MISSING)
             hint = (f", e.g. {key}={example:g}" if isinstance(example, (int, float)) and not isinstance(example, bool)
                     else f", or null ({key}=null)" if example is None else "")
-            found.append(f"{key}={value!r} is not a finite number; give a finite value{hint}")
+            found.append((key, f"{key}={value!r} is not a finite number; give a finite value{hint}"))
     return found
 
 
 def out_of_range(cfg: DictConfig, schema: type = RunConfig) -> List[str]:
     """Every numeric field's range, declared on the field in config.py (`bounded`); schema: what
     cfg is (a hardware profile's file is a HardwareConfig: options/hardware.py load_profiles)."""
+    return [why for _, why in _out_of_range(cfg, schema)]
+
+
+def _out_of_range(cfg: DictConfig, schema: type = RunConfig) -> List[Tuple[str, str]]:
+    """out_of_range's lines with their keys."""
     found = []
     for key, f in schema_fields(schema):
         declared = f.metadata.get("range")
@@ -106,7 +152,7 @@ def out_of_range(cfg: DictConfig, schema: type = RunConfig) -> List[str]:
             continue  # (not_finite says it)
         why = declared.refusal(key, value) if declared is not None else None
         if why:
-            found.append(why)
+            found.append((key, why))
     return found
 
 
@@ -120,27 +166,38 @@ def typed(cfg: Any) -> RunConfig:
     return OmegaConf.to_object(cfg)
 
 
-def sound(run: RunConfig) -> List[str]:
+def sound(run: RunConfig, failed: Collection[str] = ()) -> Tuple[List[str], Set[str]]:
     """Every registered option's own problems, then every rule's between sections whose sections
-    all passed their own check (a rule compares values each section vouched for)."""
+    all passed (a rule compares values each section vouched for); and the top-level keys with a
+    problem, failed's and the options' own. failed: the keys that already had one (an unknown key,
+    a number out of range): their rules are not asked, and their option's own check may find what
+    it relies on out of range (a division by a count refused as 0): it then leaves it to the line
+    already said."""
     from bertaccel.options.registry import options
     from bertaccel.options.rules import RULES
 
-    found, failed = [], set()
+    found, roots = [], set(failed)
     for option in options():
-        own = option.check(run)
+        try:
+            own = option.check(run)
+        except Exception:  # noqa: BLE001 - only where its section's values were refused already
+            if not _failed(roots, option.section):
+                raise
+            own = []
         if own:
-            failed.add(option.section)
+            roots.add(option.section)
             found += own
-    return found + [why for rule in RULES if not failed & set(rule.reads) for why in [rule.refusal(run)] if why]
+    return found + [why for rule in RULES if not any(_failed(roots, r) for r in rule.reads)
+                    for why in [rule.refusal(run)] if why], roots
 
 
-def later(run: RunConfig, leave: Collection[str]) -> List[str]:
-    """The options' later checks (they build or reach out), but those `leave` names."""
+def later(run: RunConfig, leave: Collection[str], failed: Collection[str] = ()) -> List[str]:
+    """The options' later checks (they build or reach out), but those `leave` names and those of
+    a section with a problem already (failed: the top-level keys that had one)."""
     from bertaccel.options.registry import options
 
-    return [why for option in options() for check in option.later if option.later_name(check) not in leave
-            for why in [check(run)] if why]
+    return [why for option in options() if not _failed(set(failed), option.section) for check in option.later
+            if option.later_name(check) not in leave for why in [check(run)] if why]
 
 
 def validate(cfg: Any, leave: Collection[str] = ()) -> RunConfig:
@@ -150,11 +207,14 @@ def validate(cfg: Any, leave: Collection[str] = ()) -> RunConfig:
     because the run's own process asks them (runs/launch.py, runs/sweep_plan.py)."""
     if isinstance(cfg, RunConfig):
         cfg = OmegaConf.structured(cfg)
-    check_known_keys(cfg)
-    _refuse(not_finite(cfg) + out_of_range(cfg))
-    run = typed(cfg)
-    _refuse(sound(run))
-    _refuse(later(run, leave))
+    unknown = _unknown_paths(cfg)
+    known = _without(cfg, unknown)
+    values = _not_finite(known) + _out_of_range(known)
+    failed = {_root(key) for key in unknown + [key for key, _ in values]}
+    run = typed(known)
+    own, failed = sound(run, failed)
+    found = [unknown_setting(key) for key in unknown] + [why for _, why in values] + own
+    _refuse(found + later(run, leave, failed))
     return run
 
 

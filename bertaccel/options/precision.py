@@ -46,18 +46,22 @@ def load_option(name: str) -> Any:
 
 
 def check_precision(p: Any) -> List[str]:
-    """Why these settings cannot work anywhere, one line each."""
+    """Why these settings cannot work anywhere, one line each, every one at once. A setting that
+    needs a certain autocast dtype is judged only against a dtype that is itself valid (one that
+    is not is said once, not again as each setting's mismatch)."""
     found = []
+    dtype_valid = True
     if p.autocast_dtype is not None and p.autocast_dtype not in AUTOCAST_DTYPES:
+        dtype_valid = False
         found.append(f"precision {p.name}: autocast_dtype={p.autocast_dtype!r} is not one of "
                      f"{', '.join(AUTOCAST_DTYPES)} (or null for no autocast)")
-    elif p.loss_scaling and p.autocast_dtype != "float16":
+    if dtype_valid and p.loss_scaling and p.autocast_dtype != "float16":
         found.append(f"precision {p.name}: loss_scaling=true needs autocast_dtype float16 (GradScaler "
                      f"guards fp16's 5-bit exponent; {p.autocast_dtype or 'float32'} does not underflow so)")
-    elif p.fp8_recipe is not None and p.fp8_recipe not in FP8_RECIPES:
+    if p.fp8_recipe is not None and p.fp8_recipe not in FP8_RECIPES:
         found.append(f"precision {p.name}: fp8_recipe={p.fp8_recipe!r} is not one of {', '.join(FP8_RECIPES)} "
                      "(or null for no FP8)")
-    elif p.fp8_recipe is not None and p.autocast_dtype != "bfloat16":
+    elif dtype_valid and p.fp8_recipe is not None and p.autocast_dtype != "bfloat16":
         # torchao's float8 casts its gradients without a loss scale: fp16's GradScaler has no part
         # in it, and what is not FP8 (attention, LayerNorm, the head) runs in bf16 as torchao expects.
         found.append(f"precision {p.name}: fp8_recipe={p.fp8_recipe} needs autocast_dtype bfloat16 (the layers "

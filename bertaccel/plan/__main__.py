@@ -118,16 +118,37 @@ def _notes(grid, planner, preds, scored, probed: bool, targets: List[str]) -> Li
     invalid = [c for c in grid.configs if c.invalid]
     if invalid:
         notes.append(f"{len(invalid)} configuration(s) the project's validation refuses: "
-                     + "; ".join(f"{c.name}: {c.invalid}" for c in invalid[:3]))
+                     + "; ".join(f"{c.name}: {'; '.join(c.invalid.splitlines())}" for c in invalid[:3]))
     return notes
+
+
+def _refused(e: BaseException, a: argparse.Namespace) -> List[str]:
+    """The lines of a command line the grid cannot be composed from, worded as the run CLI words
+    them: every problem it has (a typo key and the bad values beside it), a study not found, a
+    --config-dir that is not there or a file that is not YAML (runs/command_config.py)."""
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
+    from ..run import input_error
+    from ..runs.command_config import every_problem, study_error
+
+    if "Cannot find primary config" in first_line(e):
+        where = (f" nor in --config-dir {a.config_dir}" if a.config_dir
+                 else " (for a study of your own, give its folder: --config-dir DIR)")
+        return [f"--config-name {a.config_name}: no such study or config in bertaccel/sweeps/{where}"]
+    if isinstance(e, (ConfigCompositionException, OverrideParseException, OmegaConfBaseException, YAMLError)):
+        return every_problem(e, a.config_name, a.config_dir, a.overrides, True, input_error)
+    return [study_error(e) or first_line(e)]
 
 
 def main(argv: Optional[List[str]] = None, written: Optional[List[str]] = None) -> int:
     """written: what was written so far is appended to it (report/stop.py says it on Ctrl-C)."""
     from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
 
-    from ..run import input_error
+    from ..runs.command_config import StudyError
     from . import output
     from .grid import PlanInputError, expand
     from .predict import Planner
@@ -141,16 +162,15 @@ def main(argv: Optional[List[str]] = None, written: Optional[List[str]] = None) 
             raise PlanInputError("--config-dir '': give a folder of studies or leave --config-dir out")
         targets = _targets(a.hardware)
         grid = expand(a.config_name, a.overrides, a.config_dir)
-    except (PlanInputError, OutputFolderError) as e:
+    except (PlanInputError, OutputFolderError, StudyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException, HydraException) as e:
-        first = first_line(e)
-        if "Cannot find primary config" in first:
-            first = f"--config-name {a.config_name}: no such study or config (bertaccel/sweeps/ lists the studies)"
-        elif isinstance(e, (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)):
-            first = input_error(e)  # worded as the run CLI words it
-        print(f"error: {first}", file=sys.stderr)
+    except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException, HydraException, YAMLError) as e:
+        print("\n".join(f"error: {line}" for line in _refused(e, a)), file=sys.stderr)
+        return 2
+    refused = grid.refusal()
+    if refused:  # bad input in every configuration: refused as run -m refuses it, nothing saved
+        print("\n".join(f"error: {line}" for line in refused.splitlines()), file=sys.stderr)
         return 2
     planner = Planner(targets)
     planner.prober.enabled = a.probe

@@ -10,7 +10,6 @@ run will have, which is how a prediction meets its measurement later.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -37,6 +36,19 @@ class Grid:
     configs: List[PlannedConfig]
     swept: List[str] = field(default_factory=list)
     sweep_id: str = ""               # the id `bertaccel.run -m` gives this sweep (record/sweep.py: sweep_identity)
+
+    def refusal(self) -> Optional[str]:
+        """Bad input in every configuration: the first one's problems, a line each, worded as
+        `run -m` refuses that sweep (runs/sweep_plan.py); None when one can run."""
+        if not self.configs or not all(c.invalid for c in self.configs):
+            return None
+        why = self.configs[0].invalid or ""
+        if len(self.configs) > 1:
+            others = len(self.configs) - 1
+            why += (" (in every configuration of the sweep: nothing to run)"
+                    if len({c.invalid for c in self.configs}) == 1 else
+                    f" (the other {others} configuration{'s are' if others > 1 else ' is'} refused too: nothing to run)")
+        return why
 
 
 def _sweeper_jobs(master: DictConfig, arguments: Sequence[str], config_loader: Any) -> List[List[str]]:
@@ -65,31 +77,24 @@ def _sweeper_jobs(master: DictConfig, arguments: Sequence[str], config_loader: A
 
 def expand(config_name: str = "config", overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> Grid:
     """Every configuration of the sweep. Raises Hydra's own exceptions for a command line it
-    cannot compose (the caller words them as the run CLI does: run.input_error)."""
-    from hydra import initialize_config_dir
+    cannot compose (the caller words them as the run CLI does: run.input_error), and StudyError
+    for a config_dir that is not a folder. config_dir: the user's folder of studies, on the
+    search path where run's --config-dir puts it (runs/command_config.py)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
     from bertaccel.options.checks import validate
+    from bertaccel.runs.command_config import composing
     from bertaccel.runs.progress import swept_keys
     from bertaccel.record.run_record import cfg_hash, group_choices, run_label
     from bertaccel.record.sweep import sweep_identity
 
-    from ..config import CONF_DIR, GROUPS, ConfigError, register_configs
+    from ..config import GROUPS, ConfigError
 
-    register_configs()
     arguments = list(overrides)
-    hydra_args = []
-    if config_dir:
-        path = Path(config_dir).expanduser().resolve()
-        if not path.is_dir():
-            raise PlanInputError(f"--config-dir {config_dir}: no such directory")
-        hydra_args.append(f"hydra.searchpath=[file://{path}]")
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="plan"):
-            loader = GlobalHydra.instance().config_loader()
-            master = loader.load_configuration(config_name, hydra_args + arguments, run_mode=RunMode.MULTIRUN)
+        with composing(config_dir or None, job_name="plan") as loader:
+            master = loader.load_configuration(config_name, arguments, run_mode=RunMode.MULTIRUN)
             jobs = _sweeper_jobs(master, arguments, loader)
             params = master.hydra.sweeper.get("params") or {}
             every = list(master.hydra.overrides.task) + [f"{k}={v}" for k, v in params.items()]

@@ -152,7 +152,7 @@ class Planner:
         hw_rows = [("own", None)] + [(t, profiles[t]) for t in self.targets]
         if planned.invalid:
             return [unpredicted(planned.name, planned.config_hash, cfg.hardware.name if n == "own" else n, precision,
-                                gpus, f"invalid: {planned.invalid}") for n, _ in hw_rows]
+                                gpus, f"invalid: {'; '.join(planned.invalid.splitlines())}") for n, _ in hw_rows]
         try:
             data, config, work = self._inputs(planned)
             params = run_params(cfg, planned.choices, config)

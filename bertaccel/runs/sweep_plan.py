@@ -29,6 +29,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
+from yaml import YAMLError
 
 from bertaccel.runs import interrupt
 from bertaccel.runs.sweep_jobs import SweepJobs, SweepJobsRefused, sweep_jobs
@@ -125,7 +126,7 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
                 except ConfigError as e:
                     job.refusal = str(e)
             plan.jobs.append(job)
-    except (HydraException, OmegaConfBaseException) as e:  # a job Hydra cannot compose: run.cli says it
+    except (HydraException, OmegaConfBaseException, YAMLError) as e:  # a job Hydra cannot compose: run.cli says it
         raise SweepRefused(error=e) from e
     plan.said = _repeats_said(config, plan) + _baseline_said(plan)
     distinct = plan.distinct()
