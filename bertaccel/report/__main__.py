@@ -22,7 +22,7 @@ from typing import List, Optional
 
 from . import floor, load_rows
 from .args import OneLineParser
-from .baseline import named_row
+from .baseline import choose_baseline, named_row
 from .data import OPTIONAL_COLUMNS, Column, ReportInputError, parse_weights
 from .extend import extend
 from .folder import check_folder, write_folder
@@ -143,8 +143,11 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
     source = f"CSV {a.csv}" if a.csv is not None else (f"MLflow {a.uri}, experiment {a.experiment}"
                                           + (f", sweep {a.sweep}" if a.sweep else ""))
     o_label = o_column(a.occupancy_metric)
-    report = build(rows, scored, source, baseline, acc_floor, all_plots(rows, view.basis), view,
-                   warning(rows), o_label, labels)
+    # Labelled first in a plot too full to label every point: the winners and the baseline.
+    notable = [b for _, _, b in scored.best_lines() if b is not None] + [choose_baseline(rows, baseline).index]
+    report = build(rows, scored, source, baseline, acc_floor,
+                   all_plots(rows, view.basis, [i for i in notable if i is not None]), view, warning(rows), o_label,
+                   labels)
     console = extend(report, rows, scored, view.measured, a.occupancy_metric, o_label, a.target_accuracy,
                      view.basis.label)
     if a.csv is None:  # each run's own prediction beside its measurement (report/predicted.py)
