@@ -132,11 +132,8 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
             if baseline is None:
                 raise ReportInputError(f"--baseline {a.baseline!r}: no run of that name or id among "
                                        f"{len(rows)} rows (e.g. {rows[0].name!r})")
-    except ReportInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except ValueError as e:  # (ReportInputError too) one line per problem: a CSV's bad cells all at once
+        print("\n".join(f"error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
     acc_floor = floor.resolve(a.accuracy_floor, rows)
     scored = score_rows(rows, strategies, acc_floor.value, view.excluded)

@@ -74,18 +74,25 @@ def _windows(text: Optional[str]) -> Tuple[Tuple[float, ...], str]:
     return seconds, ""
 
 
+def not_finite(metrics: Dict[str, float], name: str) -> str:
+    """Why a logged metric is taken as null: '' unless it was logged as nan or +-inf."""
+    value = metrics.get(name)
+    return "" if value is None or math.isfinite(value) else f"{name} logged as {value}: not a finite number"
+
+
 def run_fields(run: Any, client: Any) -> Dict[str, Any]:
     """Row fields from one run, and why each empty one is empty (under "extra")."""
     from bertaccel.options.dataset import label
     from bertaccel.record.run_record import run_settings
 
-    tags, params, metrics = run.data.tags, run_settings(run), run.data.metrics
+    tags, params = run.data.tags, run_settings(run)
+    metrics = {k: v for k, v in run.data.metrics.items() if math.isfinite(v)}  # (nan, inf: never scored)
     extra: Dict[str, str] = {}
     fields: Dict[str, Any] = {"seed": params.get(SEED_PARAM, "")}
     for name in ACTIVITY_METRICS:
         fields[name] = metrics.get(name)
         if fields[name] is None:
-            extra[name] = tags.get(f"{name}_source", "not logged")
+            extra[name] = not_finite(run.data.metrics, name) or tags.get(f"{name}_source", "not logged")
     from bertaccel.config import GROUPS
 
     # A run logs each group's option as a param named for the group (record/run_record.py open_tracker).
@@ -102,6 +109,9 @@ def run_fields(run: Any, client: Any) -> Dict[str, Any]:
             "param dataset.test_subset not logged"
     history = sorted(client.get_metric_history(run.info.run_id, ACCURACY_METRIC), key=lambda m: m.step)
     fields["epoch_accuracy"] = tuple(m.value for m in history)
+    if not all(math.isfinite(a) for a in fields["epoch_accuracy"]):
+        fields["epoch_accuracy"] = ()
+        extra["epoch_accuracy"] = f"{ACCURACY_METRIC} logged as a number that is not finite in an epoch"
     fields["epoch_time_s"], why = _windows(tags.get(WINDOWS_TAG))
     if why:
         extra["epoch_time_s"] = why
