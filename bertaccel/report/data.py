@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .runinfo import group_keys, not_finite, run_fields
+from .runinfo import accuracy_histories, finite_metrics, group_keys, not_finite, run_fields
 from .scoring import METRICS, THESIS_TERMS, Row
 from .timing import COMPILE_MODES, pairing_key
 
@@ -362,10 +362,12 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
     rows = []
     client = MlflowClient(tracking_uri=uri)
     groups, _ = group_keys(runs)
+    histories = accuracy_histories(client, [r.info.run_id for r in runs])
     for r, group in zip(runs, groups):
         # A metric logged as nan or inf (a diverged run) is null with that reason: never scored, ranked or crowned.
-        m, tags, params = {k: v for k, v in r.data.metrics.items() if math.isfinite(v)}, r.data.tags, run_settings(r)
-        timing, more = _mlflow_timing(m, params, tags), run_fields(r, client)
+        m, tags, params = finite_metrics(r), r.data.tags, run_settings(r)
+        timing = _mlflow_timing(m, params, tags)
+        more = run_fields(r, client, None if histories is None else histories.get(r.info.run_id, []))
         more["extra"].update(timing.pop("extra"))
         row = Row(name=r.info.run_name or r.info.run_id, run_id=r.info.run_id,
                   hardware=tags.get("hardware_profile", ""), precision=params.get("precision", ""), group=group,
