@@ -5,9 +5,7 @@ needs network). Bad input is a DataError in one line naming the file and the pro
 from __future__ import annotations
 
 import csv
-import gzip
 import hashlib
-import io
 import json
 import math
 import os
@@ -19,6 +17,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from bertaccel.config import DatasetConfig, first_line
 from bertaccel.data.cache import cached, entry_path
+from bertaccel.data.csv_text import CsvTextError, read_path
 
 SAMPLES_DIR = Path(__file__).resolve().parents[1] / "samples"  # bertaccel/samples
 
@@ -49,44 +48,54 @@ class RawData:
         return len(self.label_names)
 
 
-def _open_text(path: Path):
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+SHOWN_PROBLEMS = 20  # bad lines named one line each; past it, one more line says how many more
 
 
 def read_csv_split(path: Path, text_columns: Sequence[str], label_column: str) -> Tuple[List[str], List[str]]:
-    """Read one CSV file with a header row; returns texts (columns joined by a space) and raw labels."""
+    """Read one CSV file with a header row; returns texts (columns joined by a space) and raw labels.
+    Read as data/csv_text.py reads a spreadsheet's or pandas' CSV (gzip-compressed or not, whatever
+    its name); every bad line is named at once, a line each."""
     if not path.is_file():
         raise DataError(f"{path}: file not found")
+    needed = [*text_columns, label_column]
     try:
-        with _open_text(path) as f:
-            reader = csv.DictReader(f)
-            header = reader.fieldnames
-            if not header:
-                raise DataError(f"{path}: empty file (expected a header row with "
-                                f"{', '.join([*text_columns, label_column])})")
-            missing = [c for c in [*text_columns, label_column] if c not in header]
-            if missing:
-                raise DataError(f"{path}: missing column(s) {', '.join(missing)}; the header has "
-                                f"{', '.join(header)} (set dataset.text_columns / dataset.label_column)")
-            texts, labels = [], []
-            for line_no, row in enumerate(reader, start=2):
-                if None in row or any(row[c] is None for c in header):
-                    # DictReader files surplus fields under the key None and fills missing ones with None
-                    fields = len(header) + len(row[None]) if None in row else sum(
-                        row[c] is not None for c in header)
-                    raise DataError(f"{path}: line {line_no} has {fields} fields but the header has {len(header)}")
-                label = row[label_column].strip()
-                if not label:
-                    raise DataError(f"{path}: line {line_no} has an empty '{label_column}'")
-                value, problem = label_value(label)
-                if problem:
-                    raise DataError(f"{path}: line {line_no}, column '{label_column}': {problem}")
-                texts.append(" ".join(row[c] for c in text_columns))
-                labels.append(value)
-    except (UnicodeDecodeError, csv.Error, OSError, EOFError) as e:
-        raise DataError(f"{path}: not a readable UTF-8 CSV ({type(e).__name__}: {e})") from None
+        table = read_path(path, needed, gzip_ok=True)
+    except CsvTextError as e:
+        raise DataError(f"{path}: not a readable UTF-8 CSV: {e}") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({type(e).__name__}: {e.strerror or e})") from None
+    header = table.header
+    if not header or header == [""]:
+        raise DataError(f"{path}: empty file (expected a header row with {', '.join(needed)})")
+    missing = [c for c in needed if c not in header]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {', '.join(missing)}; the header has "
+                        f"{', '.join(header)} (set dataset.text_columns / dataset.label_column)")
+    at = {c: header.index(c) for c in needed}
+    texts, labels, problems = [], [], []
+    try:
+        for line_no, row in table.records:
+            if not row:
+                continue  # a blank line
+            if len(row) != len(header):
+                problems.append(f"{path}: line {line_no} has {len(row)} fields but the header has {len(header)}")
+                continue
+            label = row[at[label_column]].strip()
+            if not label:
+                problems.append(f"{path}: line {line_no} has an empty '{label_column}'")
+                continue
+            value, problem = label_value(label)
+            if problem:
+                problems.append(f"{path}: line {line_no}, column '{label_column}': {problem}")
+                continue
+            texts.append(" ".join(row[at[c]] for c in text_columns))
+            labels.append(value)
+    except csv.Error as e:
+        problems.append(f"{path}: not a readable CSV ({e})")
+    if problems:
+        more = len(problems) - SHOWN_PROBLEMS
+        raise DataError("\n".join(problems[:SHOWN_PROBLEMS]
+                                  + ([f"{path}: and {more} more bad line(s) after these"] if more > 0 else [])))
     if not texts:
         raise DataError(f"{path}: no data rows after the header (empty split)")
     return texts, labels

@@ -18,11 +18,11 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402 (after the start-up signal handlers)
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from . import floor, load_rows
-from .args import OneLineParser
-from .baseline import named_row
+from .args import OneLineParser, name_problem
+from .baseline import choose_baseline, named_row
 from .data import OPTIONAL_COLUMNS, Column, ReportInputError, parse_weights
 from .extend import extend
 from .folder import check_folder, write_folder
@@ -92,26 +92,47 @@ def _check_store(uri: str) -> None:
         raise ReportInputError(f"--uri {uri}: {why}{hint}")
 
 
+def _checked(a: argparse.Namespace) -> Dict[str, Tuple[float, ...]]:
+    """Every name and number of the command line checked, every problem said at once (a line
+    each); the numbers parsed in place; returns the strategies, the thesis' and --weights'."""
+    problems = [p for p in (name_problem("--csv", a.csv, "a CSV file"), name_problem("--sweep", a.sweep, "a sweep id"),
+                            name_problem("--baseline", a.baseline, "a run name or id"),
+                            name_problem("--experiment", a.experiment, "an MLflow experiment name"),
+                            name_problem("--uri", a.uri, "a tracking URI, e.g. sqlite:///mlflow.db")) if p]
+    for column in (ACCURACY_FLOOR, TARGET_ACCURACY, PROJECT_EPOCHS):
+        dest = column.name.lstrip("-").replace("-", "_")
+        if getattr(a, dest) is not None and getattr(a, dest) != floor.OFF:
+            try:
+                setattr(a, dest, column.parse(getattr(a, dest), column.name, given=True))
+            except ReportInputError as e:
+                problems.append(str(e))
+    strategies = dict(STRATEGIES)
+    for k, spec in enumerate(a.weights, 1):
+        named, name, w = "=" in spec, *spec.rpartition("=")[::2]
+        name = name.strip() if named else f"custom{k}"
+        why = "an empty name before '='; give NAME=W1,W2,W3,W4 or the weights alone" if not name else (
+            "its name holds '|', which would split the report's tables" if "|" in name else None)
+        why = why or name_problem("--weights", name, "a strategy name")
+        if why:
+            problems.append(why if why.startswith("--weights") else f"--weights {spec}: {why}")
+        elif name in strategies:  # (else it would silently replace the thesis' strategy or the earlier one)
+            problems.append(f"--weights {spec}: there is already a strategy {name}; give another name")
+        try:
+            strategies[name] = parse_weights(w)
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        raise ReportInputError("\n".join(dict.fromkeys(problems)))
+    return strategies
+
+
 def main(argv=None, written: Optional[List[str]] = None) -> int:
     """written: what was written so far is appended to it (report/stop.py says it on Ctrl-C)."""
     written = [] if written is None else written
     a = _args(argv)
     try:
         check_folder(a.out, "report")  # before any work: a bad --out costs nothing
-        for flag, text in (("--csv", a.csv), ("--sweep", a.sweep), ("--baseline", a.baseline)):
-            if text is not None and not text.strip():  # (else taken as not given)
-                raise ReportInputError(f"{flag} '': give a value or leave {flag} out")
-        for column in (ACCURACY_FLOOR, TARGET_ACCURACY, PROJECT_EPOCHS):
-            dest = column.name.lstrip("-").replace("-", "_")
-            if getattr(a, dest) is not None and getattr(a, dest) != floor.OFF:
-                setattr(a, dest, column.parse(getattr(a, dest), column.name, given=True))
-        strategies = dict(STRATEGIES)
-        for k, spec in enumerate(a.weights, 1):
-            name, _, w = spec.rpartition("=")
-            name = name or f"custom{k}"
-            if name in strategies:  # (else it would silently replace the thesis' strategy or the earlier one)
-                raise ReportInputError(f"--weights {spec}: there is already a strategy {name}; give another name")
-            strategies[name] = parse_weights(w)
+        strategies = _checked(a)
         require = [("compile_time_s", "--time total")] if a.time == "total" else []
         if a.project_epochs is not None:
             require += [(c, "--project-epochs") for c in ("step_time_ms", "train_rows_full", "batch_size")]
@@ -132,19 +153,19 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
             if baseline is None:
                 raise ReportInputError(f"--baseline {a.baseline!r}: no run of that name or id among "
                                        f"{len(rows)} rows (e.g. {rows[0].name!r})")
-    except ReportInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except ValueError as e:  # (ReportInputError too) one line per problem: a CSV's bad cells all at once
+        print("\n".join(f"error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
     acc_floor = floor.resolve(a.accuracy_floor, rows)
     scored = score_rows(rows, strategies, acc_floor.value, view.excluded)
     source = f"CSV {a.csv}" if a.csv is not None else (f"MLflow {a.uri}, experiment {a.experiment}"
                                           + (f", sweep {a.sweep}" if a.sweep else ""))
     o_label = o_column(a.occupancy_metric)
-    report = build(rows, scored, source, baseline, acc_floor, all_plots(rows, view.basis), view,
-                   warning(rows), o_label, labels)
+    # Labelled first in a plot too full to label every point: the winners and the baseline.
+    notable = [b for _, _, b in scored.best_lines() if b is not None] + [choose_baseline(rows, baseline).index]
+    report = build(rows, scored, source, baseline, acc_floor,
+                   all_plots(rows, view.basis, [i for i in notable if i is not None]), view, warning(rows), o_label,
+                   labels)
     console = extend(report, rows, scored, view.measured, a.occupancy_metric, o_label, a.target_accuracy,
                      view.basis.label)
     if a.csv is None:  # each run's own prediction beside its measurement (report/predicted.py)

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import csv
-import io
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .runinfo import group_keys, run_fields
+from .runinfo import accuracy_histories, finite_metrics, group_keys, not_finite, run_fields
 from .scoring import METRICS, THESIS_TERMS, Row
 from .timing import COMPILE_MODES, pairing_key
 
@@ -178,8 +178,10 @@ MLFLOW_TIMING_PARAMS = {"batch_size": ("train.batch_size", True), "accumulation"
                         "num_gpus": ("num_gpus", True), "epochs": ("train.epochs", False)}
 
 
-def _csv_fields(rec: Dict[str, str], header: Sequence[str], where: str) -> Dict[str, Any]:
-    """Row fields from one CSV record, with why each absent or empty one is null (or filled)."""
+def _csv_fields(rec: Dict[str, str], header: Sequence[str], where: str, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """Row fields from one CSV record, with why each absent or empty one is null (or filled);
+    None when a cell is bad, each bad cell's line appended to problems."""
+    bad = len(problems)
     fields: Dict[str, Any] = {}
     extra: Dict[str, str] = {}
     for col in COLUMNS:
@@ -190,33 +192,46 @@ def _csv_fields(rec: Dict[str, str], header: Sequence[str], where: str) -> Dict[
             else:
                 extra[col.attr] = f"no {col.name} column in the CSV"
             continue
-        fields[col.attr] = col.parse(rec[col.name], f"{where} column {col.name}")
+        try:
+            fields[col.attr] = col.parse(rec[col.name], f"{where} column {col.name}")
+        except ReportInputError as e:
+            problems.append(str(e))
+            continue
         if fields[col.attr] in (None, "", ()):
-            extra[col.attr] = "empty in the input"
+            extra[col.attr] = "empty in the input" if not rec[col.name].strip() else \
+                f"{rec[col.name].strip()!r} in the input: not measured"
     fields["extra"] = extra
-    return fields
+    return fields if len(problems) == bad else None
+
+
+SHOWN_PROBLEMS = 20  # bad cells named one line each; past it, one more line says how many more
 
 
 def rows_from_csv(path: str, require: Sequence[Tuple[str, str]] = ()) -> List[Row]:
-    """require: (optional column, what needs it) pairs, e.g. ("compile_time_s", "--time total")."""
+    """require: (optional column, what needs it) pairs, e.g. ("compile_time_s", "--time total").
+    Read as data/csv_text.py reads a spreadsheet's CSV; every bad cell is named at once, one line
+    each (ReportInputError's message has a line per problem)."""
+    from bertaccel.data.csv_text import CsvTextError, read_path
+
     p = Path(path)
     if not p.is_file():
         raise ReportInputError(f"--csv {path}: " + ("is a folder; give a CSV file in it" if p.is_dir() else "no such file"))
     try:
-        text = p.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ReportInputError(f"--csv {path}: not UTF-8 text (byte {e.start}); give a CSV saved as UTF-8") from None
+        table = read_path(p, CSV_COLUMNS, [c.name for c in COLUMNS])
+        return _rows_from_table(table, path, require)
+    except CsvTextError as e:
+        raise ReportInputError(f"--csv {path}: {e}") from None
     except OSError as e:
         raise ReportInputError(f"--csv {path}: cannot be read ({e.strerror})") from None
-    try:
-        return _rows_from_text(text, path, require)
     except csv.Error as e:  # e.g. a field over the csv module's size limit: not a CSV of runs
         raise ReportInputError(f"--csv {path}: not a readable CSV ({e})") from None
 
 
-def _rows_from_text(text: str, path: str, require: Sequence[Tuple[str, str]]) -> List[Row]:
-    reader = csv.DictReader(io.StringIO(text))
-    header = [h.strip() for h in (reader.fieldnames or [])]
+_DECIMAL_COMMA = re.compile(r"(?<=\d),(?=\d)")
+
+
+def _rows_from_table(table: Any, path: str, require: Sequence[Tuple[str, str]]) -> List[Row]:
+    header = table.header
     missing = [c for c in CSV_COLUMNS if c not in header]
     if missing:
         raise ReportInputError(f"--csv {path}: missing column(s) {', '.join(missing)}; the header must have "
@@ -224,14 +239,29 @@ def _rows_from_text(text: str, path: str, require: Sequence[Tuple[str, str]]) ->
     for col, why in require:
         if col not in header:
             raise ReportInputError(f"--csv {path}: no {col} column, which {why} needs")
-    rows = []
-    for lineno, raw in enumerate(reader, start=2):
-        if None in raw or any(v is None for v in raw.values()):  # DictReader's marks for extra / missing fields
-            raise ReportInputError(f"--csv {path} line {lineno}: expected {len(header)} fields")
-        rec = {k.strip(): v for k, v in raw.items()}
+    # Excel in a locale with a decimal comma writes ';' between cells and 0,85 for 0.85.
+    decimal_comma = table.delimiter == ";"
+    numeric = {c.name for c in COLUMNS if c.kind in ("number", "count", "series")}
+    rows, problems = [], []
+    for lineno, fields in table.records:
+        if not any(f.strip() for f in fields):
+            continue  # a blank line (a spreadsheet's trailing empty row): no run
+        where = f"--csv {path} line {lineno}"
+        if len(fields) != len(header):
+            problems.append(f"{where}: expected {len(header)} fields (as the header), found {len(fields)}")
+            continue
+        rec = {h: v for h, v in zip(header, fields) if h}
+        if decimal_comma:
+            rec = {h: _DECIMAL_COMMA.sub(".", v) if h in numeric and "." not in v else v for h, v in rec.items()}
         if not rec["name"].strip():
-            raise ReportInputError(f"--csv {path} line {lineno}: empty name")
-        rows.append(Row(**_csv_fields(rec, header, f"--csv {path} line {lineno}")))
+            problems.append(f"{where} column name: empty name")
+        fields_or_none = _csv_fields(rec, header, where, problems)
+        if fields_or_none is not None:
+            rows.append(Row(**fields_or_none))
+    if problems:
+        more = len(problems) - SHOWN_PROBLEMS
+        raise ReportInputError("\n".join(problems[:SHOWN_PROBLEMS] + (
+            [f"--csv {path}: and {more} more bad cell(s) after these"] if more > 0 else [])))
     if not rows:
         raise ReportInputError(f"--csv {path}: no data rows")
     return rows
@@ -332,16 +362,23 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
     rows = []
     client = MlflowClient(tracking_uri=uri)
     groups, _ = group_keys(runs)
+    histories = accuracy_histories(client, [r.info.run_id for r in runs])
     for r, group in zip(runs, groups):
-        m, tags, params = r.data.metrics, r.data.tags, run_settings(r)
-        timing, more = _mlflow_timing(m, params, tags), run_fields(r, client)
+        # A metric logged as nan or inf (a diverged run) is null with that reason: never scored, ranked or crowned.
+        m, tags, params = finite_metrics(r), r.data.tags, run_settings(r)
+        timing = _mlflow_timing(m, params, tags)
+        more = run_fields(r, client, None if histories is None else histories.get(r.info.run_id, []))
         more["extra"].update(timing.pop("extra"))
         row = Row(name=r.info.run_name or r.info.run_id, run_id=r.info.run_id,
                   hardware=tags.get("hardware_profile", ""), precision=params.get("precision", ""), group=group,
                   **{col: m.get(metric) for col, metric in MLFLOW_METRICS.items()}, **timing, **more)
         for col, metric in MLFLOW_METRICS.items():
             if m.get(metric) is None:
-                row.extra[col] = tags.get(f"{metric}_source", "not logged")
+                row.extra[col] = not_finite(r.data.metrics, metric) or tags.get(f"{metric}_source", "not logged")
+        for col, (metric, _) in MLFLOW_TIMING_METRICS.items():
+            row.extra[col] = not_finite(r.data.metrics, metric) or row.extra.get(col, "")
+            if not row.extra[col]:
+                del row.extra[col]
         if sweep_id and f"{MEMBER_TAG}{sweep_id}" in tags:
             # An earlier run the sweep took for one of its configurations (resume: same config_hash,
             # same data; e.g. the default job as its baseline): of this sweep, for the gate too.

@@ -8,7 +8,7 @@ import textwrap
 from typing import Dict, List, Optional, Sequence
 
 from .pareto import Front
-from .plots import run_tooltip
+from .plots import EACH_MARK_MAX, LABEL_ALL_MAX, run_tooltip
 from .scoring import Row
 from .svg import mark_id, png_and_svg
 from .weights import STEPS, WeightMap
@@ -53,16 +53,27 @@ def pareto_plot(rows: Sequence[Row], front: Front) -> Dict:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=110)
     drawn = 0
+    # Past plots.EACH_MARK_MAX runs the dominated ones are one mark (a mark each costs
+    # milliseconds), the front's keep theirs; past plots.LABEL_ALL_MAX front runs, the first are numbered.
+    each = len(rows) <= EACH_MARK_MAX
+    dominated: List[tuple] = []
+    numbered, on_front = set(front.on_front[:LABEL_ALL_MAX]), set(front.on_front)
     for i, r in enumerate(rows):
         if i in front.left_out or r.time_s is None or r.accuracy is None:
             continue
-        on = i in front.on_front
+        drawn += 1
+        on = i in on_front
+        if not on and not each:
+            dominated.append((r.time_s, r.accuracy))
+            continue
         mark = ax.scatter([r.time_s], [r.accuracy], s=60 if on else 40, color="tab:red" if on else "none",
                           edgecolors="black" if on else "0.5", zorder=3 if on else 2)
         mark.set_gid(mark_id("pareto_front", i))
-        if on:
+        if i in numbered:
             ax.annotate(str(i), (r.time_s, r.accuracy), xytext=(4, 4), textcoords="offset points", fontsize=7)
-        drawn += 1
+    if dominated:
+        ax.scatter([x for x, _ in dominated], [y for _, y in dominated], s=40, color="none", edgecolors="0.5",
+                   zorder=2, rasterized=True)  # (in the SVG one image, not an element per point)
     ax.scatter([], [], color="tab:red", edgecolors="black", label="on the front (# = raw table row)")
     ax.scatter([], [], color="none", edgecolors="0.5", label="dominated: another run no worse on all, better on one")
     ax.set_xlabel("train time (s)")
@@ -88,13 +99,16 @@ def weight_map_plot(wm: WeightMap) -> Dict:
     h = math.sqrt(3) / 2
     for ax, d in zip(axes.flat, W4_PANELS):
         left = STEPS - d
+        marks: Dict[tuple, List[tuple]] = {}  # (colour, marker) -> points: one scatter each, not one per point
         for (a, b, c, dd), win in zip(wm.points, wm.winners):
             if dd != d:
                 continue
-            x, y = (b + c / 2) / left, c * h / left
             colour = colours[win[0]] if len(win) == 1 else TIE_COLOUR if win else "white"
-            ax.scatter([x], [y], s=22, color=colour, marker="o" if len(win) == 1 else "x" if win else ".",
-                       edgecolors="none" if len(win) == 1 else None)
+            marker = "o" if len(win) == 1 else "x" if win else "."
+            marks.setdefault((colour, marker), []).append(((b + c / 2) / left, c * h / left))
+        for (colour, marker), xy in marks.items():
+            ax.scatter([x for x, _ in xy], [y for _, y in xy], s=22, color=colour, marker=marker,
+                       edgecolors="none" if marker == "o" else None)
         ax.plot([0, 1, 0.5, 0], [0, 0, h, 0], color="black", lw=0.8)
         ax.text(-0.03, -0.06, "w1 time", fontsize=7, ha="left", va="top")
         ax.text(1.03, -0.06, "w2 cost", fontsize=7, ha="right", va="top")

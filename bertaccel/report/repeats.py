@@ -8,8 +8,10 @@ scoring.score_rows), then averaged per group: the normalization never mixes grou
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -41,17 +43,24 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
     """Mean and Student-t interval, mean ± t(level, n-1) x s / sqrt(n) with s the sample
     standard deviation (n - 1 in the denominator): the t rather than the normal quantile, since
     repeats are few (2-5) and the spread is estimated from them."""
-    import numpy as np
-    from scipy import stats
-
     n = len(values)
     if n == 0:
         return Interval(0, None, why="no run has it")
+    if n == 1:  # (the common case of a big sweep without repeats: no numpy call per run)
+        return Interval(1, float(values[0]), why="one run")
+    import numpy as np
+
     mean = float(np.mean(values))
-    if n == 1:
-        return Interval(1, mean, why="one run")
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * np.std(values, ddof=1) / math.sqrt(n))
+    half = float(_t_quantile(0.5 + level / 2, n - 1) * np.std(values, ddof=1) / math.sqrt(n))
     return Interval(n, mean, mean - half, mean + half)
+
+
+@functools.lru_cache(maxsize=256)
+def _t_quantile(q: float, dof: int) -> float:
+    """Student's t quantile; scipy's ppf costs ~50 us a call, and a report asks for few distinct ones."""
+    from scipy import stats
+
+    return float(stats.t.ppf(q, dof))
 
 
 @dataclass
@@ -82,9 +91,9 @@ def group_rows(rows: Sequence[Row]) -> List[Group]:
         first = rows[g.members[0]]
         # A CSV's group column names its configuration; MLflow's group is a hash: its run names do.
         g.label = first.group if first.group and not first.run_id else group_label([rows[i].name for i in g.members])
-    labels = [g.label for g in groups]
+    labels = Counter(g.label for g in groups)
     for g in groups:  # two configurations with one name (e.g. 'defaults' runs of two commits)
-        if labels.count(g.label) > 1:
+        if labels[g.label] > 1:
             g.label = f"{g.label} [{g.key.split(':')[-1][:8]}]"
     return groups
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 SEED_PARAM = "train.seed"
 GROUP_TAG = "config_key_noseed"   # job.config_key_noseed: config_hash without train.seed
 WINDOWS_TAG = "train_windows_unix"  # [[start, end], ...] per epoch, time.time() at the window's edges
 ACCURACY_METRIC = "test_accuracy"   # logged once per epoch, MLflow step = epoch (0-based)
+HISTORY_RUNS_AT_ONCE = 500          # runs per bulk history query
 ACTIVITY_METRICS = ("sm_active_pct", "tensor_active_pct")
 
 
@@ -74,18 +76,54 @@ def _windows(text: Optional[str]) -> Tuple[Tuple[float, ...], str]:
     return seconds, ""
 
 
-def run_fields(run: Any, client: Any) -> Dict[str, Any]:
-    """Row fields from one run, and why each empty one is empty (under "extra")."""
+def finite(value: float) -> bool:
+    """A logged metric that is a number: not nan, not +-inf, and not the largest float, which is
+    how MLflow's SQL store keeps an inf that was logged."""
+    return math.isfinite(value) and abs(value) < sys.float_info.max
+
+
+def finite_metrics(run: Any) -> Dict[str, float]:
+    """A run's metrics without those logged as nan or +-inf (a diverged run): never scored, ranked or crowned."""
+    return {k: v for k, v in run.data.metrics.items() if finite(v)}
+
+
+def not_finite(metrics: Dict[str, float], name: str) -> str:
+    """Why a logged metric is taken as null: '' unless it was logged as nan or +-inf."""
+    value = metrics.get(name)
+    if value is None or finite(value):
+        return ""
+    shown = "nan" if math.isnan(value) else "-inf" if value < 0 else "inf"
+    return f"{name} logged as {shown}: not a finite number"
+
+
+def accuracy_histories(client: Any, run_ids: Sequence[str]) -> Optional[Dict[str, List[Any]]]:
+    """Each run's ACCURACY_METRIC history in a few queries where the store can (MLflow's SQL
+    store, get_metric_history_bulk), else None (ask per run): one query per run cost seconds per
+    thousand runs."""
+    bulk = getattr(getattr(getattr(client, "_tracking_client", None), "store", None), "get_metric_history_bulk", None)
+    if bulk is None:
+        return None
+    out: Dict[str, List[Any]] = {rid: [] for rid in run_ids}
+    for at in range(0, len(run_ids), HISTORY_RUNS_AT_ONCE):  # (SQLite limits the variables of one query)
+        for m in bulk(list(run_ids[at:at + HISTORY_RUNS_AT_ONCE]), ACCURACY_METRIC, max_results=10 ** 9):
+            out.setdefault(m.run_id, []).append(m)  # (a Metric with its run_id)
+    return out
+
+
+def run_fields(run: Any, client: Any, history: Optional[List[Any]] = None) -> Dict[str, Any]:
+    """Row fields from one run, and why each empty one is empty (under "extra"). history: the
+    run's ACCURACY_METRIC history when already read (accuracy_histories), else asked for here."""
     from bertaccel.options.dataset import label
     from bertaccel.record.run_record import run_settings
 
-    tags, params, metrics = run.data.tags, run_settings(run), run.data.metrics
+    tags, params = run.data.tags, run_settings(run)
+    metrics = finite_metrics(run)
     extra: Dict[str, str] = {}
     fields: Dict[str, Any] = {"seed": params.get(SEED_PARAM, "")}
     for name in ACTIVITY_METRICS:
         fields[name] = metrics.get(name)
         if fields[name] is None:
-            extra[name] = tags.get(f"{name}_source", "not logged")
+            extra[name] = not_finite(run.data.metrics, name) or tags.get(f"{name}_source", "not logged")
     from bertaccel.config import GROUPS
 
     # A run logs each group's option as a param named for the group (record/run_record.py open_tracker).
@@ -100,8 +138,13 @@ def run_fields(run: Any, client: Any) -> Dict[str, Any]:
     if fields["test_rows"] is None:
         extra["test_rows"] = "dataset.test_subset = null: the full test split" if subset == "null" else \
             "param dataset.test_subset not logged"
-    history = sorted(client.get_metric_history(run.info.run_id, ACCURACY_METRIC), key=lambda m: m.step)
+    if history is None:
+        history = client.get_metric_history(run.info.run_id, ACCURACY_METRIC)
+    history = sorted(history, key=lambda m: m.step)
     fields["epoch_accuracy"] = tuple(m.value for m in history)
+    if not all(finite(a) for a in fields["epoch_accuracy"]):
+        fields["epoch_accuracy"] = ()
+        extra["epoch_accuracy"] = f"{ACCURACY_METRIC} logged as a number that is not finite in an epoch"
     fields["epoch_time_s"], why = _windows(tags.get(WINDOWS_TAG))
     if why:
         extra["epoch_time_s"] = why

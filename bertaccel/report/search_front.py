@@ -118,7 +118,7 @@ def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row], swee
         cells = []
         for i, (name, v) in enumerate(zip(s.names, s.values)):
             mark = ("*" if i in s.front.on_front else
-                    s.front.left_out.get(i) or "dominated by " + ", ".join(str(j + 1) for j in s.front.dominated_by.get(i, [])))
+                    s.front.left_out.get(i) or _dominated(s.front, i))
             cells.append([str(i + 1), name] + [_cell(v[m]) for m in s.objectives] + [mark])
         rep.tables.append((f"Search {s.sweep_id}: the Pareto front it found", note,
                            ["run #", "configuration"] + s.objectives + ["front"], cells))
@@ -128,3 +128,9 @@ def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row], swee
         lines.append(f"search {s.sweep_id} ({s.sampler}): {len(s.front.on_front)} of {len(s.names)} trained "
                      f"configurations on its front: {'; '.join(s.on_front)}")
     return lines
+
+
+def _dominated(front, i: int) -> str:
+    """'dominated by 1, 4' (run numbers), and 'and more' when the front kept only the first."""
+    shown = front.dominated_by.get(i, [])
+    return "dominated by " + ", ".join(str(j + 1) for j in shown) + (" and more" if i in front.more_dominators else "")

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .scoring import score
+from .scoring import METRICS, SIGNS
 
 STEPS = 20            # 1 / 0.05
 # Scores this close count as equal: the same score reached through different float sums
 # (e.g. 0.5 w1 + w2 vs w1 + w2 - 0.5 w4 at w1 = w4) differs by ~1e-16, not by a real margin.
 TIE_TOLERANCE = 1e-9
+POINTS_AT_ONCE = 128  # weight points scored together (memory: this x the runs)
 
 
 def simplex_grid(steps: int = STEPS, k: int = 4) -> List[Tuple[int, ...]]:
@@ -60,20 +61,17 @@ def weight_map(normalized: Sequence[Mapping[str, Optional[float]]], members: Seq
 
     left_out = dict(left_out or {})
     points = simplex_grid(steps)
-    competing = [k for k in range(len(members)) if k not in left_out]
+    competing = [k for k in range(len(members)) if k not in left_out and members[k]]
     table = np.full((len(points), len(members)), np.nan)
-    for p, point in enumerate(points):
-        w = tuple(x / steps for x in point)
-        run_scores = {}
-        for k in competing:
-            values = []
-            for i in members[k]:
-                if i not in run_scores:
-                    run_scores[i] = score(normalized[i], w)[0]
-                values.append(run_scores[i])
-            # A configuration one of whose runs has no score here has none: no mean of a part.
-            if values and all(v is not None for v in values):
-                table[p, k] = sum(values) / len(values)
+    if competing:
+        order = [i for k in competing for i in members[k]]
+        starts = np.cumsum([0] + [len(members[k]) for k in competing[:-1]])
+        sizes = np.array([len(members[k]) for k in competing], dtype=float)
+        weights = np.array(points, dtype=float) / steps
+        for at in range(0, len(points), POINTS_AT_ONCE):
+            runs = run_scores(normalized, order, weights[at:at + POINTS_AT_ONCE])
+            # A configuration one of whose runs has no score here has none (nan): no mean of a part.
+            table[at:at + POINTS_AT_ONCE, competing] = np.add.reduceat(runs, starts, axis=1) / sizes
     out = WeightMap(list(labels), points, [], left_out=left_out)
     for row in table:
         if np.isnan(row).all():
@@ -88,3 +86,22 @@ def weight_map(normalized: Sequence[Mapping[str, Optional[float]]], members: Seq
         else:
             out.ties[win] = out.ties.get(win, 0) + 1
     return out
+
+
+def run_scores(normalized: Sequence[Mapping[str, Optional[float]]], runs: Sequence[int], weights) -> "Any":
+    """scoring.score of each run (columns) at each weight point (rows of four weights), nan where a
+    run has none, at once with numpy: 1771 points x 10,000 runs in a second rather than minutes
+    of calls. The same rule: a run missing a weighted metric is scored over those it has, their
+    weights scaled up to the strategy's absolute sum."""
+    import numpy as np
+
+    values = np.array([[np.nan if normalized[i].get(m) is None else normalized[i][m] for m in METRICS[:4]]
+                       for i in runs], dtype=float).reshape(-1, 4)
+    present = ~np.isnan(values)
+    total = np.abs(weights).sum(axis=1)[:, None]
+    have = np.abs(weights) @ present.T
+    missing = (weights > 0).astype(float) @ (~present).T > 0
+    raw = (weights * np.array(SIGNS[:4])) @ np.where(present, values, 0.0).T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(missing, total / have, 1.0)
+        return np.where(have == 0, np.nan, scale * raw)
