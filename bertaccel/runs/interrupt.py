@@ -50,8 +50,58 @@ def _on_signal(signum: int, frame: Any) -> None:
         signal.signal(s, signal.SIG_IGN)
     _received.append(name)
     STOP.set()
-    if not _deferring:
+    if _deferring:
+        return
+    ours = _raise_later_in(frame)
+    if ours is not None:
+        _raise_when_back_in(ours, name)
+        return
+    raise Interrupted(name)
+
+
+# Libraries whose code cannot take an exception at every point: Hydra's config reads close a file
+# in a `finally` that names it before it was opened (an UnboundLocalError took the Interrupted's
+# place: a traceback, exit 1), its run_job's `finally` reads a variable set later, OmegaConf
+# restores a node's flags in `finally` blocks (an AttributeError: "bad input", exit 2), and an
+# import cut short can leave a module half-initialized. Their calls are milliseconds.
+FRAGILE = ("hydra", "omegaconf", "yaml", "antlr4", "importlib")
+OURS = ("bertaccel", "hydra_plugins", "__main__")
+
+
+def _package(frame: Any) -> str:
+    return str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
+
+
+def _raise_later_in(frame: Any) -> Any:
+    """The nearest frame of our own code that called into a fragile library the signal came in
+    (None when the code running is ours, or nothing fragile is between it and ours)."""
+    fragile = False
+    while frame is not None and _package(frame) not in OURS:
+        fragile = fragile or _package(frame) in FRAGILE
+        frame = frame.f_back
+    return frame if fragile else None
+
+
+def _raise_when_back_in(frame: Any, name: str) -> None:
+    """Interrupted is raised in our code as soon as it runs again, through Python's trace hook:
+    in `frame` (ours) when the library's call returns to it (its next line, its return or an
+    exception), or at the entry of a function of ours the library calls first (Hydra calls its
+    callbacks, sweeper and launcher, which run the whole sweep). The library's own call ends as
+    it would have without the signal, and the sweep ends as an interruption anywhere else does."""
+    before = sys.gettrace()
+
+    def in_ours(f: Any, event: str, arg: Any) -> Any:
+        sys.settrace(before)
+        frame.f_trace = None
         raise Interrupted(name)
+
+    def on_call(f: Any, event: str, arg: Any) -> Any:  # (tracing must be on for f_trace to run)
+        if _package(f) in OURS:
+            in_ours(f, event, arg)
+        return before(f, event, arg) if before is not None else None
+
+    frame.f_trace = in_ours
+    sys.settrace(on_call)
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 
 from bertaccel.options.search import parent_tags, uses_search
-from bertaccel.runs import run_dir
+from bertaccel.runs import interrupt, run_dir
 from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
 from bertaccel.record.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
@@ -188,10 +188,13 @@ class SweepProgress(Callback):
         # sampler seeds are two sweeps, each with its own parent and front.
         search_tags = parent_tags(config.hydra, config.search) if searching else {}
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides + [f"{k}={v}" for k, v in search_tags.items()])
-        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total, search_tags,
-                             name=axes)
-        state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
-        set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
+        # A Ctrl-C while the parent run is made waits until its context is set (milliseconds):
+        # raised between the two, it left the parent RUNNING, with no context to close it.
+        with interrupt.deferred():
+            parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total,
+                                 search_tags, name=axes)
+            state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
+            set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
         state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
         for line in state.plan.said if state.plan is not None else ():
