@@ -7,6 +7,7 @@ the signal is sent when a given line of it runs): the same points every time, wh
 would land somewhere else on each machine. Real sweeps of the tiny model on the CPU, real stores."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -108,3 +109,53 @@ def test_ctrl_c_at_each_point_of_a_sweeps_start_is_one_line_and_leaves_nothing_r
         running = [(r.info.run_name, r.data.tags.get("bertaccel.role")) for r in search_runs(f"sqlite:///{store}", "bertaccel")
                    if r.info.status == "RUNNING"]
         assert not running, (running, lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output to a closed pipe (`| head -1`): exit 0 (or 141, SIGPIPE's), no traceback, nothing half-saved.
+
+def _closed_pipe(args, cwd: Path, timeout=300):
+    """The command with its stdout a pipe whose read end is closed before it writes anything (a
+    `| head -1` that has its line, sooner): (exit status, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    return proc.wait(timeout=timeout), err
+
+
+def _quiet(code: int, err: str) -> None:
+    assert code in (0, 141), (code, err[-3000:])
+    for sign in ("Traceback", "BrokenPipeError", "Exception ignored", "Logging error"):
+        assert sign not in err, err[-3000:]
+
+
+@pytest.fixture(scope="module")
+def piped_sweep(tmp_path_factory, cache):
+    """`run -m` of 2 tiny runs with its stdout closed, then its plan and its report likewise."""
+    root = tmp_path_factory.mktemp("closed_pipe")
+    store = root / "mlflow.db"
+    where = [f"tracking.uri=sqlite:///{store}", f"cache_dir={cache}"]
+    return root, store, where, _closed_pipe(["bertaccel.run", *SWEEP, *where], root)
+
+
+def test_a_sweep_with_its_stdout_closed_runs_to_its_end_quietly(piped_sweep):
+    root, store, where, (code, err) = piped_sweep
+    _quiet(code, err)
+    runs = search_runs(f"sqlite:///{store}", "bertaccel")
+    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3, [(r.info.run_name, r.info.status) for r in runs]
+
+
+def test_plan_report_doctor_and_a_single_run_with_stdout_closed_end_quietly(piped_sweep, cache):
+    root, store, where, _ = piped_sweep
+    code, err = _closed_pipe(["bertaccel.plan", *SWEEP[1:], *where], root)
+    _quiet(code, err)
+    saved = list((cache / "plan").glob("*.json"))  # the plan saved whole (or, exit 141, not at all)
+    assert [json.loads(p.read_text())["runs"] for p in saved] if code == 0 else not saved, saved
+    assert not list((cache / "plan").glob("*.tmp*"))
+    _quiet(*_closed_pipe(["bertaccel.report", "--uri", f"sqlite:///{store}", "--out", str(root / "report")], root))
+    assert (root / "report" / "report.md").is_file()
+    _quiet(*_closed_pipe(["bertaccel.doctor"], root))
+    code, err = _closed_pipe(["bertaccel.run", *SWEEP[1:-1], *where], root)
+    _quiet(code, err)
+    assert len(search_runs(f"sqlite:///{store}", "bertaccel")) == 4

@@ -173,3 +173,49 @@ def in_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_quietly)
     sys.unraisablehook = _exit_if_swallowed
+    quiet_when_stdout_closes()  # (its stdout is the sweep's: a `| head` closed it for both)
+
+
+class _ClosedPipeQuiet:
+    """sys.stdout, where the reader's end closing (`| head -1`) makes the output go nowhere
+    instead of raising BrokenPipeError at the next print: the command goes on and ends as it
+    would have (a plan still saved, a sweep's runs recorded), without a traceback per print."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _discard(self) -> None:
+        # The file descriptor itself now points at /dev/null: what is still buffered, and every
+        # other writer holding this descriptor (logging's handlers, the exit's flush), goes there.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._discard()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._discard()
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def quiet_when_stdout_closes() -> None:
+    """At the top of a command's __main__ (and in each run's process): see _ClosedPipeQuiet."""
+    if sys.stdout is not None and not isinstance(sys.stdout, _ClosedPipeQuiet):
+        try:
+            sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # (not a file: pytest's capture, a StringIO)
+            return
+        sys.stdout = _ClosedPipeQuiet(sys.stdout)
