@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
+from bertaccel.option import user_path
+
 MARKER = ".bertaccel-output"
 KINDS = ("report", "plan")  # what writes output folders: python -m bertaccel.report, python -m bertaccel.plan
 _HEADER = "bertaccel {kind} output folder"
@@ -91,7 +93,7 @@ def check_folder(text: str, kind: str) -> Path:
     --out costs nothing, and again by write_folder just before it writes."""
     if not text.strip():
         raise OutputFolderError(f"--out '': give a folder name, e.g. --out {kind}")
-    out = Path(text).expanduser()
+    out = user_path(text)
     if out.is_symlink():  # a rename would move the link, not the folder it points to
         raise OutputFolderError(f"--out {text}: is a symbolic link; give the folder it points to, or a new name")
     out = out.resolve()
