@@ -19,7 +19,7 @@ from bertaccel.options.cache_dir import check_cache_dir
 from bertaccel.plan.probe import cache_path
 from bertaccel.plan.saved import plan_path, read_plan
 from bertaccel.record.tracking import search_runs
-from bertaccel.report.folder import check_folder
+from bertaccel.report.folder import check_folder, new_temporary, write_folder
 from bertaccel.runs.bytecode import default_prefix
 from bertaccel.train.compile_cache import compile_caches
 
@@ -100,3 +100,33 @@ def test_the_plan_cli_saves_under_home_and_a_lookup_from_another_directory_finds
                                   for x in runs), [x.data.tags.get("prediction_basis") for x in runs]
     assert (home / "sweeps" / "s1" / "multirun.yaml").is_file()
     assert not [p for p in tmp_path.rglob("*") if p.name == "~"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A report's temporary folder left by a writer killed mid-write is removed by a later report, a
+# live writer's is not; the glance page is written only where --out says.
+
+def test_a_later_report_removes_a_dead_writers_temporary_folder_and_keeps_a_live_ones(tmp_path):
+    made = subprocess.run([sys.executable, "-c", "import os, sys; from pathlib import Path; "
+                           "from bertaccel.report.folder import new_temporary; "
+                           "t = new_temporary(Path(sys.argv[1]), 'report'); (t / 'report.md').write_text('half'); "
+                           "print(t); os._exit(9)", str(tmp_path)],  # (as kill -9 leaves it: no clean-up)
+                          env=ENV, capture_output=True, text=True, timeout=120)
+    dead = Path(made.stdout.strip())
+    assert made.returncode == 9 and dead.is_dir() and dead.name.startswith(".report-"), made.stderr[-2000:]
+    live = new_temporary(tmp_path, "report")  # this process's: a concurrent writer, alive
+    aside = tmp_path / ".report-old-12345"  # an earlier output set aside in a swap: maybe the only copy
+    aside.mkdir()
+    write_folder(str(tmp_path / "r"), "report", {"report.md": "whole"}, [])
+    assert not dead.exists() and live.is_dir() and aside.is_dir()
+    assert (tmp_path / "r" / "report.md").read_text() == "whole"
+
+
+@pytest.mark.slow
+def test_glance_without_out_is_one_line_and_writes_nothing(tmp_path):
+    page = Path(__file__).resolve().parents[1] / "docs" / "results" / "at-a-glance.md"
+    before = (page.read_bytes(), page.stat().st_mtime_ns)
+    r = subprocess.run([sys.executable, "-m", "bertaccel.report.glance"], cwd=tmp_path, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--out" in r.stderr, (r.returncode, r.stderr)
+    assert (page.read_bytes(), page.stat().st_mtime_ns) == before and not list(tmp_path.iterdir())
