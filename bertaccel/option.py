@@ -2,14 +2,25 @@
 it): `Option`, the base of the one object each config group or block registers
 (options/registry.py lists them); ConfigError (the run's refusal, one line per problem); a numeric
 field's declared Range (`bounded` on the schema); the named-choices and count-or-word forms the
-checks say their refusals in; and `first_line`, the one line an exception becomes wherever a
-message is shown to the user."""
+checks say their refusals in; `first_line`, the one line an exception becomes wherever a
+message is shown to the user; and `user_path`, the one expansion of every path written to."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
 # (cfg below is a config.RunConfig and device a torch.device: the base layer imports neither)
+
+
+def user_path(text: Any) -> Path:
+    """The one way a path bertaccel writes to is read, its defaults' (cache_dir's
+    "~/.cache/bertaccel") and the user's alike: `~` and environment variables expanded, then
+    absolute (from the working directory). Path("~/...") alone is a folder named `~` in the
+    working directory (a plan saved there was not found from another one, and `rm -rf ~` of it
+    deletes the home). A variable that is not set stays `$NAME` (options/cache_dir.py refuses it)."""
+    return Path(os.path.expandvars(os.path.expanduser(str(text)))).absolute()
 
 
 def first_line(e: Any, *, limit: Optional[int] = None, default: Optional[str] = None, last: bool = False) -> str:

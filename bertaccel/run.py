@@ -26,6 +26,9 @@ if __name__ == "__main__":
     # Before any heavy import, here and in the forkserver started below (runs/bytecode.py: on an
     # image that keeps no bytecode, torch and friends compile from source in every process).
     cache_bytecode()
+    from bertaccel.runs.interrupt import quiet_when_stdout_closes
+
+    quiet_when_stdout_closes()  # `run ... | head -2`: the sweep goes on, its output nowhere
     from bertaccel.runs.forkserver import start_early, stop
 
     _server: list = []  # the forkserver started below, if it was

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional, Tuple, TypeVar
 
 from bertaccel.config import first_line
+from bertaccel.option import user_path
 
 log = logging.getLogger("bertaccel")
 T = TypeVar("T")
@@ -133,4 +134,4 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 def entry_path(cache_dir: Optional[str], kind: str, key: str, suffix: str) -> Path:
     """cache_dir/<kind>/<key><suffix> (kind: raw, tokens)."""
-    return Path(os.path.expanduser(str(cache_dir))) / kind / f"{key}{suffix}"
+    return user_path(cache_dir) / kind / f"{key}{suffix}"

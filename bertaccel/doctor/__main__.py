@@ -28,4 +28,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from bertaccel.runs.interrupt import quiet_when_stdout_closes
+
+    quiet_when_stdout_closes()  # `doctor | head -1`: no BrokenPipeError
     sys.exit(main())

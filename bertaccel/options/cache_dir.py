@@ -3,10 +3,10 @@ kernels, tokenized datasets)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import re
 from typing import TYPE_CHECKING, List, Optional
 
-from bertaccel.option import Option, problems
+from bertaccel.option import Option, problems, user_path
 
 if TYPE_CHECKING:
     from bertaccel.config import RunConfig
@@ -17,7 +17,10 @@ def check_cache_dir(cfg: "RunConfig") -> Optional[str]:
     (checked without creating anything). Otherwise the first cache write fails inside the run's
     process, after its MLflow run was opened."""
     value = cfg.cache_dir
-    path = Path(os.path.expanduser(value)).absolute()
+    path = user_path(value)
+    unset = re.findall(r"\$\{?(\w+)", str(path))
+    if unset:
+        return f"cache_dir={value}: the environment variable {unset[0]} is not set; set it, or give a folder"
     existing = next(p for p in (path, *path.parents) if p.exists())
     where = "" if existing == path else f" ({existing} exists)"
     if not existing.is_dir():

@@ -41,6 +41,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ..config import first_line
+from ..option import user_path
 from .fit import fit_overhead
 from .probe_process import in_probe_process, probe_lengths
 
@@ -110,7 +111,7 @@ def _digest(obj: Any) -> str:
 
 
 def cache_path(cache_dir: str, machine: Dict[str, str], key: Dict[str, Any]) -> Path:
-    return Path(cache_dir) / "probe" / _digest(machine) / f"{_digest(key)}.json"
+    return user_path(cache_dir) / "probe" / _digest(machine) / f"{_digest(key)}.json"
 
 
 def read_cached(path: Path) -> Optional[ProbeResult]:

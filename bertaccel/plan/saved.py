@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from ..option import user_path
 from .pricing import PREDICTED, PREDICTED_WAIT
 
 
 def plan_path(cache_dir: str, sweep_id: str) -> Path:
-    return Path(cache_dir) / "plan" / f"{sweep_id}.json"
+    return user_path(cache_dir) / "plan" / f"{sweep_id}.json"  # (from any working directory)
 
 
 def save_plan(cache_dir: str, sweep_id: str, preds: Sequence[Any], sweep_wall_s: Optional[float]) -> Path:

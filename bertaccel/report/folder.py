@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
+
+from bertaccel.option import user_path
 
 MARKER = ".bertaccel-output"
 KINDS = ("report", "plan")  # what writes output folders: python -m bertaccel.report, python -m bertaccel.plan
@@ -91,7 +94,7 @@ def check_folder(text: str, kind: str) -> Path:
     --out costs nothing, and again by write_folder just before it writes."""
     if not text.strip():
         raise OutputFolderError(f"--out '': give a folder name, e.g. --out {kind}")
-    out = Path(text).expanduser()
+    out = user_path(text)
     if out.is_symlink():  # a rename would move the link, not the folder it points to
         raise OutputFolderError(f"--out {text}: is a symbolic link; give the folder it points to, or a new name")
     out = out.resolve()
@@ -116,6 +119,38 @@ def check_folder(text: str, kind: str) -> Path:
     return out
 
 
+def new_temporary(parent: Path, kind: str) -> Path:
+    """The hidden folder an output is written into before it is swapped in, named with this
+    process's id (.report-<pid>-XXXX): a writer killed (kill -9) leaves it, and remove_stale
+    can tell it from a live writer's."""
+    return Path(tempfile.mkdtemp(prefix=f".{kind}-{os.getpid()}-", dir=parent))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's process: alive)
+        return True
+    return True
+
+
+def remove_stale(parent: Path, kind: str) -> None:
+    """Removes the temporary folders of earlier writers of this kind in `parent` whose process
+    is gone; a live writer's (a concurrent report) stays, and so does anything not so named
+    (an earlier output set aside during a swap is .<kind>-old-...: it may be the only copy)."""
+    pattern = re.compile(rf"^\.{re.escape(kind)}-(\d+)-[A-Za-z0-9_]+$")
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if m and not entry.is_symlink() and entry.is_dir() and not _alive(int(m.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def write_folder(text: str, kind: str, files: Mapping[str, str], plots: Sequence[dict]) -> None:
     """files: name -> text; plots: {'stem', 'png'} dicts, saved under plots/. Written to a
     temporary folder beside --out TEXT first (same file system, so renames are atomic), then
@@ -123,8 +158,9 @@ def write_folder(text: str, kind: str, files: Mapping[str, str], plots: Sequence
     either, and never replaces a folder check_folder refuses. OutputFolderError when nothing
     was changed."""
     out = check_folder(text, kind)
+    remove_stale(out.parent, kind)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=out.parent))
+        tmp = new_temporary(out.parent, kind)
     except OSError as e:
         raise OutputFolderError(f"--out {text}: cannot write in {out.parent} ({e.strerror}); "
                                 "give a path in a folder you can write") from None

@@ -298,7 +298,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = OneLineParser(prog="python -m bertaccel.report.glance",
                        description="Write the results-at-a-glance page from the benchmark stores.")
     ap.add_argument("--manifest", default=str(MANIFEST), help="the stores' manifest (default: %(default)s)")
-    ap.add_argument("--out", default=str(PAGE), help="the page to write (default: %(default)s)")
+    # Required: a default of the docs' page rewrote it in whatever checkout the command ran from.
+    ap.add_argument("--out", required=True, help=f"the page to write (the docs' page: {COMMAND.split('--out ')[1]})")
     a = ap.parse_args(argv)
     try:
         page = generate(Path(a.manifest))

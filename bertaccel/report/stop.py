@@ -27,6 +27,9 @@ def while_starting() -> None:
 
     for s in SIGNALS:
         signal.signal(s, _stop)
+    from bertaccel.runs.interrupt import quiet_when_stdout_closes
+
+    quiet_when_stdout_closes()  # `plan ... | head -1`: the plan still saved, no BrokenPipeError
 
 
 @contextmanager

@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Optional
 
+from bertaccel.option import user_path
+
 PROBE_PACKAGE = "torch"  # the largest import of a run: its bytecode says how the install was made
 # Set for the processes started: multiprocessing starts its forkserver with -B when this process
 # started with PYTHONDONTWRITEBYTECODE (sys.flags cannot change), so the server, whose preload is
@@ -61,7 +63,7 @@ def cache_bytecode(package: str = PROBE_PACKAGE) -> Optional[str]:
     setting = os.environ.get("BERTACCEL_PYCACHE", "").strip()
     if setting.lower() == "off" or sys.pycache_prefix is not None or _has_bytecode(package) is not False:
         return None
-    prefix = os.path.abspath(os.path.expanduser(setting or default_prefix()))
+    prefix = str(user_path(setting or default_prefix()))
     try:
         os.makedirs(prefix, exist_ok=True)
     except OSError:  # (nowhere to write: imports stay as they were)

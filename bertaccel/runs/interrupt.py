@@ -50,8 +50,58 @@ def _on_signal(signum: int, frame: Any) -> None:
         signal.signal(s, signal.SIG_IGN)
     _received.append(name)
     STOP.set()
-    if not _deferring:
+    if _deferring:
+        return
+    ours = _raise_later_in(frame)
+    if ours is not None:
+        _raise_when_back_in(ours, name)
+        return
+    raise Interrupted(name)
+
+
+# Libraries whose code cannot take an exception at every point: Hydra's config reads close a file
+# in a `finally` that names it before it was opened (an UnboundLocalError took the Interrupted's
+# place: a traceback, exit 1), its run_job's `finally` reads a variable set later, OmegaConf
+# restores a node's flags in `finally` blocks (an AttributeError: "bad input", exit 2), and an
+# import cut short can leave a module half-initialized. Their calls are milliseconds.
+FRAGILE = ("hydra", "omegaconf", "yaml", "antlr4", "importlib")
+OURS = ("bertaccel", "hydra_plugins", "__main__")
+
+
+def _package(frame: Any) -> str:
+    return str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
+
+
+def _raise_later_in(frame: Any) -> Any:
+    """The nearest frame of our own code that called into a fragile library the signal came in
+    (None when the code running is ours, or nothing fragile is between it and ours)."""
+    fragile = False
+    while frame is not None and _package(frame) not in OURS:
+        fragile = fragile or _package(frame) in FRAGILE
+        frame = frame.f_back
+    return frame if fragile else None
+
+
+def _raise_when_back_in(frame: Any, name: str) -> None:
+    """Interrupted is raised in our code as soon as it runs again, through Python's trace hook:
+    in `frame` (ours) when the library's call returns to it (its next line, its return or an
+    exception), or at the entry of a function of ours the library calls first (Hydra calls its
+    callbacks, sweeper and launcher, which run the whole sweep). The library's own call ends as
+    it would have without the signal, and the sweep ends as an interruption anywhere else does."""
+    before = sys.gettrace()
+
+    def in_ours(f: Any, event: str, arg: Any) -> Any:
+        sys.settrace(before)
+        frame.f_trace = None
         raise Interrupted(name)
+
+    def on_call(f: Any, event: str, arg: Any) -> Any:  # (tracing must be on for f_trace to run)
+        if _package(f) in OURS:
+            in_ours(f, event, arg)
+        return before(f, event, arg) if before is not None else None
+
+    frame.f_trace = in_ours
+    sys.settrace(on_call)
 
 
 @contextmanager
@@ -123,3 +173,49 @@ def in_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_quietly)
     sys.unraisablehook = _exit_if_swallowed
+    quiet_when_stdout_closes()  # (its stdout is the sweep's: a `| head` closed it for both)
+
+
+class _ClosedPipeQuiet:
+    """sys.stdout, where the reader's end closing (`| head -1`) makes the output go nowhere
+    instead of raising BrokenPipeError at the next print: the command goes on and ends as it
+    would have (a plan still saved, a sweep's runs recorded), without a traceback per print."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _discard(self) -> None:
+        # The file descriptor itself now points at /dev/null: what is still buffered, and every
+        # other writer holding this descriptor (logging's handlers, the exit's flush), goes there.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._discard()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._discard()
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def quiet_when_stdout_closes() -> None:
+    """At the top of a command's __main__ (and in each run's process): see _ClosedPipeQuiet."""
+    if sys.stdout is not None and not isinstance(sys.stdout, _ClosedPipeQuiet):
+        try:
+            sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # (not a file: pytest's capture, a StringIO)
+            return
+        sys.stdout = _ClosedPipeQuiet(sys.stdout)

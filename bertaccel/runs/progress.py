@@ -20,9 +20,12 @@ from typing import Any, List, Optional, Sequence, Set, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from omegaconf import open_dict, read_write
+
+from bertaccel.option import user_path
 
 from bertaccel.options.search import parent_tags, uses_search
-from bertaccel.runs import run_dir
+from bertaccel.runs import interrupt, run_dir
 from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
 from bertaccel.record.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
@@ -129,6 +132,12 @@ def planned_jobs(hydra_context: Any, job_overrides: Sequence[Sequence[str]],
     return jobs
 
 
+def expand_dir(config: Any, mode: str) -> None:
+    """hydra.<mode>.dir through option.user_path: Hydra makes the folder as given, `~` included."""
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra[mode].dir = str(user_path(config.hydra[mode].dir))
+
+
 class SweepProgress(Callback):
     """The sweep's frame. Hydra makes one instance per multirun and calls it in the launching
     process (bertaccel's launcher runs every job's Hydra side there, also with runs_at_once > 1),
@@ -141,6 +150,7 @@ class SweepProgress(Callback):
         self.before: Optional[run_dir.Before] = None
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        expand_dir(config, "run")
         self.before = run_dir.before_job(config)
 
     def on_run_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
@@ -152,6 +162,7 @@ class SweepProgress(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         mark_main(MAIN_PARENT_RUN)  # (Hydra has composed the sweep's config: the first run's start-up)
+        expand_dir(config, "sweep")  # (before the sweeper writes multirun.yaml there; the launcher: each job's)
         plain = PLAIN_SUBMITIT.get(config.hydra.launcher.get("_target_", ""))
         if plain is not None:
             presets = " (the same options), or the presets slurm_gpu, slurm_ddp" if plain == "slurm" else ""
@@ -188,10 +199,13 @@ class SweepProgress(Callback):
         # sampler seeds are two sweeps, each with its own parent and front.
         search_tags = parent_tags(config.hydra, config.search) if searching else {}
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides + [f"{k}={v}" for k, v in search_tags.items()])
-        parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total, search_tags,
-                             name=axes)
-        state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
-        set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
+        # A Ctrl-C while the parent run is made waits until its context is set (milliseconds):
+        # raised between the two, it left the parent RUNNING, with no context to close it.
+        with interrupt.deferred():
+            parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total,
+                                 search_tags, name=axes)
+            state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
+            set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
         state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
         for line in state.plan.said if state.plan is not None else ():

@@ -29,6 +29,8 @@ from typing import Dict, Iterator, Optional
 import torch
 from hydra.core.utils import env_override
 
+from bertaccel.option import user_path
+
 CACHE_MODES = ("persistent", "fresh")
 
 
@@ -112,7 +114,7 @@ def compile_caches(cache_dir: str, mode: str, device: torch.device) -> Iterator[
     if mode == "fresh":
         root = Path(tempfile.mkdtemp(prefix="bertaccel-compile-"))
     else:
-        root = Path(os.path.expanduser(cache_dir)) / "compile" / key
+        root = user_path(cache_dir) / "compile" / key
         root.mkdir(parents=True, exist_ok=True)
         # The key's ingredients beside the caches, for a person wondering what a directory is.
         (root / "KEY.json").write_text(json.dumps(parts, indent=1, sort_keys=True))

@@ -19,7 +19,6 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
@@ -27,6 +26,8 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
+
+from bertaccel.option import user_path
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class BertaccelLauncher(Launcher):
         setup_globals()
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        user_path(self.config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         at_once = int(self.config.launcher.runs_at_once)
         if self.config.launcher.name == "process" and self.config.launcher.start_method == "forkserver":
             from bertaccel.runs.forkserver import start_forkserver
@@ -128,6 +129,7 @@ class BertaccelLauncher(Launcher):
         if cfg is None:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         with open_dict(cfg):
+            cfg.hydra.sweep.dir = str(user_path(cfg.hydra.sweep.dir))  # (Hydra makes it as given: `~` a folder)
             cfg.hydra.job.id = idx
             cfg.hydra.job.num = idx
         return cfg
