@@ -81,6 +81,7 @@ from bertaccel.record.run_record import group_choices, record_bad_input, run_lab
 from bertaccel.runs.run_dir import Refused
 from bertaccel.runs.startup import MAIN_COMPOSE, Mark, job_marks, mark_main, process_started_at
 from bertaccel.record.sweep import context_from_env, interrupt_parent, set_env
+from bertaccel.runs.sweep_jobs import refuse_repeats_alone
 from bertaccel.runs.sweep_plan import SweepRefused
 
 register_configs()
@@ -120,6 +121,8 @@ def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = N
     """One configuration, recorded; returns its Outcome. devices: the GPUs (as CUDA_VISIBLE_DEVICES
     names) the run's processes may see, when the sweep launcher hands each run its own."""
     try:
+        if not info.multirun:
+            refuse_repeats_alone(cfg)
         outcome = launch(cfg, info.choices, info.name, info.started_at, info.started_source, devices=devices,
                          startup=info.startup)
     except (ConfigError, DataError) as e:
