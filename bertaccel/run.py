@@ -6,9 +6,10 @@ on the command line too: Hydra's composition errors are caught here), and what H
 wrote to the run's output directory is taken back, nothing else (runs/run_dir.py); a skipped or
 failed run exits 1.
 Multirun: every configuration is recorded (bad ones as failed, with the reason) and the sweep
-goes on; the exit status is non-zero only when no run finished (runs/progress.py says it). A sweep
-with no configuration, or bad input in every one, is one line and exit 2 before its store is
-opened (runs/sweep_plan.py).
+goes on; the exit status is 1 when no requested configuration finished, the baseline the sweep
+added not counting (runs/progress.py says it). A sweep with no configuration, past sweep.max_runs,
+or with bad input in every requested one, is one line and exit 2 before its store is opened
+(runs/sweep_plan.py). sweep.repeats without -m is bad input.
 SIGINT / SIGTERM (interrupt.py): the current run is recorded interrupted, a sweep's parent run
 is closed, one line is printed, exit 130 / 143.
 """
