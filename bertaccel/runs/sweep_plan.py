@@ -46,7 +46,7 @@ LEFT_TO_THE_RUNS = ("optimizer.check_built", "tracking.check_store")
 # The launchers that run a sweep's runs on this machine: its devices are theirs (_machine_refusal).
 LOCAL_LAUNCHERS = ("BertaccelLauncher", "BasicLauncher")
 KEPT_CONFIGS = 100     # the composed configs held for the launcher: the first jobs' (~0.3 MB each)
-SAID_FROM = 50         # a sweep of more configurations says its planning as it goes (_Said)
+SAID_FROM = 50         # a sweep of more configurations says its planning as it goes (PlanningSaid)
 PROGRESS_EVERY_S = 30.0
 
 
