@@ -298,6 +298,7 @@ class SweepConfig:
     # Each configuration this many times, seeds train.seed, +1, ..., interleaved (A B A B, never
     # A A B B) so host drift falls on all alike; the report's intervals and ties come from them.
     repeats: int = bounded(1, ge=1)
+    max_runs: int = bounded(10000, ge=1)  # The most runs (configurations x repeats) a sweep may have; more: refused
     # Add the config groups' defaults run (per model and dataset) when no configuration is it: the
     # report's speed-ups are then against what the user runs today (bertaccel/runs/sweep_jobs.py).
     baseline: bool = True

@@ -6,9 +6,10 @@ on the command line too: Hydra's composition errors are caught here), and what H
 wrote to the run's output directory is taken back, nothing else (runs/run_dir.py); a skipped or
 failed run exits 1.
 Multirun: every configuration is recorded (bad ones as failed, with the reason) and the sweep
-goes on; the exit status is non-zero only when no run finished (runs/progress.py says it). A sweep
-with no configuration, or bad input in every one, is one line and exit 2 before its store is
-opened (runs/sweep_plan.py).
+goes on; the exit status is 1 when no requested configuration finished, the baseline the sweep
+added not counting (runs/progress.py says it). A sweep with no configuration, past sweep.max_runs,
+or with bad input in every requested one, is one line and exit 2 before its store is opened
+(runs/sweep_plan.py). sweep.repeats without -m is bad input.
 SIGINT / SIGTERM (interrupt.py): the current run is recorded interrupted, a sweep's parent run
 is closed, one line is printed, exit 130 / 143.
 """
@@ -86,6 +87,7 @@ from bertaccel.record.run_record import group_choices, record_bad_input, run_lab
 from bertaccel.runs.run_dir import Refused
 from bertaccel.runs.startup import MAIN_COMPOSE, Mark, job_marks, mark_main, process_started_at
 from bertaccel.record.sweep import context_from_env, interrupt_parent, set_env
+from bertaccel.runs.sweep_jobs import refuse_repeats_alone
 from bertaccel.runs.sweep_plan import SweepRefused
 
 register_configs()
@@ -125,6 +127,8 @@ def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = N
     """One configuration, recorded; returns its Outcome. devices: the GPUs (as CUDA_VISIBLE_DEVICES
     names) the run's processes may see, when the sweep launcher hands each run its own."""
     try:
+        if not info.multirun:
+            refuse_repeats_alone(cfg)
         outcome = launch(cfg, info.choices, info.name, info.started_at, info.started_source, devices=devices,
                          startup=info.startup)
     except (ConfigError, DataError) as e:

@@ -6,7 +6,7 @@ today, not against the slowest run of the grid.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import yaml
 
@@ -44,8 +44,14 @@ def top_level_defaults() -> Dict[str, int]:
             "batch_size": int((conf.get("train") or {}).get("batch_size", TrainConfig.batch_size))}
 
 
-def on_defaults(given: Dict[str, str]) -> bool:
+def defaults_wanted() -> Dict[str, str]:
+    """What on_defaults compares a job with: the technique groups' defaults, accumulation, num_gpus."""
+    return {**default_choices(), **{k: str(v) for k, v in top_level_defaults().items() if k != "batch_size"}}
+
+
+def on_defaults(given: Dict[str, str], wanted: Optional[Dict[str, str]] = None) -> bool:
     """Whether a job whose overrides set these keys ({'precision': 'fp16', ...}) trains on the
-    technique groups' defaults (a key it leaves alone keeps its default)."""
-    wanted = {**default_choices(), **{k: str(v) for k, v in top_level_defaults().items() if k != "batch_size"}}
+    technique groups' defaults (a key it leaves alone keeps its default). wanted: defaults_wanted(),
+    read once by a caller that asks for many jobs (it parses conf/config.yaml)."""
+    wanted = defaults_wanted() if wanted is None else wanted
     return all(str(given.get(k, v)) == v for k, v in wanted.items())

@@ -9,8 +9,9 @@ run will have, which is how a prediction meets its measurement later.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -58,7 +59,7 @@ def _sweeper_jobs(master: DictConfig, arguments: Sequence[str], config_loader: A
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from bertaccel.runs.sweep_jobs import SweepJobsRefused, sweep_jobs
+    from bertaccel.runs.sweep_jobs import SweepJobsRefused, refuse_oversized, sweep_jobs
 
     target = master.hydra.sweeper.get("_target_", "")
     if not target.endswith(("BasicSweeper", "BertaccelSweeper")):
@@ -66,10 +67,11 @@ def _sweeper_jobs(master: DictConfig, arguments: Sequence[str], config_loader: A
     params = master.hydra.sweeper.get("params") or {}
     spec = [f"{k}={v}" for k, v in params.items()] + list(arguments)
     parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(spec)
-    if target.endswith("BasicSweeper"):
-        (batch,) = BasicSweeper.split_arguments(parsed, None)
-        return [list(job) for job in batch]
     try:
+        if target.endswith("BasicSweeper"):
+            refuse_oversized(master, parsed)
+            (batch,) = BasicSweeper.split_arguments(parsed, None)
+            return [list(job) for job in batch]
         return sweep_jobs(master, parsed).overrides
     except SweepJobsRefused as e:
         raise PlanInputError(str(e)) from e
@@ -86,6 +88,7 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
     from bertaccel.options.checks import validate
     from bertaccel.runs.command_config import composing
     from bertaccel.runs.progress import swept_keys
+    from bertaccel.runs.sweep_plan import PlanningSaid
     from bertaccel.record.run_record import cfg_hash, group_choices, run_label
     from bertaccel.record.sweep import sweep_identity
 
@@ -101,7 +104,10 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
             swept = sorted(swept_keys(every))
             grid = Grid(config_name, [], swept, sweep_identity(config_name, every))
             _check_store(str(master.tracking.uri))
+            seen: Set[str] = set()
+            said = PlanningSaid(len(jobs), "plan: ", sys.stderr)
             for number, job in enumerate(jobs):
+                said.checked(number)
                 cfg = loader.load_sweep_config(master, job)  # (it adds the master's hydra.* overrides)
                 choices = group_choices(cfg.hydra.runtime.choices, GROUPS)
                 name = run_label(cfg.hydra.overrides.task, swept)
@@ -113,9 +119,11 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
                     validate(cfg)
                 except ConfigError as e:
                     invalid = str(e)
-                if any(c.config_hash == cfg_hash(cfg) for c in grid.configs):
+                digest = cfg_hash(cfg)  # (once per configuration: the plan is linear in them)
+                if digest in seen:
                     continue  # (given twice, or the added baseline is a grid job: the sweep runs it once)
-                grid.configs.append(PlannedConfig(number, name, job, cfg, choices, cfg_hash(cfg), invalid))
+                seen.add(digest)
+                grid.configs.append(PlannedConfig(number, name, job, cfg, choices, digest, invalid))
     finally:
         GlobalHydra.instance().clear()
     return grid

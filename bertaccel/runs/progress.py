@@ -20,13 +20,14 @@ from typing import Any, List, Optional, Sequence, Set, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from omegaconf import open_dict, read_write
+from omegaconf import OmegaConf, open_dict, read_write
 
 from bertaccel.option import user_path
 
 from bertaccel.options.search import parent_tags, uses_search
 from bertaccel.runs import interrupt, run_dir
 from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
+from bertaccel.runs.sweep_jobs import grid_axes, values_count
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
 from bertaccel.record.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
 from bertaccel.record.tracking import experiment_id_of, ui_address
@@ -39,12 +40,13 @@ STATUSES = ("finished", "skipped", "failed", "interrupted", "already_finished", 
 # and check nothing before submitting; conf/hydra/launcher/ has them with bertaccel's bookkeeping.
 PLAIN_SUBMITIT = {"hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher": "slurm",
                   "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher": "local_jobs"}
+LISTED_VALUES = 20  # an axis with more values is named as typed in the parent run's name (sweep_axes)
 
 
 def count_jobs(overrides: List[str]) -> int:
-    """Jobs the basic sweeper makes of these overrides: the product of the sweep lengths."""
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    return math.prod(len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1 for o in parsed)
+    """Jobs the basic sweeper makes of these overrides: the product of the sweep lengths, counted
+    without listing them (runs/sweep_jobs.py grid_axes)."""
+    return math.prod(grid_axes(OverridesParser.create().parse_overrides(overrides)).values())
 
 
 def swept_keys(overrides: List[str]) -> Set[str]:
@@ -60,8 +62,9 @@ def sweep_axes(overrides: List[str]) -> str:
     for o in OverridesParser.create().parse_overrides(overrides):
         if not o.is_sweep_override():
             continue
-        try:
-            axes.append(f"{o.get_key_element()}={','.join(o.sweep_string_iterator())}")
+        try:  # (a long axis as typed: train.seed=range(0,10000), not ten thousand numbers in a name)
+            long = (values_count(o) or 0) > LISTED_VALUES
+            axes.append(o.input_line if long else f"{o.get_key_element()}={','.join(o.sweep_string_iterator())}")
         except Exception:  # noqa: BLE001 - hydra raises its base exception for sweeps it cannot enumerate
             axes.append(o.input_line)
     return " x ".join(axes)
@@ -77,6 +80,7 @@ class SweepState:
     ui: str = ""  # the MLflow UI's address of the sweep's runs (tracking.ui_address)
     pid: int = 0  # the launching process (a submitit job's process has a copy of this state)
     plan: Optional[SweepPlan] = None  # a grid's configurations, composed and checked (runs/sweep_plan.py)
+    added: Set[int] = field(default_factory=set)  # the outcomes (their places) of the baseline the sweep added
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -112,17 +116,28 @@ class SweepState:
             totals += f"\nMLflow UI: {self.ui}"
         return "\n".join(["", "== sweep summary ==", *lines, totals])
 
+    def requested_finished(self) -> int:
+        """Requested configurations with a finished run (now or from before): the baseline the
+        sweep added (runs/sweep_jobs.py) is not one; alone it answers nothing the user asked."""
+        return sum(o.status in ("finished", "already_finished") for i, o in enumerate(self.outcomes)
+                   if i not in self.added)
+
     def exit_code(self) -> int:
-        """Non-zero only when no configuration has a finished run (now or from before)."""
-        return 0 if self.count("finished") + self.count("already_finished") > 0 else 1
+        """Non-zero (1) when no requested configuration has a finished run, whatever the baseline did."""
+        return 0 if self.requested_finished() > 0 else 1
+
+
+def plan_of(hydra_context: Any) -> Optional[SweepPlan]:
+    """The plan the sweep's frame made (runs/sweep_plan.py), or None (a search, or no frame)."""
+    frames = [c for c in hydra_context.callbacks.callbacks if isinstance(c, SweepProgress)]
+    return frames[0].state.plan if frames else None
 
 
 def planned_jobs(hydra_context: Any, job_overrides: Sequence[Sequence[str]],
                  initial_job_idx: int) -> List[Tuple[int, List[str], Any]]:
     """What a launcher launches of the sweeper's jobs: (index, overrides, the sweep config the
     frame composed for it or None), the repeats of a configuration left out (runs/sweep_plan.py)."""
-    frames = [c for c in hydra_context.callbacks.callbacks if isinstance(c, SweepProgress)]
-    plan = frames[0].state.plan if frames else None
+    plan = plan_of(hydra_context)
     jobs = []
     for i, overrides in enumerate(job_overrides):
         idx = initial_job_idx + i
@@ -173,23 +188,23 @@ class SweepProgress(Callback):
         overrides = list(config.hydra.overrides.task)
         params = config.hydra.sweeper.get("params") or {}
         overrides += [f"{k}={v}" for k, v in params.items()]
+        searching = uses_search(config.hydra)
+        if not searching:
+            # Before the store and the parent run: an empty sweep, one past sweep.max_runs, or one
+            # whose every requested configuration is bad input, is one line and exit 2 with nothing
+            # written, as a single run is; a configuration given twice is counted and run once.
+            state.plan = plan_sweep(config)
         try:
             state.total, state.swept = count_jobs(overrides), swept_keys(overrides)
             axes = sweep_axes(overrides)
         except Exception:  # noqa: BLE001 - an unusual sweeper syntax only costs us "of N" and short names
             state.total, state.swept, axes = None, set(), ""
-        searching = uses_search(config.hydra)
         if searching:  # a search runs its n_trials, not the grid
             state.total = int(config.hydra.sweeper.n_trials)
             if state.total < 1:
                 raise SweepRefused(f"hydra.sweeper.n_trials={state.total}: a search needs at least one trial")
-        else:
-            # Before the store and the parent run: an empty sweep, or one whose every configuration
-            # is bad input, is one line and exit 2 with nothing written, as a single run is; a
-            # configuration given twice is counted and run once.
-            state.plan = plan_sweep(config)
-            if state.plan is not None:
-                state.total = len(state.plan.distinct())
+        elif state.plan is not None:
+            state.total = len(state.plan.distinct())
         state.uri = config.tracking.uri
         exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
         exit_if_experiment_deleted(state.uri, config.tracking.experiment)  # (in MLflow's trash: the same)
@@ -226,6 +241,9 @@ class SweepProgress(Callback):
         outcome = getattr(outcome, "outcome", outcome)
         if outcome is None or not hasattr(outcome, "status"):
             return
+        number = OmegaConf.select(config, "hydra.job.num", default=None)
+        if self.state.plan is not None and number in self.state.plan.baseline:
+            self.state.added.add(len(self.state.outcomes))
         self.state.outcomes.append(outcome)
         if config.hydra.mode is not None and config.hydra.mode.name == "MULTIRUN":
             print(self.state.progress_line(), flush=True)
@@ -237,6 +255,10 @@ class SweepProgress(Callback):
         print(state.table(), flush=True)
         set_env(None)
         if state.outcomes and state.exit_code():
+            finished = state.count("finished") + state.count("already_finished")
+            if finished:  # (the added baseline's: said, or exit 1 would read as a contradiction)
+                print("[sweep] none of the requested configurations finished (only the baseline the sweep added "
+                      "did): exit status 1", flush=True)
             # The sweep's exit status, said here: Hydra returns nothing of a multirun to the
             # caller of main(), and this instance is where the outcomes are.
             raise SystemExit(state.exit_code())

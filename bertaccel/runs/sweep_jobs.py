@@ -22,19 +22,24 @@ expands it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Set
+import decimal
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+from omegaconf import OmegaConf
 
-from bertaccel.config import CONTEXT_GROUPS, TECHNIQUE_GROUPS
-from bertaccel.options.baseline import on_defaults
+from bertaccel.config import CONTEXT_GROUPS, TECHNIQUE_GROUPS, ConfigError, SweepConfig, TrainConfig
+from bertaccel.options.baseline import defaults_wanted, on_defaults
 
 # What the baseline takes off: the techniques a sweep compares (config groups and their settings),
 # and keeps even where swept: one baseline per model, dataset and hardware profile.
 TECHNIQUE_ROOTS = TECHNIQUE_GROUPS + ("accumulation", "num_gpus")
 CONTEXT_ROOTS = CONTEXT_GROUPS
 SEED = "train.seed"
+MAX_RUNS = next(f.default for f in fields(SweepConfig) if f.name == "max_runs")
 
 
 class SweepJobsRefused(ValueError):
@@ -94,34 +99,108 @@ def _seed_of(job: Sequence[str], default: int) -> int:
     return default
 
 
+def refuse_repeats_alone(cfg: Any) -> None:
+    """sweep.repeats on a single run (no -m): refused, not run once as if it were not there."""
+    repeats = OmegaConf.select(cfg, "sweep.repeats", default=1)
+    if isinstance(repeats, int) and repeats > 1:
+        raise ConfigError(f"sweep.repeats={repeats} needs -m (a sweep): a single run runs once; add -m to run "
+                          f"it {repeats} times with seeds {SEED}, +1, ...")
+
+
+def values_count(override: Any) -> Optional[int]:
+    """How many values an override gives the grid, counted without listing them (range(0,10**9)
+    is three numbers, not a billion strings); None for a sweep no grid enumerates (interval:
+    the basic sweeper refuses it) or one Hydra cannot list (range with step 0: Hydra says it)."""
+    if not override.is_sweep_override():
+        return 1
+    value = override.value()
+    if isinstance(value, RangeSweep):
+        if value.start is None or value.stop is None or not value.step:
+            return None
+        if all(isinstance(v, int) for v in (value.start, value.stop, value.step)):
+            return len(range(value.start, value.stop, value.step))
+        start, stop, step = (decimal.Decimal(v) for v in (value.start, value.stop, value.step))
+        return max(0, math.ceil((stop - start) / step))  # (as Hydra's FloatRange steps)
+    if isinstance(value, ChoiceSweep):
+        return len(value.list)
+    if isinstance(value, list):
+        return len(value)
+    if override.is_discrete_sweep():  # a glob over a group's options: as many as the group has
+        return sum(1 for _ in override.sweep_string_iterator())
+    return None
+
+
+def grid_axes(parsed: Sequence[Any]) -> Dict[str, int]:
+    """Each key of the grid with its number of values, as the basic sweeper crosses them (a key
+    given twice, in the params and on the command line, takes the later)."""
+    axes: Dict[str, int] = {}
+    for o in parsed:
+        axes[o.get_key_element()] = values_count(o) or 1
+    return axes
+
+
+def refuse_oversized(config: Any, parsed: Sequence[Any], repeats: int = 1) -> None:
+    """Past sweep.max_runs runs (configurations x repeats), the one line that says so, before
+    anything is listed: counted from the parsed overrides in constant time and memory."""
+    axes = grid_axes(parsed)
+    runs = math.prod(axes.values()) * repeats
+    limit = (config.get("sweep") or {}).get("max_runs", MAX_RUNS)
+    if isinstance(limit, int) and runs <= limit:
+        return
+    said = [f"{key}: {n} values" for key, n in axes.items() if n > 1] or ["1 configuration"]
+    said += [f"sweep.repeats={repeats}"] if repeats > 1 else []
+    raise SweepJobsRefused(f"the sweep has {runs} runs ({' x '.join(said)}), more than "
+                           f"sweep.max_runs={limit}: check the command for a typo, or raise the limit "
+                           f"(sweep.max_runs={runs}) to run them all")
+
+
+def _refuse_seeds(first_round: Sequence[Sequence[str]], default_seed: int, repeats: int) -> None:
+    """The seeds the repeats derive (train.seed + 1 ... + repeats-1), checked against train.seed's
+    range before the first run: past it, the last rounds would fail one by one after the first ran."""
+    declared = next(f for f in fields(TrainConfig) if f.name == "seed").metadata["range"]
+    top = max(_seed_of(job, default_seed) for job in first_round) + repeats - 1
+    why = declared.refusal(SEED, top)
+    if why:
+        room = f"a {SEED} of at most {declared.le - repeats + 1}" if declared.le is not None else f"a smaller {SEED}"
+        raise SweepJobsRefused(f"sweep.repeats={repeats} runs seeds {SEED}, +1, ... up to {top}, but {why}; "
+                               f"give {room}, or fewer repeats")
+
+
 def sweep_jobs(config: Any, parsed: Sequence[Any]) -> SweepJobs:
     """config: the sweep's config (its `sweep` and `train.seed`); parsed: Hydra's parsed overrides,
-    the sweeper's params first, as the basic sweeper reads them."""
-    (grid,) = BasicSweeper.split_arguments(list(parsed), None)
-    jobs = [list(j) for j in grid]
+    the sweeper's params first, as the basic sweeper reads them. Linear in the jobs."""
     settings: Dict[str, Any] = dict(config.get("sweep") or {})
     repeats = settings.get("repeats", 1)
     if not isinstance(repeats, int) or repeats < 1:
         raise SweepJobsRefused(f"sweep.repeats={repeats}: give the number of runs per configuration, 1 or more")
+    refuse_oversized(config, parsed, repeats)  # (first: nothing below lists a sweep past the limit)
+    (grid,) = BasicSweeper.split_arguments(list(parsed), None)
+    jobs = [list(j) for j in grid]
     swept = _swept_keys(parsed)
     if repeats > 1 and SEED in swept:
         raise SweepJobsRefused(f"sweep.repeats={repeats} and a {SEED} sweep both set the seeds: give one of them "
                                f"(sweep.repeats=N runs seeds {SEED}, {SEED}+1, ...)")
     first_round = list(jobs)
+    listed = {tuple(job) for job in jobs}  # (a set: the check below was a list scan per job)
     added: List[int] = []
     if settings.get("baseline", True):
         # Per context (model, dataset, hardware): a job there on the groups' defaults is the baseline.
-        covered = {_context(job) for job in jobs if on_defaults({key_of(o): o.split("=", 1)[1] for o in job})}
+        wanted = defaults_wanted()  # (read once: per job it parsed conf/config.yaml twice, 40 s at 10,000 jobs)
+        covered = {_context(job) for job in jobs if on_defaults({key_of(o): o.split("=", 1)[1] for o in job}, wanted)}
         for job in jobs:
             base = baseline_of(job, swept)
-            if _context(job) not in covered and base not in first_round:
+            if _context(job) not in covered and tuple(base) not in listed:
                 added.append(len(first_round))
                 first_round.append(base)
+                listed.add(tuple(base))
     out = SweepJobs(list(first_round), set(added), repeats)
     default_seed = int(config.train.seed)
+    if repeats > 1 and first_round:
+        _refuse_seeds(first_round, default_seed, repeats)
+    first_added = set(added)
     for r in range(1, repeats):
         for i, job in enumerate(first_round):
-            if i in added:
+            if i in first_added:
                 out.baseline.add(len(out.overrides))
             out.overrides.append(_with_seed(job, _seed_of(job, default_seed) + r))
     return out

@@ -2,10 +2,14 @@
 on_multirun_start asks plan_sweep, before the parent run):
 
 - a sweep with no configuration (`train.seed=range(1,1)`) is refused: one line, exit 2;
-- a sweep whose every configuration is bad input (`-m train.epochs=0 precision=fp32,bf16`, a key
-  the schema lacks) is refused the same way, as a single run with that input is: no store, no
-  parent run, no failed runs. When only some are bad, the sweep goes on and records each bad one
-  failed with its reason, at its turn (run.run_one);
+- a sweep past sweep.max_runs runs (configurations x repeats, counted before anything is listed:
+  runs/sweep_jobs.py) is refused the same way;
+- a sweep whose every requested configuration is bad input (`-m train.epochs=0 precision=fp32,bf16`,
+  a key the schema lacks, or what this machine's checks refuse before a run trains where the
+  runs run here: `num_gpus=2,3 train.batch_size=auto` on a CPU) is refused the same way, as a
+  single run with that input is: no store, no parent run, no failed runs. The baseline the sweep
+  adds does not count: alone it answers nothing asked. When only some are bad, the sweep goes on
+  and records each bad one failed with its reason, at its turn (run.run_one);
 - a configuration given twice (same config_hash: `train.seed=1,1`) runs once, and the sweep's
   log says so once; the sweep's counts are of its distinct configurations.
 
@@ -19,9 +23,11 @@ makes its trials one by one: nothing is planned for it.
 from __future__ import annotations
 
 import copy
+import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence, Set, TextIO
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
@@ -32,12 +38,17 @@ from omegaconf.errors import OmegaConfBaseException
 from yaml import YAMLError
 
 from bertaccel.runs import interrupt
-from bertaccel.runs.sweep_jobs import SweepJobs, SweepJobsRefused, sweep_jobs
+from bertaccel.runs.sweep_jobs import SweepJobs, SweepJobsRefused, refuse_oversized, sweep_jobs
 
 BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
 BERTACCEL_SWEEPER = "hydra_plugins.bertaccel_sweeper.bertaccel_sweeper.BertaccelSweeper"
 # Not asked before the sweep (see the module's docstring): each run asks them at its turn.
 LEFT_TO_THE_RUNS = ("optimizer.check_built", "tracking.check_store")
+# The launchers that run a sweep's runs on this machine: its devices are theirs (_machine_refusal).
+LOCAL_LAUNCHERS = ("BertaccelLauncher", "BasicLauncher")
+KEPT_CONFIGS = 100     # the composed configs held for the launcher: the first jobs' (~0.3 MB each)
+SAID_FROM = 50         # a sweep of more configurations says its planning as it goes (PlanningSaid)
+PROGRESS_EVERY_S = 30.0
 
 
 class SweepRefused(BaseException):
@@ -54,7 +65,7 @@ class SweepRefused(BaseException):
 class PlannedJob:
     idx: int  # as the sweeper numbers it: its place in the grid
     overrides: List[str]
-    config: DictConfig  # the job's sweep config (hydra node included), as the launcher needs it
+    config: Optional[DictConfig]  # the job's sweep config (hydra node included) for the launcher; None: compose it again
     config_hash: str
     refusal: Optional[str] = None  # bad input: the reason
     repeat_of: Optional[int] = None  # the job of the same configuration that runs instead
@@ -66,9 +77,16 @@ class SweepPlan:
     said: List[str] = field(default_factory=list)  # the repeats dropped, each said once
     baseline: Set[int] = field(default_factory=set)  # the jobs sweep.baseline added (runs/sweep_jobs.py)
     repeats: int = 1                                 # sweep.repeats: the job list is this many rounds
+    _composed: Optional[Set[tuple]] = field(default=None, repr=False)  # (composed(): built once)
 
     def distinct(self) -> List[PlannedJob]:
         return [j for j in self.jobs if j.repeat_of is None]
+
+    def composed(self, overrides: Sequence[str]) -> bool:
+        """Whether the plan composed a job of these overrides (Hydra could: nothing to ask again)."""
+        if self._composed is None:
+            self._composed = {tuple(j.overrides) for j in self.jobs}
+        return tuple(overrides) in self._composed
 
     def planned(self, idx: int, overrides: Sequence[str]) -> Optional[PlannedJob]:
         """The job the sweeper launches as #idx with these overrides, if it is the one planned."""
@@ -86,9 +104,10 @@ def grid_jobs(config: DictConfig) -> Optional[SweepJobs]:
     params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
     parsed = parser.parse_overrides(params + list(config.hydra.overrides.task))
-    if target == BASIC_SWEEPER:
-        return SweepJobs([job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch])
     try:
+        if target == BASIC_SWEEPER:
+            refuse_oversized(config, parsed)
+            return SweepJobs([job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch])
         return sweep_jobs(config, parsed)
     except SweepJobsRefused as e:
         raise SweepRefused(str(e)) from e
@@ -112,8 +131,11 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
                                "give every swept key at least one value")
         loader = GlobalHydra.instance().config_loader()
         plan = SweepPlan(baseline=set(jobs.baseline), repeats=jobs.repeats)
-        first: Dict[str, int] = {}
+        first: Dict[str, int] = {}  # config_hash -> its first job: one look-up per job, linear
+        said = PlanningSaid(len(grid))
+        local = str(config.hydra.launcher.get("_target_", "")).endswith(LOCAL_LAUNCHERS)
         for idx, overrides in enumerate(grid):
+            said.checked(idx)
             sweep_cfg = loader.load_sweep_config(config, list(overrides))
             task_cfg = task_config(sweep_cfg)
             job = PlannedJob(idx, list(overrides), sweep_cfg, cfg_hash(task_cfg))
@@ -122,23 +144,71 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
                 job.repeat_of = None
                 try:
                     with interrupt.deferred():  # (OmegaConf's conversion: a signal inside it was lost)
-                        validate(task_cfg, leave=LEFT_TO_THE_RUNS)
+                        run = validate(task_cfg, leave=LEFT_TO_THE_RUNS)
+                    job.refusal = _machine_refusal(run) if local else None
                 except ConfigError as e:
                     job.refusal = str(e)
+            if idx not in plan.baseline and (job.repeat_of is not None or idx >= KEPT_CONFIGS):
+                job.config = None  # (composed again at its turn: a big sweep's configs are not all held)
             plan.jobs.append(job)
     except (HydraException, OmegaConfBaseException, YAMLError) as e:  # a job Hydra cannot compose: run.cli says it
         raise SweepRefused(error=e) from e
     plan.said = _repeats_said(config, plan) + _baseline_said(plan)
-    distinct = plan.distinct()
-    if all(j.refusal for j in distinct):
-        reasons = Counter(j.refusal for j in distinct)
-        why = distinct[0].refusal
-        if len(distinct) > 1:
-            others = "the other configuration is" if len(distinct) == 2 else f"the other {len(distinct) - 1} configurations are"
-            why += (" (in every configuration of the sweep: nothing to run)" if len(reasons) == 1 else
-                    f" ({others} refused too: nothing to run)")
-        raise SweepRefused(why)
+    _refuse_if_nothing_to_run(plan)
     return plan
+
+
+def _refuse_if_nothing_to_run(plan: SweepPlan) -> None:
+    """Every requested configuration refused: the sweep is, in one line. The baseline the sweep
+    adds does not count: alone it answers nothing the user asked."""
+    requested = [j for j in plan.distinct() if j.idx not in plan.baseline]
+    if requested and not all(j.refusal for j in requested):
+        return
+    refused = requested or plan.distinct()
+    reasons = Counter(j.refusal for j in refused)
+    why = str(refused[0].refusal)
+    if len(refused) > 1:
+        others = "the other configuration is" if len(refused) == 2 else f"the other {len(refused) - 1} configurations are"
+        why += (" (in every configuration of the sweep: nothing to run)" if len(reasons) == 1 else
+                f" ({others} refused too: nothing to run)")
+    raise SweepRefused(why)
+
+
+def _machine_refusal(run: Any) -> Optional[str]:
+    """What the run's own checks on this machine refuse before it trains (runs/launch.py,
+    runs/job.py): a device that is not here, more GPUs than are visible, train.batch_size=auto off
+    a GPU. Asked only where the sweep's runs run on this machine (not a cluster's launcher)."""
+    from bertaccel.config import ConfigError
+    from bertaccel.options.hardware import check_gpu_count, resolve_device
+    from bertaccel.train.batch_fit import cpu_refusal
+
+    try:
+        device = resolve_device(run.train.device)
+        check_gpu_count(run.num_gpus, device)
+    except ConfigError as e:
+        return str(e)
+    return cpu_refusal(device) if run.train.batch_size == "auto" and device.type != "cuda" else None
+
+
+class PlanningSaid:
+    """A big sweep's planning, said as it goes (Hydra composes each configuration: a few a second),
+    so its first line comes within seconds, not after the whole list. prefix and stream: the
+    sweep's ("[sweep] ", stdout) or the plan's ("plan: ", stderr: its stdout is the plan)."""
+
+    def __init__(self, total: int, prefix: str = "[sweep] ", stream: Optional[TextIO] = None) -> None:
+        self.total, self.prefix, self.stream = total, prefix, stream
+        self.next_at = time.monotonic() + PROGRESS_EVERY_S
+        if total > SAID_FROM:
+            self._say(f"composing and checking {total} configurations before anything is written "
+                      f"(a few a second; sweep.max_runs caps a sweep)")
+
+    def checked(self, done: int) -> None:
+        if self.total > SAID_FROM and time.monotonic() >= self.next_at:
+            self._say(f"checked {done} of {self.total} configurations")
+            self.next_at = time.monotonic() + PROGRESS_EVERY_S
+
+    def _say(self, line: str) -> None:
+        print(self.prefix + line, file=self.stream or sys.stdout, flush=True)
 
 
 def task_config(sweep_cfg: DictConfig) -> DictConfig:

@@ -35,3 +35,12 @@ class BertaccelSweeper(BasicSweeper):
         if max_batch_size is None:
             return [jobs]
         return list(BasicSweeper.split_overrides_to_chunks(jobs, max_batch_size))
+
+    def validate_batch_is_legal(self, batch: Any) -> None:
+        # Hydra composes every job of the batch here to catch a composition error early; the
+        # sweep's plan (runs/sweep_plan.py) composed each one already, before the store opened, so
+        # only a job it did not plan is composed again (a second pass doubled a big sweep's wait).
+        from bertaccel.runs.progress import plan_of
+
+        plan = plan_of(self.hydra_context) if self.hydra_context is not None else None
+        super().validate_batch_is_legal([o for o in batch if plan is None or not plan.composed(o)])
