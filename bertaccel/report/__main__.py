@@ -35,6 +35,7 @@ from .render import build, to_html, to_markdown, unequal_work
 from .scoring import STRATEGIES, score_rows
 from .search_front import add_to_report as add_search_front
 from .stop import held, run
+from .sweep_state import refuse_unfinished, still_running
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view
 
 # The numbers of the command line, checked as a CSV's are: finite and in range.
@@ -128,7 +129,9 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
         rows = view.rows
         baseline = None
         if a.baseline is not None:
-            baseline = named_row(rows, a.baseline, labels.ids_of(a.baseline))
+            baseline = named_row(rows, a.baseline, labels.ids_of(a.baseline))  # (two configurations: refused)
+            if baseline is None and a.csv is None:
+                refuse_unfinished(a.uri, a.experiment, a.sweep, a.baseline)  # (a failed run: said so)
             if baseline is None:
                 raise ReportInputError(f"--baseline {a.baseline!r}: no run of that name or id among "
                                        f"{len(rows)} rows (e.g. {rows[0].name!r})")
@@ -145,6 +148,9 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
     o_label = o_column(a.occupancy_metric)
     report = build(rows, scored, source, baseline, acc_floor, all_plots(rows, view.basis), view,
                    warning(rows), o_label, labels)
+    running = still_running(a.uri, a.experiment, a.sweep, measured) if a.csv is None else None
+    if running:  # (its sweep still runs: the answer may change)
+        report.lead_warnings.insert(0, running)
     console = extend(report, rows, scored, view.measured, a.occupancy_metric, o_label, a.target_accuracy,
                      view.basis.label)
     if a.csv is None:  # each run's own prediction beside its measurement (report/predicted.py)
@@ -162,7 +168,8 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
         print(f"{label:18s} best: {labels.name_of(rows[b].run_id, rows[b].name) if b is not None else 'none eligible'}")
     for line in console:
         print(line)
-    for note in filter(None, (scored.one_ranking and scored.one_ranking.reason, unequal_work(rows), warning(rows))):
+    for note in filter(None, (running, scored.one_ranking and scored.one_ranking.reason, unequal_work(rows),
+                              warning(rows))):
         print(f"note: {note}")
     print(f"report: {Path(a.out) / 'report.md'}, {Path(a.out) / 'report.html'}")
     return 0

@@ -24,6 +24,7 @@ from hydra.experimental.callback import Callback
 from bertaccel.options.search import parent_tags, uses_search
 from bertaccel.runs import run_dir
 from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
+from bertaccel.runs.sweep_jobs import naming_keys
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
 from bertaccel.record.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
 from bertaccel.record.tracking import experiment_id_of, ui_address
@@ -179,6 +180,8 @@ class SweepProgress(Callback):
             state.plan = plan_sweep(config)
             if state.plan is not None:
                 state.total = len(state.plan.distinct())
+                # (an added baseline takes off what every grid job sets: that names the runs too)
+                state.swept |= naming_keys([j.overrides for j in state.plan.jobs])
         state.uri = config.tracking.uri
         exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
         exit_if_experiment_deleted(state.uri, config.tracking.experiment)  # (in MLflow's trash: the same)
