@@ -175,7 +175,9 @@ class Effects:
 
 
 def effects(rows: Sequence[Row], baselines: Sequence[int] = ()) -> Effects:
-    """baselines: the rows that are the answer's baselines, one per like-for-like group (baseline.py)."""
+    """baselines: the rows that are the answer's baselines, one per like-for-like group (baseline.py;
+    one row index or None as well)."""
+    baselines = [baselines] if isinstance(baselines, int) else list(baselines or ())
     values = run_keys(rows)
     axes = find_axes(values)
     per_sample = len({r.train_samples for r in rows if r.train_samples is not None}) > 1
