@@ -49,7 +49,7 @@ class SweepJobs:
     overrides: List[List[str]]                       # in launch order
     baseline: Set[int] = field(default_factory=set)  # the indices of the added baseline jobs
     repeats: int = 1
-    defaulted: List[str] = field(default_factory=list)  # swept settings, not group choices, a baseline takes off
+    defaulted: List[str] = field(default_factory=list)  # settings, not group choices, a baseline takes off
 
 
 def naming_keys(jobs: Sequence[Sequence[str]]) -> Set[str]:
@@ -131,8 +131,9 @@ def sweep_jobs(config: Any, parsed: Sequence[Any]) -> SweepJobs:
             if _context(job) not in covered and base not in first_round:
                 added.append(len(first_round))
                 first_round.append(base)
-    # (the swept settings the baseline takes off that are not a group's choice: the line says their defaults)
-    defaulted = sorted(k for k in swept if k not in TECHNIQUE_ROOTS and not baseline_of([f"{k}=x"], swept))
+    # (the settings a baseline takes off that are not a group's choice: the plan's line says their defaults)
+    defaulted = sorted({key_of(o) for job in jobs for o in job if o not in baseline_of(job, swept)}
+                       - set(TECHNIQUE_ROOTS))
     out = SweepJobs(list(first_round), set(added), repeats, defaulted if added else [])
     default_seed = int(config.train.seed)
     for r in range(1, repeats):
