@@ -151,10 +151,12 @@ def test_two_runs_of_one_name_are_labelled_apart_and_a_baseline_naming_both_is_r
     assert r.returncode == 0, r.stderr
 
 
-def test_a_baseline_naming_a_failed_run_says_so_and_a_running_sweep_is_said(tmp_path):
+def _running_sweep(tmp_path):
+    """A sweep's store as it is mid-sweep: its parent run open, its process (this test) alive, two
+    of four configurations finished and one failed."""
     store = Store(tmp_path)
     c = store.client
-    parent = c.create_run(store.exp, run_name="dataset.subset_seed=0,1",
+    parent = c.create_run(store.exp, run_name="precision=fp32,bf16,fp16",
                           tags={"bertaccel.role": "sweep", "sweep_id": "s1", "status": "running",
                                 "sweep_processes": "{host}:{pid}:{pid_started_at}".format(**process_tags())})
     c.log_param(parent.info.run_id, "sweep_configurations", "4")
@@ -163,19 +165,28 @@ def test_a_baseline_naming_a_failed_run_says_so_and_a_running_sweep_is_said(tmp_
     failed = c.create_run(store.exp, run_name="precision=fp16", tags={
         "status": "failed", "sweep_id": "s1", "reason": "bad input: fp16 needs a GPU"})
     c.set_terminated(failed.info.run_id, "FAILED")
+    return store, parent.info.run_id, failed.info.run_id
+
+
+def test_a_baseline_naming_a_failed_run_is_refused_with_its_reason(tmp_path):
+    store, _, failed = _running_sweep(tmp_path)
     r = _report(["--uri", store.uri, "--sweep", "s1", "--out", "rep", "--baseline", "precision=fp16"], tmp_path)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr
-    assert (f"--baseline 'precision=fp16' names a failed run, {failed.info.run_id} (bad input: fp16 needs a GPU): "
+    assert (f"--baseline 'precision=fp16' names a failed run, {failed} (bad input: fp16 needs a GPU): "
             "only a finished run can be a baseline") in lines[0]
-    # The sweep's parent runs, its process (this test) alive: the report says the answer may change.
+    assert not (tmp_path / "rep").exists()
+
+
+def test_a_report_of_a_sweep_still_running_says_so(tmp_path):
+    store, parent, _ = _running_sweep(tmp_path)
     r = _report(["--uri", store.uri, "--sweep", "s1", "--out", "rep"], tmp_path)
     assert r.returncode == 0, r.stderr
     said = "WARNING, this sweep is still running: 2 of 4 runs finished; the answer may change"
     assert said in _answer((tmp_path / "rep" / "report.md").read_text()) and said in r.stdout
     # Its process gone (a sweep killed with -9): nothing is still running, nothing said.
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    c.set_tag(parent.info.run_id, "sweep_processes", f"{process_tags()['host']}:{dead.stdout.strip()}:1.0")
+    store.client.set_tag(parent, "sweep_processes", f"{process_tags()['host']}:{dead.stdout.strip()}:1.0")
     r = _report(["--uri", store.uri, "--sweep", "s1", "--out", "rep2"], tmp_path)
     assert r.returncode == 0 and "still running" not in r.stdout, r.stdout
     assert "still running" not in (tmp_path / "rep2" / "report.md").read_text()
