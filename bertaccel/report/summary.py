@@ -292,9 +292,8 @@ def headline(ans: Answer, rows: Sequence[Row]) -> str:
         whom = "every strategy" if len(named) == len(ans.winners) and len(ans.winners) > 1 else w.label
         s = w.speedup
         base = "the baseline" if not ans.baselines.split else f"its own group's baseline '{w.base_name}'"
-        buys = "" if s is None else f": {s:.2f}x the speed of {base}"
-        if not ans.baselines.split and s is not None:
-            buys = f": {s:.2f}x the baseline's speed"
+        buys = "" if s is None else (f": {s:.2f}x the speed of {base}" if ans.baselines.split
+                                     else f": {s:.2f}x the baseline's speed")
         if s is not None and s < 1:  # (it wins on energy, cost or accuracy, not on time: say so first)
             buys = f": {1 / s:.2f}x slower than {base}"
         if s is None and w.base is not None and w.base.index is None:
