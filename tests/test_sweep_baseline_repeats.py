@@ -52,7 +52,7 @@ def test_a_sweep_without_the_defaults_adds_its_baseline_once_and_resumes_it(cli)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[sweep] 3 runs;" in proc.stdout
     assert ("[sweep] baseline added: the config groups' defaults (precision=fp32 attention=eager encoder=hf "
-            "compile=off freezing=none optimizer=adamw accumulation=1 num_gpus=1 on model=tiny") in proc.stdout
+            "compile=off freezing=none optimizer=adamw accumulation=1 on model=tiny") in proc.stdout
     order = _launch_order(cli.store)
     assert order == [("adamw", "16", "sdpa", "42"), ("lamb", "16", "sdpa", "42"), ("adamw", "16", "eager", "42")]
     # The same command again: the baseline is a finished configuration like the others, not run again.

@@ -88,6 +88,7 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
     from bertaccel.options.checks import validate
     from bertaccel.runs.command_config import composing
     from bertaccel.runs.progress import swept_keys
+    from bertaccel.runs.sweep_jobs import naming_keys
     from bertaccel.runs.sweep_plan import PlanningSaid
     from bertaccel.record.run_record import cfg_hash, group_choices, run_label
     from bertaccel.record.sweep import sweep_identity
@@ -101,7 +102,7 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
             jobs = _sweeper_jobs(master, arguments, loader)
             params = master.hydra.sweeper.get("params") or {}
             every = list(master.hydra.overrides.task) + [f"{k}={v}" for k, v in params.items()]
-            swept = sorted(swept_keys(every))
+            swept = sorted(swept_keys(every) | naming_keys(jobs))  # (as the sweep names its runs: progress.py)
             grid = Grid(config_name, [], swept, sweep_identity(config_name, every))
             _check_store(str(master.tracking.uri))
             seen: Set[str] = set()

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import floor, load_rows
 from .args import OneLineParser, name_problem
-from .baseline import choose_baseline, named_row
+from .baseline import choose_baselines, named_row
 from .data import OPTIONAL_COLUMNS, Column, ReportInputError, parse_weights
 from .extend import extend
 from .folder import check_folder, write_folder
@@ -35,6 +35,7 @@ from .render import build, to_html, to_markdown, unequal_work
 from .scoring import STRATEGIES, score_rows
 from .search_front import add_to_report as add_search_front
 from .stop import held, run
+from .sweep_state import refuse_unfinished, still_running
 from .timing import DEFAULT_TIME_MODE, TIME_MODES, time_view
 
 # The numbers of the command line, checked as a CSV's are: finite and in range.
@@ -149,7 +150,9 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
         rows = view.rows
         baseline = None
         if a.baseline is not None:
-            baseline = named_row(rows, a.baseline, labels.ids_of(a.baseline))
+            baseline = named_row(rows, a.baseline, labels.ids_of(a.baseline))  # (two configurations: refused)
+            if baseline is None and a.csv is None:
+                refuse_unfinished(a.uri, a.experiment, a.sweep, a.baseline)  # (a failed run: said so)
             if baseline is None:
                 raise ReportInputError(f"--baseline {a.baseline!r}: no run of that name or id among "
                                        f"{len(rows)} rows (e.g. {rows[0].name!r})")
@@ -161,11 +164,14 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
     source = f"CSV {a.csv}" if a.csv is not None else (f"MLflow {a.uri}, experiment {a.experiment}"
                                           + (f", sweep {a.sweep}" if a.sweep else ""))
     o_label = o_column(a.occupancy_metric)
-    # Labelled first in a plot too full to label every point: the winners and the baseline.
-    notable = [b for _, _, b in scored.best_lines() if b is not None] + [choose_baseline(rows, baseline).index]
+    # Labelled first in a plot too full to label every point: the winners and each group's baseline.
+    notable = [b for _, _, b in scored.best_lines() if b is not None] + list(choose_baselines(rows, baseline).indices)
     report = build(rows, scored, source, baseline, acc_floor,
                    all_plots(rows, view.basis, [i for i in notable if i is not None]), view, warning(rows), o_label,
                    labels)
+    running = still_running(a.uri, a.experiment, a.sweep, measured) if a.csv is None else None
+    if running:  # (its sweep still runs: the answer may change)
+        report.lead_warnings.insert(0, running)
     console = extend(report, rows, scored, view.measured, a.occupancy_metric, o_label, a.target_accuracy,
                      view.basis.label)
     if a.csv is None:  # each run's own prediction beside its measurement (report/predicted.py)
@@ -183,7 +189,8 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
         print(f"{label:18s} best: {labels.name_of(rows[b].run_id, rows[b].name) if b is not None else 'none eligible'}")
     for line in console:
         print(line)
-    for note in filter(None, (scored.one_ranking and scored.one_ranking.reason, unequal_work(rows), warning(rows))):
+    for note in filter(None, (running, scored.one_ranking and scored.one_ranking.reason, unequal_work(rows),
+                              warning(rows))):
         print(f"note: {note}")
     print(f"report: {Path(a.out) / 'report.md'}, {Path(a.out) / 'report.html'}")
     return 0

@@ -35,6 +35,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from bertaccel.options.baseline import default_of, norm
+
 from .repeats import group_rows
 from .scoring import Row
 
@@ -49,19 +51,6 @@ COLUMN_GROUPS = {"precision": "precision", "hardware": "hardware", "dataset": "d
 NOT_KEYS = ("train.seed",)
 
 
-def norm(v: Any) -> Optional[str]:
-    """A value as the table writes and compares it: 8, '8' and 8.0 alike; 1e-4 as 0.0001."""
-    if v is None or v == "":
-        return None
-    if isinstance(v, bool):
-        return str(v).lower()
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return str(v)
-    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
-
-
 def _name_items(name: str) -> Dict[str, str]:
     """'precision=fp16,train.lr=1e-4' -> its items; {} for a name that is not key=value items."""
     from bertaccel.record.tracking import HASH_EXCLUDED_KEYS
@@ -71,43 +60,6 @@ def _name_items(name: str) -> Dict[str, str]:
         return {}
     out = {k.strip().lstrip("+~"): v.strip() for k, v in items}
     return {k: v for k, v in out.items() if k not in NOT_KEYS and k.split(".")[0] not in HASH_EXCLUDED_KEYS}
-
-
-def default_of(key: str) -> Optional[str]:
-    """What `python -m bertaccel.run` trains with for key ('null' where that is null), or None
-    when not known."""
-    import yaml
-
-    from bertaccel.config import CONF_DIR, GROUPS, RunConfig
-
-    node: Any = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
-    # Every group's default option (model, dataset and hardware too: a sweep may vary them).
-    groups = {g: str(o) for item in node["defaults"] if isinstance(item, dict) for g, o in item.items() if g in GROUPS}
-    if key in groups:
-        return norm(groups[key])
-    head, _, rest = key.partition(".")
-    if head in groups and rest:  # a group's own setting: in its default option's file
-        path = CONF_DIR / head / f"{groups[head]}.yaml"
-        node, key = (yaml.safe_load(path.read_text()) if path.is_file() else {}), rest
-        node = node if _has(node, key) else getattr(RunConfig(), head)  # (not in the file: the schema's default)
-    elif not _has(node, key):
-        node = RunConfig()
-    if not _has(node, key):
-        return None
-    for part in key.split("."):
-        node = node[part] if isinstance(node, dict) else getattr(node, part)
-    return "null" if node is None else (norm(node) if isinstance(node, (str, int, float, bool)) else None)
-
-
-def _has(node: Any, dotted: str) -> bool:
-    for part in dotted.split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif not isinstance(node, dict) and hasattr(node, part):
-            node = getattr(node, part)
-        else:
-            return False
-    return True
 
 
 def run_keys(rows: Sequence[Row]) -> List[Dict[str, Optional[str]]]:
@@ -222,7 +174,10 @@ class Effects:
     merged: List[str] = field(default_factory=list)  # configurations of runs the repeats tell apart
 
 
-def effects(rows: Sequence[Row], baseline: Optional[int] = None) -> Effects:
+def effects(rows: Sequence[Row], baselines: Sequence[int] = ()) -> Effects:
+    """baselines: the rows that are the answer's baselines, one per like-for-like group (baseline.py;
+    one row index or None as well)."""
+    baselines = [baselines] if isinstance(baselines, int) else list(baselines or ())
     values = run_keys(rows)
     axes = find_axes(values)
     per_sample = len({r.train_samples for r in rows if r.train_samples is not None}) > 1
@@ -247,7 +202,7 @@ def effects(rows: Sequence[Row], baseline: Optional[int] = None) -> Effects:
         def paired(v: str, ref: str) -> bool:
             return any(c[x] == v and partner(c, ref) for c in cells)
 
-        axis.reference, axis.why = _reference(axis, values, baseline, rows,
+        axis.reference, axis.why = _reference(axis, values, baselines, rows,
                                               lambda ref: any(paired(v, ref) for v in axis.values if v != ref))
         for v in axis.values:
             if v == axis.reference:
@@ -259,10 +214,10 @@ def effects(rows: Sequence[Row], baseline: Optional[int] = None) -> Effects:
     return Effects(axes, out, per_sample, merged)
 
 
-def _reference(axis: Axis, values, baseline: Optional[int], rows: Sequence[Row],
+def _reference(axis: Axis, values, baselines: Sequence[int], rows: Sequence[Row],
                pairs_with: Callable[[str], bool]) -> Tuple[str, str]:
-    """(the reference value, why): the default, else the baseline's, else the first value, the
-    first of these that pairs with another value; where none does, the first of them."""
+    """(the reference value, why): the default, else a baseline's (each group's in turn), else the
+    first value, the first of these that pairs with another value; where none does, the first of them."""
     default = default_of(axis.key)
     said: List[str] = []
     tried: List[Tuple[str, str]] = []
@@ -270,8 +225,10 @@ def _reference(axis: Axis, values, baseline: Optional[int], rows: Sequence[Row],
         tried.append((default, "the default"))
     else:
         said.append(f"the default {default} is not among the runs" if default else "no default known")
-    if baseline is not None and values[baseline][axis.key] in axis.values and values[baseline][axis.key] != default:
-        tried.append((values[baseline][axis.key], f"the answer's baseline '{rows[baseline].name}' has it"))
+    for b in baselines:
+        v = values[b][axis.key]
+        if v in axis.values and v != default and v not in [t for t, _ in tried]:
+            tried.append((v, f"the answer's baseline '{rows[b].name}' has it"))
     for ref, why in tried:
         if pairs_with(ref):
             return ref, "; ".join(said + [why])
@@ -334,11 +291,20 @@ def effect_cells(e: Effect) -> List[str]:
     return head + cells + [str(n)]
 
 
-def effects_tables(rows: Sequence[Row], baseline: Optional[int] = None,
+def _contexts(axes: Sequence[Axis]) -> str:
+    """The note's word on axes that are contexts (what is trained and where), not techniques."""
+    from bertaccel.options.baseline import LIKE_FOR_LIKE
+
+    said = [a.key for a in axes if a.key in LIKE_FOR_LIKE]
+    return (f". {', '.join(said)}: a context, not a technique (what is trained, or where): each technique's pairs "
+            "hold it equal, and the answer compares runs only with their own context's baseline" if said else "")
+
+
+def effects_tables(rows: Sequence[Row], baselines: Sequence[int] = (),
                    lab: Callable[[str], str] = lambda c: c) -> List[Table]:
     """The effects table, or none where no axis varies (one configuration, or runs that say nothing
     of their configuration); lab: the report's time basis label."""
-    e = effects(rows, baseline)
+    e = effects(rows, baselines)
     if not e.found:
         return []
     unit = " per sample" if e.per_sample else ""
@@ -351,7 +317,7 @@ def effects_tables(rows: Sequence[Row], baseline: Optional[int] = None,
             f"geometric mean over the pairs of the reference's {lab('time_s')} / the value's{unit}, spread = the "
             f"smallest to the largest pair; energy = geometric mean of energy_kwh value / reference - 1{unit}; "
             f"accuracy = mean change in test accuracy points (smallest to largest in brackets). "
-            f"References: {refs}{merged}")
+            f"References: {refs}{merged}{_contexts(e.axes)}")
     return [(f"{TITLE} (each value against the axis's reference, the other axes held equal)", note,
              ["axis", "value vs reference", "speed-up (geo. mean)", "spread", "energy", "accuracy (pts)", "pairs"],
              [effect_cells(x) for x in e.found])]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .args import OneLineParser
-from .baseline import choose_baseline, named_row
+from .baseline import choose_baselines, named_row
 from .data import ReportInputError
 from .effects import Effect, Effects, effects, effects_tables
 from .floor import DEFAULT_POINTS
@@ -157,9 +157,9 @@ def read(entry: Entry, root: Path = ROOT) -> Table:
         if given is None:
             raise ReportInputError(f"manifest entry {entry.store}: baseline {entry.baseline!r} is no run of sweep "
                                    f"{entry.sweep} (e.g. {rows[0].name!r})")
-    base = choose_baseline(rows, given).index
-    found = effects(rows, base)
-    ((_, _, headers, cells),) = effects_tables(rows, base, time_view(rows).basis.label) or (("", "", [], []),)
+    bases = choose_baselines(rows, given).indices  # (one per like-for-like group)
+    found = effects(rows, bases)
+    ((_, _, headers, cells),) = effects_tables(rows, bases, time_view(rows).basis.label) or (("", "", [], []),)
     return Table(entry, devices[0], first if first == last else f"{first} to {last}", rows, found, cells, headers)
 
 

@@ -96,14 +96,20 @@ def relabel(rows: Sequence) -> Labels:
         if r.run_id and parsed[i] is None:
             out.full.setdefault(r.name, []).append((r.name, r.run_id))
     parsed = {i: items for i, items in parsed.items() if items is not None}
-    # Names that set different keys (hand-named runs: 'precision=bf16', 'attention=sdpa') would label
-    # a key one name leaves at its default as unknown, and names that set only the seed would all
-    # read 'defaults': such names stay as they are.
+    # Names that set different keys: a sweep whose added baseline takes off what every grid job sets
+    # ('dataset.subset_seed=0,precision=bf16' and 'dataset.subset_seed=0': each key a name lacks
+    # takes the run's own logged value, its group choice or setting), or hand-named runs
+    # ('precision=bf16', 'attention=sdpa'). Those, runs of several sweeps, a value not logged, or
+    # names that set only the seed (they would all read 'defaults'): the names stay as they are.
     key_sets = {frozenset(k for k, _ in items if k != SEED_KEY) for items in parsed.values()}
-    if len(key_sets) != 1 or not next(iter(key_sets)):
+    one_sweep = len({rows[i].sweep for i in parsed}) == 1 and all(rows[i].sweep for i in parsed)
+    filled = parsed if len(key_sets) == 1 else _filled(rows, parsed) if one_sweep else None
+    if not filled or not any(key_sets):
         for i in parsed:
             out.full.setdefault(rows[i].name, []).append((rows[i].name, rows[i].run_id))
+        _apart(rows, out)
         return out
+    parsed = filled
     keys: List[str] = []
     for items in parsed.values():
         keys += [k for k, _ in items if k not in keys and k != SEED_KEY]
@@ -117,4 +123,48 @@ def relabel(rows: Sequence) -> Labels:
         label = label_of(items, out.order)
         out.full.setdefault(label, []).append((r.name, r.run_id))
         r.name = label
+    _apart(rows, out)
     return out
+
+
+def _filled(rows: Sequence, parsed: Dict[int, List[Tuple[str, str]]]) -> Optional[Dict[int, List[Tuple[str, str]]]]:
+    """Each name's items with the keys other names set and it lacks, at the run's logged value;
+    None where a run did not log one."""
+    keys = list(dict.fromkeys(k for items in parsed.values() for k, _ in items if k != SEED_KEY))
+    out = {}
+    for i, items in parsed.items():
+        have, r = dict(items), rows[i]
+        full = []
+        for k in keys:
+            v = have.get(k, r.choices.get(k, r.settings.get(k)))
+            if v is None:
+                return None
+            full.append((k, v))
+        out[i] = full
+    return out
+
+
+def _apart(rows: Sequence, out: Labels) -> None:
+    """A label never names two configurations (an older store's sweep could give two runs one
+    name): where it would, each of those runs' label gets what sets them apart, their differing
+    group choices, else settings, else the run id, in brackets (repeats of one configuration,
+    runs of one group, share their label)."""
+    by_label: Dict[str, List[int]] = {}
+    for i, r in enumerate(rows):
+        if r.run_id:
+            by_label.setdefault(r.name, []).append(i)
+    for label, members in by_label.items():
+        if len({rows[i].group or rows[i].run_id for i in members}) < 2:
+            continue
+        for source in ("choices", "settings"):
+            keys = sorted({k for i in members for k in getattr(rows[i], source)} - {SEED_KEY})
+            differ = [k for k in keys if len({getattr(rows[i], source).get(k) for i in members}) > 1][:3]
+            if differ:
+                break
+        runs = out.full.pop(label, [])
+        for i in members:
+            r = rows[i]
+            said = ", ".join(f"{k}={getattr(r, source).get(k, '?')}" for k in differ) if differ else f"run {r.run_id[:8]}"
+            name = next((n for n, rid in runs if rid == r.run_id), r.name)
+            r.name = f"{label} [{said}]"
+            out.full.setdefault(r.name, []).append((name, r.run_id))

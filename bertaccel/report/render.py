@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from .baseline import choose_baseline
+from .baseline import Baselines, choose_baselines
 from .effects import effects_tables
 from .layout import placed
 from .repeats import repeat_stats
@@ -127,14 +127,16 @@ def unequal_work(rows: Sequence[Row]) -> Optional[str]:
             "--project-epochs N puts every run on N epochs of its full train split")
 
 
-def baseline_table(rows: Sequence[Row], baseline: int, lab: Any = Basis().label, sfx: str = "") -> Table:
-    """Speedup and accuracy change against one run. Times of runs that trained different numbers
-    of samples are never divided as they are: then every speedup is of time per sample."""
-    b = rows[baseline]
+def baseline_table(rows: Sequence[Row], bases: Baselines, lab: Any = Basis().label, sfx: str = "") -> Table:
+    """Speedup and accuracy change of each run against its like-for-like group's baseline. Times of
+    runs that trained different numbers of samples are never divided as they are: then every
+    speedup is of time per sample."""
     spread = _samples_range(rows)
     unknown = [r for r in rows if r.train_samples is None]
     cells = []
-    for r in rows:
+    for i, r in enumerate(rows):
+        at = bases.of(i).index
+        b = rows[at] if at is not None else Row("", extra={})
         if spread is not None:
             known = b.time_s and r.time_s and b.train_samples and r.train_samples
             speedup = (b.time_s / b.train_samples) / (r.time_s / r.train_samples) if known else None
@@ -142,7 +144,8 @@ def baseline_table(rows: Sequence[Row], baseline: int, lab: Any = Basis().label,
             speedup = b.time_s / r.time_s if b.time_s and r.time_s else None
         delta = r.accuracy - b.accuracy if r.accuracy is not None and b.accuracy is not None else None
         cells.append([r.name, _f(r.time_s, ".2f"), "null" if r.train_samples is None else str(r.train_samples),
-                      _f(r.accuracy, ".4f"), _f(speedup, ".3f"), pts(delta)])
+                      _f(r.accuracy, ".4f"), _f(speedup, ".3f"), pts(delta)]
+                     + ([b.name or f"none ({bases.group(i).label})"] if bases.split else []))
     why_unknown = "; ".join(sorted({r.extra.get("train_samples", "not measured") for r in unknown}))
     if spread is not None:
         note = (f"speedup = (baseline time / its train_samples) / (time / train_samples): the runs trained "
@@ -152,11 +155,13 @@ def baseline_table(rows: Sequence[Row], baseline: int, lab: Any = Basis().label,
         note = (f"speedup = baseline time / time, taking the runs to have trained as much: train_samples unknown "
                 f"for {len(unknown)} of {len(rows)} runs ({why_unknown})")
     else:
-        note = f"speedup = baseline time / time; every run trained {b.train_samples} samples"
-    # Table 1's form: time, speed-up and accuracy change of each run against one baseline.
-    return (f"Against the baseline '{b.name}' (as Table 1 of Profiling and Optimizing Training Performance of "
-            f"BERT-Base{sfx})", note,
-            ["run", lab("time_s"), "train_samples", lab("accuracy"), "speedup", "accuracy change"], cells)
+        note = f"speedup = baseline time / time; every run trained {rows[0].train_samples} samples"
+    # Table 1's form: time, speed-up and accuracy change of each run against one baseline (its group's).
+    whom = "its group's baseline" if bases.split else f"the baseline '{rows[bases.indices[0]].name}'"
+    return (f"Against {whom} (as Table 1 of Profiling and Optimizing Training Performance of BERT-Base{sfx})",
+            note + ("; each run against its like-for-like group's baseline (column 'baseline')" if bases.split else ""),
+            ["run", lab("time_s"), "train_samples", lab("accuracy"), "speedup", "accuracy change"]
+            + (["baseline"] if bases.split else []), cells)
 
 
 def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[int],
@@ -182,13 +187,14 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     if work:
         rep.notes.append(work)
 
-    base = choose_baseline(rows, baseline)
-    ans = answer(rows, scored, base, repeat_stats(rows, scored), view, floor)
+    bases = choose_baselines(rows, baseline)  # once: every surface below reads it (baseline.py)
+    base = bases.groups[0].baseline
+    ans = answer(rows, scored, bases, repeat_stats(rows, scored), view, floor)
     rep.tables.append(answer_table(ans, rows, lab))
-    rep.tables.extend(effects_tables(rows, base.index, lab))  # what each swept value buys (effects.py)
+    rep.tables.extend(effects_tables(rows, bases.indices, lab))  # what each swept value buys (effects.py)
     repeats = (f" Changes are of means over repeats: the baseline is its configuration, '{ans.base_name}'."
-               if base.index is not None and ans.base_name != rows[base.index].name else "")
-    rep.lead = [headline(ans, rows), f"Baseline: {base.why}.{repeats}"]
+               if not bases.split and base.index is not None and ans.base_name != rows[base.index].name else "")
+    rep.lead = [headline(ans, rows), f"{bases.sentence()}.{repeats}"]
     rep.lead_warnings = ans.warnings
     chart = answer_chart(ans, rows)
     if view is not None and view.basis.projected:
@@ -200,8 +206,8 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     rep.tables.append(_best_table(rows, scored, lab, own, rank_warning))
     if scored.affected:
         rep.tables.append(_fewer_metrics_table(rows, scored, own))
-    if base.index is not None:  # every run against the answer's baseline
-        rep.tables.append(baseline_table(rows, base.index, lab, sfx))
+    if bases.indices:  # every run against its group's baseline
+        rep.tables.append(baseline_table(rows, bases, lab, sfx))
     if view is not None and view.break_even:
         rep.tables.append(break_even_table(view))
     mapping = rep.labels.table()

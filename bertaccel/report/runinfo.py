@@ -128,6 +128,7 @@ def run_fields(run: Any, client: Any, history: Optional[List[Any]] = None) -> Di
 
     # A run logs each group's option as a param named for the group (record/run_record.py open_tracker).
     fields["choices"] = {g: params[g] for g in GROUPS if g in params}
+    fields["settings"] = dict(params)  # (the like-for-like groups, the baseline's defaults, labels)
     fields["sweep"] = tags.get("sweep_id", "")
     fields["device"] = tags.get("device_name", "")
     fields["dataset"] = label(params)  # `imdb (csv)`: the data, not only its loader

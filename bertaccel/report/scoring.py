@@ -72,6 +72,7 @@ class Row:
     # The summary's baseline and the gate's sweep check (report/baseline.py, gate.py).
     choices: Dict[str, str] = field(default_factory=dict)  # config group -> option, as the run logged them
     sweep: str = ""                          # the sweep_id tag; "" = a single run or a CSV row
+    settings: Dict[str, str] = field(default_factory=dict)  # every logged setting, flattened (MLflow rows)
 
     def get(self, metric: str) -> Optional[float]:
         return getattr(self, metric)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .baseline import Baseline
+from .baseline import Baseline, Baselines
 from .floor import Floor, left_out
 from .gate import warning
 from .one_time import one_time_warning
@@ -36,6 +36,8 @@ class Winner:
     runner_up: str = ""                 # 'name (+3.1 %)': the next score, where there are no repeats
     tied_with: List[str] = field(default_factory=list)  # configurations its repeats cannot tell from it
     warnings: List[str] = field(default_factory=list)
+    base: Optional[Baseline] = None     # its like-for-like group's baseline (baseline.py)
+    base_name: str = ""                 # that baseline as the answer names it
 
     @property
     def speedup(self) -> Optional[float]:
@@ -49,11 +51,11 @@ class Winner:
 
 @dataclass
 class Answer:
-    baseline: Baseline
+    baselines: Baselines                # one per like-for-like group (baseline.py)
     per_sample: bool                    # runs trained different amounts: changes are per sample
     winners: List[Winner]
     warnings: List[str]                 # warnings that hold for every winner (mixed runs, no repeats)
-    base_name: str = ""                 # the baseline as the answer names it (with repeats, its configuration)
+    base_name: str = ""                 # the (one group's) baseline as the answer names it (with repeats, its configuration)
     configurations: int = 0             # configurations among the rows (repeats of one count once)
     floor: Optional[Floor] = None       # the accuracy floor the winners passed (floor.py)
 
@@ -158,14 +160,16 @@ def _best_accuracy(rows: Sequence[Row], st: RepeatStats) -> Optional[float]:
     return max(means) if means else None
 
 
-def answer(rows: Sequence[Row], scored: Scored, base: Baseline, st: RepeatStats,
+def answer(rows: Sequence[Row], scored: Scored, bases: Baselines, st: RepeatStats,
            view: Optional[TimeView] = None, floor: Optional[Floor] = None) -> Answer:
     """rows: the scored rows (view.rows with a view). With repeats, each strategy's winner is the
     configuration of best mean score (repeats.py) and every change is of means over repeats.
+    Each winner is compared with its own like-for-like group's baseline (bases).
     floor: the accuracy floor scored was made with (floor.py); the runs below it are named."""
     known = {r.train_samples for r in rows if r.train_samples is not None}
     per_sample = len(known) > 1
-    base_name, base_runs = _named(rows, st, base.index) if base.index is not None else ("", [])
+    first = bases.groups[0].baseline if bases.groups else None
+    base_name = _named(rows, st, first.index)[0] if first is not None and first.index is not None else ""
     best_acc = _best_accuracy(rows, st)
     winners = []
     for label, group, b in _lines(scored):
@@ -177,6 +181,10 @@ def answer(rows: Sequence[Row], scored: Scored, base: Baseline, st: RepeatStats,
         if b is None:
             continue
         w.name, runs = _named(rows, st, b)
+        base = w.base = bases.of(b)
+        w.base_name, base_runs = _named(rows, st, base.index) if base.index is not None else ("", [])
+        if base.index is None:
+            w.why = {c: f"no baseline in its group {bases.group(b).label}".rstrip() for c in CHANGED + ("accuracy",)}
         acc, _ = _mean(rows, runs, "accuracy", False)
         w.vs_best_pts = None if acc is None or best_acc is None else (acc - best_acc) * 100
         if base.index is not None:
@@ -203,15 +211,20 @@ def answer(rows: Sequence[Row], scored: Scored, base: Baseline, st: RepeatStats,
         else:
             w.runner_up = _runner_up(scored, group[0], b, rows)
     configurations = len(st.groups) if st.repeated else len(rows)
-    warnings = (left_out(rows, floor) if floor is not None else []) + general_warnings(rows, st)
-    return Answer(base, per_sample, winners, warnings, base_name, configurations, floor)
+    warnings = (left_out(rows, floor) if floor is not None else []) + general_warnings(rows, st, bases)
+    return Answer(bases, per_sample, winners, warnings, base_name, configurations, floor)
 
 
-def general_warnings(rows: Sequence[Row], st: RepeatStats) -> List[str]:
+def general_warnings(rows: Sequence[Row], st: RepeatStats, bases: Optional[Baselines] = None) -> List[str]:
     out = []
     gate = warning(rows)
     if gate:
         out.append(gate + ". A winner may be ahead for how it was measured, not for its configuration")
+    if bases is not None and bases.split:
+        out.append(f"WARNING, unlike runs ranked together: these runs are of {len(bases.groups)} like-for-like groups ("
+                   + "; ".join(g.label for g in bases.groups) + "). A winner may lead for what its group trains or "
+                   "where, not for its techniques: each winner's changes are against its own group's baseline, "
+                   "never another's; a report of one group (--sweep, or a store per model) ranks like with like")
     if not st.repeated:
         out.append("WARNING, no repeats: every configuration ran once, so the scores have no intervals and a winner "
                    "cannot be told apart from a close runner-up (see 'runner-up (score gap)'). Launch-bound runs "
@@ -233,7 +246,7 @@ def answer_table(ans: Answer, rows: Sequence[Row], label) -> tuple:
     merged: List[List[str]] = []  # the strategies each row stands for
     for w in ans.winners:
         if w.index is None:
-            cells.append([w.label, "none eligible", "", "", "", "", "", "", ""])
+            cells.append([w.label, "none eligible", "", "", "", "", "", "", ""] + [""] * ans.baselines.split)
             merged.append(list(w.strategies))
             continue
         s = w.speedup
@@ -241,7 +254,7 @@ def answer_table(ans: Answer, rows: Sequence[Row], label) -> tuple:
         acc = f"null ({w.why.get('accuracy', 'no baseline')})" if w.accuracy_pts is None else f"{w.accuracy_pts:+.2f} pts"
         vs_best = "null (no accuracy)" if w.vs_best_pts is None else f"{w.vs_best_pts:+.2f} pts"
         row = [w.label, w.name, speed, _change(w, "energy_kwh"), _change(w, "cost_usd"), acc, vs_best,
-               w.runner_up, "; ".join(w.warnings)]
+               w.runner_up, "; ".join(w.warnings)] + ([w.base_name or "none"] if ans.baselines.split else [])
         same = next((k for k, c in enumerate(cells) if c[1:7] == row[1:7] and c[8] == row[8]), None)
         if same is None:
             cells.append(row)
@@ -255,11 +268,14 @@ def answer_table(ans: Answer, rows: Sequence[Row], label) -> tuple:
     for c, ss in zip(cells, merged):
         if len(ss) > 1 and len(ss) == sum(len(w.strategies) for w in ans.winners):
             c[0] = f"all {len(ss)} strategies"
+    whose = ("; each winner against its own like-for-like group's baseline (column 'baseline'), never another "
+             "model's, dataset's, hardware's or GPU count's") if ans.baselines.split else ""
     note = (f"speed-up = the baseline's {label('time_s')} / the winner's{unit}; energy and cost change = the "
             f"winner's / the baseline's - 1{unit}; accuracy changes in percentage points, against the baseline "
-            "and against the most accurate run; a warning beside a winner changes the answer")
+            f"and against the most accurate run; a warning beside a winner changes the answer{whose}")
     return (TITLE, note, ["strategy", "winner", "speed-up", "energy change", "cost change", "accuracy change",
-                          "accuracy vs best", "runner-up (score gap)", "warnings"], cells)
+                          "accuracy vs best", "runner-up (score gap)", "warnings"]
+            + (["baseline"] if ans.baselines.split else []), cells)
 
 
 def headline(ans: Answer, rows: Sequence[Row]) -> str:
@@ -275,11 +291,15 @@ def headline(ans: Answer, rows: Sequence[Row]) -> str:
         w = named[0]
         whom = "every strategy" if len(named) == len(ans.winners) and len(ans.winners) > 1 else w.label
         s = w.speedup
-        buys = "" if s is None else f": {s:.2f}x the baseline's speed"
+        base = "the baseline" if not ans.baselines.split else f"its own group's baseline '{w.base_name}'"
+        buys = "" if s is None else (f": {s:.2f}x the speed of {base}" if ans.baselines.split
+                                     else f": {s:.2f}x the baseline's speed")
         if s is not None and s < 1:  # (it wins on energy, cost or accuracy, not on time: say so first)
-            buys = f": {1 / s:.2f}x slower than the baseline"
-        below = ans.baseline.index is not None and ans.floor is not None and not ans.floor.passes(
-            rows[ans.baseline.index].accuracy)
+            buys = f": {1 / s:.2f}x slower than {base}"
+        if s is None and w.base is not None and w.base.index is None:
+            buys = f": no speed-up, its group has no baseline ({w.base.said})"
+        below = w.base is not None and w.base.index is not None and ans.floor is not None and not ans.floor.passes(
+            rows[w.base.index].accuracy)
         if below:
             buys += " (the baseline itself is below the accuracy floor)"
         if w.tied_with:  # a lead inside the repeats' spread is not a reason to adopt

@@ -18,7 +18,7 @@ BAR_HEIGHT = 0.25
 
 def _tooltip(w: List[Winner], rows: Sequence[Row], per_sample: bool) -> str:
     first = w[0]
-    lines = [first.name, "wins: " + ", ".join(x.label for x in w)]
+    lines = [first.name, "wins: " + ", ".join(x.label for x in w), f"against: {first.base_name or 'no baseline'}"]
     s = first.speedup
     lines.append("speed-up: " + ("null" if s is None else f"{s:.2f}x") + (" (per sample)" if per_sample else ""))
     for col, name, _ in BARS:
@@ -32,7 +32,7 @@ def _tooltip(w: List[Winner], rows: Sequence[Row], per_sample: bool) -> str:
 
 def answer_chart(ans: Answer, rows: Sequence[Row]) -> Optional[Dict]:
     """plots.py's dict (stem, title, png, svg, drawn, left_out, section), or None with no baseline."""
-    if ans.baseline.index is None:
+    if not ans.baselines.indices:
         return None
     by_run: Dict[int, List[Winner]] = {}
     for w in ans.winners:
@@ -70,7 +70,8 @@ def answer_chart(ans: Answer, rows: Sequence[Row]) -> Optional[Dict]:
     ax.invert_yaxis()
     unit = " per sample" if ans.per_sample else ""
     ax.set_xlabel(f"change against the baseline{unit}, % (lower is better; 0 = the baseline)")
-    ax.set_title(textwrap.shorten(f"Winners against {ans.base_name}", 90), fontsize=10)
+    against = "each against its own group's baseline" if ans.baselines.split else f"against {ans.base_name}"
+    ax.set_title(textwrap.shorten(f"Winners {against}", 90), fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     ax.margins(x=0.15)  # room for the value labels at the bars' ends
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # off the bars

@@ -27,7 +27,7 @@ from bertaccel.option import user_path
 from bertaccel.options.search import parent_tags, uses_search
 from bertaccel.runs import interrupt, run_dir
 from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
-from bertaccel.runs.sweep_jobs import grid_axes, values_count
+from bertaccel.runs.sweep_jobs import grid_axes, naming_keys, values_count
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
 from bertaccel.record.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
 from bertaccel.record.tracking import experiment_id_of, ui_address
@@ -205,6 +205,8 @@ class SweepProgress(Callback):
                 raise SweepRefused(f"hydra.sweeper.n_trials={state.total}: a search needs at least one trial")
         elif state.plan is not None:
             state.total = len(state.plan.distinct())
+            # (an added baseline takes off what every grid job sets: that names the runs too)
+            state.swept |= naming_keys([j.overrides for j in state.plan.jobs])
         state.uri = config.tracking.uri
         exit_if_store_unusable(state.uri)  # before the parent run: one line, exit 2 (not minutes of retries)
         exit_if_experiment_deleted(state.uri, config.tracking.experiment)  # (in MLflow's trash: the same)

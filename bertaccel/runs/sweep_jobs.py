@@ -4,12 +4,14 @@ launches it, the sweep's plan (runs/sweep_plan.py) composes and checks it, `bert
 expands it.
 
 - **The baseline** (`sweep.baseline=true`, the default). Speed-ups mean something against what
-  the user runs today: the config groups' defaults (options/baseline.py). For every model and
-  dataset the sweep trains where no job has the technique groups' default choices, it adds that
-  configuration: each job with its technique choices (the groups precision,
-  attention, encoder, compile, freezing, optimizer, preset and their settings; accumulation,
-  num_gpus) and every other swept key (train.batch_size=8,32: the default batch) taken off, the
-  rest kept (model, dataset, train.epochs=1, ...). Added after the grid: where a grid job already
+  the user runs today: the config groups' defaults (options/baseline.py). For every context the
+  sweep trains (model, dataset, hardware profile, num_gpus: options/baseline.py LIKE_FOR_LIKE)
+  where no job has the defaults, it adds that configuration: each job with its technique choices
+  (the groups precision, attention, encoder, compile, freezing, optimizer, preset and their
+  settings; accumulation) and every other swept key (train.batch_size=8,32: the default batch;
+  optimizer.lr=1e-4,2e-4: the default learning rate) taken off, the rest kept (model, dataset,
+  train.epochs=1, ...). A job has the defaults when what its baseline takes off is at its
+  default values (a swept learning rate too, not only the groups' choices). Added after the grid: where a grid job already
   is that configuration, the plan finds the same config_hash and the added job is not run; where
   it is new, it runs like any job (resumed, retried, failed with its reason). The report picks it
   as its baseline (report/baseline.py). `sweep.baseline=false` adds nothing.
@@ -31,13 +33,13 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 from omegaconf import OmegaConf
 
-from bertaccel.config import CONTEXT_GROUPS, TECHNIQUE_GROUPS, ConfigError, SweepConfig, TrainConfig
-from bertaccel.options.baseline import defaults_wanted, on_defaults
+from bertaccel.config import TECHNIQUE_GROUPS, ConfigError, SweepConfig, TrainConfig
+from bertaccel.options.baseline import LIKE_FOR_LIKE, defaults_wanted, on_defaults
 
 # What the baseline takes off: the techniques a sweep compares (config groups and their settings),
-# and keeps even where swept: one baseline per model, dataset and hardware profile.
-TECHNIQUE_ROOTS = TECHNIQUE_GROUPS + ("accumulation", "num_gpus")
-CONTEXT_ROOTS = CONTEXT_GROUPS
+# and keeps even where swept: one baseline per model, dataset, hardware profile and GPU count.
+TECHNIQUE_ROOTS = TECHNIQUE_GROUPS + ("accumulation",)
+CONTEXT_ROOTS = LIKE_FOR_LIKE
 SEED = "train.seed"
 MAX_RUNS = next(f.default for f in fields(SweepConfig) if f.name == "max_runs")
 
@@ -52,6 +54,16 @@ class SweepJobs:
     overrides: List[List[str]]                       # in launch order
     baseline: Set[int] = field(default_factory=set)  # the indices of the added baseline jobs
     repeats: int = 1
+    defaulted: List[str] = field(default_factory=list)  # settings, not group choices, a baseline takes off
+
+
+def naming_keys(jobs: Sequence[Sequence[str]]) -> Set[str]:
+    """The keys whose value (or presence) differs among these jobs' overrides: a run's name says
+    them all, so no two configurations of a sweep share a name (an added baseline takes off a
+    precision=bf16 every grid job has: precision then names the runs too)."""
+    given = [{key_of(o): o.split("=", 1)[1] if "=" in o else "" for o in job} for job in jobs]
+    keys = {k for job in given for k in job}
+    return {k for k in keys if len({job.get(k) for job in given}) > 1}
 
 
 def key_of(override: str) -> str:
@@ -184,16 +196,21 @@ def sweep_jobs(config: Any, parsed: Sequence[Any]) -> SweepJobs:
     listed = {tuple(job) for job in jobs}  # (a set: the check below was a list scan per job)
     added: List[int] = []
     if settings.get("baseline", True):
-        # Per context (model, dataset, hardware): a job there on the groups' defaults is the baseline.
+        # Per context (model, dataset, hardware, num_gpus): a job there on the defaults is the baseline.
+        # (what a job's baseline takes off, at its defaults: a swept optimizer.lr too)
         wanted = defaults_wanted()  # (read once: per job it parsed conf/config.yaml twice, 40 s at 10,000 jobs)
-        covered = {_context(job) for job in jobs if on_defaults({key_of(o): o.split("=", 1)[1] for o in job}, wanted)}
+        covered = {_context(job) for job in jobs if on_defaults(
+            {key_of(o): o.split("=", 1)[1] for o in job if o not in set(baseline_of(job, swept))}, wanted)}
         for job in jobs:
             base = baseline_of(job, swept)
             if _context(job) not in covered and tuple(base) not in listed:
                 added.append(len(first_round))
                 first_round.append(base)
                 listed.add(tuple(base))
-    out = SweepJobs(list(first_round), set(added), repeats)
+    # (the settings a baseline takes off that are not a group's choice: the plan's line says their defaults)
+    defaulted = sorted({key_of(o) for job in jobs for o in job if o not in set(baseline_of(job, swept))}
+                       - set(TECHNIQUE_ROOTS)) if added else []
+    out = SweepJobs(list(first_round), set(added), repeats, defaulted)
     default_seed = int(config.train.seed)
     if repeats > 1 and first_round:
         _refuse_seeds(first_round, default_seed, repeats)

@@ -33,7 +33,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from yaml import YAMLError
 
@@ -77,6 +77,7 @@ class SweepPlan:
     said: List[str] = field(default_factory=list)  # the repeats dropped, each said once
     baseline: Set[int] = field(default_factory=set)  # the jobs sweep.baseline added (runs/sweep_jobs.py)
     repeats: int = 1                                 # sweep.repeats: the job list is this many rounds
+    defaulted: List[str] = field(default_factory=list)  # swept settings the baseline has at their defaults
     _composed: Optional[Set[tuple]] = field(default=None, repr=False)  # (composed(): built once)
 
     def distinct(self) -> List[PlannedJob]:
@@ -130,7 +131,7 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
             raise SweepRefused(f"the sweep has no configurations ({empty_axes(config)} gives no value); "
                                "give every swept key at least one value")
         loader = GlobalHydra.instance().config_loader()
-        plan = SweepPlan(baseline=set(jobs.baseline), repeats=jobs.repeats)
+        plan = SweepPlan(baseline=set(jobs.baseline), repeats=jobs.repeats, defaulted=list(jobs.defaulted))
         first: Dict[str, int] = {}  # config_hash -> its first job: one look-up per job, linear
         said = PlanningSaid(len(grid))
         local = str(config.hydra.launcher.get("_target_", "")).endswith(LOCAL_LAUNCHERS)
@@ -270,7 +271,7 @@ def _baseline_said(plan: SweepPlan) -> List[str]:
     for job in plan.jobs[:len(plan.jobs) // plan.repeats]:  # (the first round: the others repeat it)
         if job.idx not in plan.baseline or job.refusal:
             continue
-        shown = _technique_choices(job.config)
+        shown = _technique_choices(job.config, plan.defaulted)
         if job.repeat_of is not None:
             twin = plan.jobs[job.repeat_of]
             if twin.idx in plan.baseline:
@@ -285,12 +286,16 @@ def _baseline_said(plan: SweepPlan) -> List[str]:
     return said
 
 
-def _technique_choices(sweep_cfg: DictConfig) -> str:
-    """`precision=fp32 attention=eager ... accumulation=1 num_gpus=1 on model=tiny dataset=ag_news_sample`:
-    what the baseline trains, as the user would type it."""
+def _technique_choices(sweep_cfg: DictConfig, defaulted: Sequence[str] = ()) -> str:
+    """`precision=fp32 attention=eager ... accumulation=1 optimizer.lr=5e-05 on model=tiny
+    dataset=ag_news_sample hardware=auto num_gpus=1`: what the baseline trains, as the user would
+    type it (defaulted: the swept settings it has at their defaults)."""
     from bertaccel.runs.sweep_jobs import CONTEXT_ROOTS, TECHNIQUE_ROOTS
 
     choices = sweep_cfg.hydra.runtime.choices
-    said = [f"{g}={choices[g]}" for g in TECHNIQUE_ROOTS if g in choices and g != "preset"]
-    said += [f"{k}={sweep_cfg[k]}" for k in TECHNIQUE_ROOTS if k in sweep_cfg and k not in choices]
-    return " ".join(said) + " on " + " ".join(f"{g}={choices[g]}" for g in CONTEXT_ROOTS if g in choices)
+
+    def said(keys: Sequence[str]) -> List[str]:
+        out = [f"{g}={choices[g]}" for g in keys if g in choices and g != "preset"]
+        return out + [f"{k}={OmegaConf.select(sweep_cfg, k)}" for k in keys
+                      if k not in choices and OmegaConf.select(sweep_cfg, k) is not None]
+    return " ".join(said(TECHNIQUE_ROOTS) + said(defaulted)) + " on " + " ".join(said(CONTEXT_ROOTS))
