@@ -152,20 +152,33 @@ def server_problem(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> Optional[str
     return None
 
 
+KINDS = ("a SQLite file (sqlite:///mlflow.db), an MLflow tracking server (http://HOST:PORT) or a database "
+         "MLflow writes itself ({})")  # the stores a run, a sweep, the plan and the report use
+
+
 def _scheme_problem(uri: str) -> Optional[str]:
-    """A URI whose scheme MLflow has no store for (foo://bar), asked of MLflow's own registry."""
+    """A URI of a kind no command can use, in one line naming the kinds it can: a scheme MLflow
+    has no store for (foo://bar, asked of MLflow's own registry), or MLflow's file store (file:,
+    a folder of runs), which this MLflow refuses (maintenance mode) after the run's folder is made."""
     try:
         from mlflow.tracking._tracking_service.utils import _tracking_store_registry
 
-        schemes = sorted(s for s in _tracking_store_registry._registry if s)
+        schemes = sorted(s for s in _tracking_store_registry._registry if s and s != "file")
     except Exception:  # noqa: BLE001 - a private MLflow table: without it MLflow's own error stands
         return None
     scheme = urlparse(uri).scheme
+    kinds = KINDS.format(", ".join(f"{s}:" for s in schemes if s not in ("sqlite", "http", "https")))
+    if scheme == "file":
+        rest = uri.split(":", 1)[1]
+        folder = rest[2:] if rest.startswith("//") else rest  # (file:///abs, file:relative)
+        return (f"MLflow's file store (a folder of runs) is not a store bertaccel uses; give {kinds}. Runs already "
+                f"in it move to a SQLite file with `mlflow migrate-filestore --source {folder or '.'} "
+                "--target sqlite:///mlflow.db`")
     if uri in ("databricks", "databricks-uc", "uc") or scheme in schemes:
         return None
     if not scheme:
-        return f"'{uri}' is not a tracking URI (no scheme); give e.g. sqlite:///mlflow.db or http://HOST:PORT"
-    return f"MLflow has no store for the scheme '{scheme}:'; use one of {', '.join(schemes)}"
+        return f"'{uri}' is not a tracking URI (no scheme); give {kinds}"
+    return f"MLflow has no store for the scheme '{scheme}:'; give {kinds}"
 
 
 def store_problem(uri: str, *, create: bool) -> Optional[str]:

@@ -10,6 +10,7 @@ Real processes, real SQLite stores, a real hot journal (a writer killed mid-tran
 tiny model on the CPU."""
 from __future__ import annotations
 
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -147,3 +148,43 @@ def test_a_damaged_store_is_not_called_no_store_and_no_other_file_is_advised(pri
     problem = store_problem(f"sqlite:///{db}", create=False)
     assert problem and "could not be read" in problem and "integrity_check" in problem, problem
     assert "not an MLflow store" not in problem and "file name" not in problem, problem
+
+
+# ---------------------------------------------------------------------------------------------
+# A store kind no command uses: MLflow's file store (a folder of runs), a scheme MLflow has no
+# store for. One line naming the kinds that work, exit 2, nothing written (no outputs/, multirun/).
+
+def _listing(path: Path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("uri", ["file://{tmp}/mlruns", "foo://bar"])
+def test_an_unsupported_store_kind_is_one_line_for_run_sweep_plan_and_report(tmp_path, uri):
+    from test_store_safety import _all_at_once
+
+    uri = uri.format(tmp=tmp_path)
+    cmds = [_cmd(tmp_path, TINY, store=uri), _cmd(tmp_path, ["-m", *TINY, "train.seed=1,2"], store=uri),
+            [sys.executable, "-m", "bertaccel.plan", "-m", *TINY, "train.seed=1,2", f"tracking.uri={uri}",
+             f"cache_dir={tmp_path / 'cache'}"],
+            [sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", "report"]]
+    for i in range(len(cmds)):
+        (tmp_path / str(i)).mkdir()
+    before = _listing(tmp_path)
+    for cmd, rc, _, err in _all_at_once(cmds, tmp_path):
+        assert rc == 2, (cmd, err[-3000:])
+        (line,) = _said(err)
+        assert line.startswith("error: ") and f"{uri}: " in line and "Traceback" not in err, line
+        assert "sqlite:///mlflow.db" in line and "http://HOST:PORT" in line, line  # the kinds that work
+        if uri.startswith("file:"):
+            assert "MLflow's file store" in line and "mlflow migrate-filestore --source" in line, line
+    assert _listing(tmp_path) == before  # no outputs/, multirun/, mlruns/, report/ or store
+
+
+@pytest.mark.parametrize("uri, folder", [("file:mlruns", "mlruns"), ("file:///srv/mlruns", "/srv/mlruns"),
+                                         ("FILE:///srv/mlruns", "/srv/mlruns"), ("mlruns", None)])
+def test_every_spelling_of_the_file_store_is_refused_naming_the_kinds_that_work(uri, folder):
+    problem = store_problem(uri, create=True)
+    assert problem and "sqlite:///mlflow.db" in problem and "http://HOST:PORT" in problem, problem
+    assert "postgresql:" in problem and not re.search(r"[(,] file:", problem), problem  # (file: not offered)
+    if folder:
+        assert f"mlflow migrate-filestore --source {folder} --target sqlite:///mlflow.db" in problem, problem
