@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from report_store import Store
 from test_nothing_lost import ENV, TINY, _cmd, _said
+from test_store_failures import _fill, small_disk  # noqa: F401 - a fixture (a real small tmpfs)
 
 from bertaccel.store import store_problem
 
@@ -188,3 +189,24 @@ def test_every_spelling_of_the_file_store_is_refused_naming_the_kinds_that_work(
     assert "postgresql:" in problem and not re.search(r"[(,] file:", problem), problem  # (file: not offered)
     if folder:
         assert f"mlflow migrate-filestore --source {folder} --target sqlite:///mlflow.db" in problem, problem
+
+
+# ---------------------------------------------------------------------------------------------
+# The disk holding the store is full as a sweep opens its parent run (a real full tmpfs): the
+# one clean line, not MLflow's logged tracebacks first (nor Hydra's warning, and runs started anyway).
+
+def test_a_store_full_as_the_sweep_opens_its_parent_run_is_the_one_line(pristine, tmp_path, small_disk):
+    db = small_disk / "mlflow.db"
+    shutil.copy(pristine, db)
+    _fill(small_disk)
+    r = _run(_cmd(tmp_path, ["-m", *TINY, "train.seed=1,2"], store=f"sqlite:///{db}"), tmp_path)
+    assert r.returncode == 1, r.stderr[-3000:]
+    (line,) = _said(r.stderr)
+    assert line.startswith("error: the disk holding") and "database or disk is full" in line, line
+    assert "free space" in line and "then run the same command again" in line, line
+    assert "Traceback" not in r.stderr and "[sweep]" not in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])
+    con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
+    names = sorted(n for (n,) in con.execute("select name from runs"))
+    open_runs = con.execute("select count(*) from runs where status = 'RUNNING'").fetchone()[0]
+    con.close()
+    assert names == NAMES and open_runs == 0  # no run started, none left open
