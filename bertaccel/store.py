@@ -17,9 +17,10 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import sqlite3
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 from urllib.parse import urlparse
@@ -28,9 +29,9 @@ import psutil
 from hydra.core.utils import env_override
 
 from bertaccel.config import ConfigError
-from bertaccel.store_file import flock_saying_who, sqlite_file
+from bertaccel.store_file import LOCK_WAIT_S, flock_saying_who, hot_journal, journal, roll_back, sqlite_file
 from bertaccel.store_file import sqlite_state  # noqa: F401 - what a store's file holds (one home: store_file.py)
-from bertaccel.store_keep import check_kept, is_kept, no_empty_in_place
+from bertaccel.store_keep import StoreLost, check_kept, is_kept, no_empty_in_place
 
 CHECK_TIMEOUT_S = 5.0  # how long the store check waits on a tracking server
 CREATING = ".creating-"  # infix of a store being built beside its target: <db>.creating-<pid>
@@ -52,7 +53,35 @@ def _read_only(db: Path) -> Optional[str]:
             f"of it in a folder you can write (cp {db} DIR/ and tracking.uri=sqlite:///DIR/{db.name})")
 
 
+def _roll_back_journal(db: Path) -> Optional[str]:
+    """A hot journal beside the store rolled back, as SQLite does when its owner opens the file,
+    under the store's lock (no bertaccel writer is mid-write then), before the store is judged: a
+    read-only look cannot roll it back and would call an intact store broken. Where it cannot be
+    (the file or its folder read-only), the line saying so, else None."""
+    if not hot_journal(db):
+        return None
+    if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK | os.X_OK):
+        what = db if not os.access(db, os.W_OK) else db.parent
+        return (f"{db} holds a write that failed or was stopped ({journal(db).name} beside it), which SQLite "
+                f"undoes on the next open that may write, but {what} is read-only; make it writable again "
+                f"(chattr -i, chmod u+w), then run the same command: the store is then as before that write")
+    try:
+        with store_lock(f"sqlite:///{db}", tidy=True) if not getattr(_held, "depth", 0) else nullcontext():
+            roll_back(db, LOCK_WAIT_S)
+    except StoreLost:
+        return None  # (the store's next call says it, as one line of the sweep)
+    except (OSError, sqlite3.Error) as e:
+        if "locked" in str(e):
+            return None  # (a write in progress, not a failed one: judged as a locked store)
+        return (f"{db} holds a write that failed or was stopped ({journal(db).name} beside it), and SQLite could "
+                f"not undo it ({e}); make the file and its folder writable, then run the same command again")
+    return None
+
+
 def _sqlite_problem(uri: str, db: Path, create: bool) -> Optional[str]:
+    why = _roll_back_journal(db) if db.is_file() else None
+    if why:
+        return why
     kind, detail = sqlite_state(db)
     if kind in ("ok", "empty", "half_created") and create:
         return _read_only(db)  # (a run builds an empty or half-created store there: repair_store)
@@ -79,6 +108,9 @@ def _sqlite_problem(uri: str, db: Path, create: bool) -> Optional[str]:
     if kind == "not_sqlite":
         return (f"{db} is not an MLflow store (not a SQLite database: {detail}); give the store your runs "
                 "wrote to, or a new file name")
+    if kind == "unreadable":  # (may hold runs: never called no store, nor another file advised)
+        return (f"{db} could not be read ({detail}); bertaccel leaves it as it is: see what SQLite says of it "
+                f"(sqlite3 {db} 'pragma integrity_check'), then run again")
     if kind == "locked":
         return (f"{db} is locked {detail}: another client holds a write transaction on this store (it is "
                 "in use, not broken); let it finish or stop it, then run again")
@@ -86,8 +118,8 @@ def _sqlite_problem(uri: str, db: Path, create: bool) -> Optional[str]:
         return (f"{db} is a SQLite database of something else (tables {detail}), not an MLflow store; "
                 "bertaccel leaves it as it is: give another file name")
     if kind == "new_schema":
-        return (f"{db} was written by a newer MLflow ({detail}); use that MLflow version "
-                "(pip install -U mlflow), or give another file name")
+        return (f"{db} was written by a newer MLflow ({detail}); use that MLflow version with it "
+                "(pip install -U mlflow)")
     return f"{db} is an MLflow store of {detail}; back it up, then `mlflow db upgrade {uri}`"
 
 
@@ -120,20 +152,33 @@ def server_problem(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> Optional[str
     return None
 
 
+KINDS = ("a SQLite file (sqlite:///mlflow.db), an MLflow tracking server (http://HOST:PORT) or a database "
+         "MLflow writes itself ({})")  # the stores a run, a sweep, the plan and the report use
+
+
 def _scheme_problem(uri: str) -> Optional[str]:
-    """A URI whose scheme MLflow has no store for (foo://bar), asked of MLflow's own registry."""
+    """A URI of a kind no command can use, in one line naming the kinds it can: a scheme MLflow
+    has no store for (foo://bar, asked of MLflow's own registry), or MLflow's file store (file:,
+    a folder of runs), which this MLflow refuses (maintenance mode) after the run's folder is made."""
     try:
         from mlflow.tracking._tracking_service.utils import _tracking_store_registry
 
-        schemes = sorted(s for s in _tracking_store_registry._registry if s)
+        schemes = sorted(s for s in _tracking_store_registry._registry if s and s != "file")
     except Exception:  # noqa: BLE001 - a private MLflow table: without it MLflow's own error stands
         return None
     scheme = urlparse(uri).scheme
+    kinds = KINDS.format(", ".join(f"{s}:" for s in schemes if s not in ("sqlite", "http", "https")))
+    if scheme == "file":
+        rest = uri.split(":", 1)[1]
+        folder = rest[2:] if rest.startswith("//") else rest  # (file:///abs, file:relative)
+        return (f"MLflow's file store (a folder of runs) is not a store bertaccel uses; give {kinds}. Runs already "
+                f"in it move to a SQLite file with `mlflow migrate-filestore --source {folder or '.'} "
+                "--target sqlite:///mlflow.db`")
     if uri in ("databricks", "databricks-uc", "uc") or scheme in schemes:
         return None
     if not scheme:
-        return f"'{uri}' is not a tracking URI (no scheme); give e.g. sqlite:///mlflow.db or http://HOST:PORT"
-    return f"MLflow has no store for the scheme '{scheme}:'; use one of {', '.join(schemes)}"
+        return f"'{uri}' is not a tracking URI (no scheme); give {kinds}"
+    return f"MLflow has no store for the scheme '{scheme}:'; give {kinds}"
 
 
 def store_problem(uri: str, *, create: bool) -> Optional[str]:
@@ -239,7 +284,7 @@ def _exclusive_now(fd: int) -> bool:
 
 
 @contextmanager
-def store_lock(uri: str, shared: bool = False) -> Iterator[None]:
+def store_lock(uri: str, shared: bool = False, tidy: bool = False) -> Iterator[None]:
     """Serialize access to one SQLite store across processes, and make sure the store exists.
 
     SQLite allows one writer at a time and MLflow's retries give up under contention, so
@@ -263,7 +308,8 @@ def store_lock(uri: str, shared: bool = False) -> Iterator[None]:
     store; one another process holds stays). That is safe because every holder checks, once it
     holds the lock, that the lock file it holds is still the one at the path, and takes the new
     one otherwise. A lock file beside a store is harmless: empty, never read, and its flock
-    ends with its holder's process, a killed one's too.
+    ends with its holder's process, a killed one's too. tidy: an exclusive hold that leaves no
+    lock file of its making either (a report's or plan's journal roll-back, _roll_back_journal).
     """
     depth = getattr(_held, "depth", 0)
     if not uri.startswith("sqlite:///") or depth:
@@ -308,7 +354,7 @@ def store_lock(uri: str, shared: bool = False) -> Iterator[None]:
         no_empty_in_place(db, kept)
         if fd is not None:
             try:
-                if created and (shared or not db.exists()) and _exclusive_now(fd):
+                if created and (shared or tidy or not db.exists()) and _exclusive_now(fd):
                     lock.unlink(missing_ok=True)
                     for folder in made:  # (deepest first; one something else was put in stays)
                         try:

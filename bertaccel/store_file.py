@@ -256,10 +256,42 @@ def holds_nothing(db: Path, wait_s: float = 1.0) -> bool:
         return False
 
 
+def journal(db: Path) -> Path:
+    """The rollback journal SQLite writes beside a store while it writes (MLflow's default mode)."""
+    return db.with_name(db.name + "-journal")
+
+
+def hot_journal(db: Path) -> bool:
+    """Whether a write that failed or was stopped (a store made read-only or a disk full mid-write,
+    a kill) may have left its journal beside db: present, not empty, its header not zeroed. SQLite
+    rolls such a journal back on the next open that may write, never on a read-only one, so the
+    store reads as broken until then although nothing in it is lost (roll_back). A journal of a
+    write still in progress looks the same; SQLite tells them apart itself by its locks."""
+    try:
+        with open(journal(db), "rb") as f:
+            return any(f.read(28))  # (SQLite zeroes the header of a journal it keeps: PERSIST mode)
+    except OSError:
+        return False
+
+
+def roll_back(db: Path, wait_s: float) -> None:
+    """Open db the way its owner's SQLite would (for writing) and read it: a hot journal is rolled
+    back, which is SQLite's own recovery; a journal of a write in progress is left to its writer.
+    Never creates the file (mode=rw). Raises sqlite3.Error as the open or the read does."""
+    con = sqlite3.connect(f"{db.as_uri()}?mode=rw", uri=True, timeout=wait_s)
+    try:
+        con.execute("select count(*) from sqlite_master").fetchone()
+    finally:
+        con.close()
+
+
 def sqlite_state(db: Path, wait_s: float = LOCK_WAIT_S) -> Tuple[str, str]:
     """What the file of a sqlite:/// store holds: (kind, detail). kind: missing | directory |
-    not_file | empty | not_sqlite | locked | foreign | half_created | old_schema | new_schema | ok.
-    Only `empty` and `half_created` may be built over (nothing is lost); `ok` is used as it is."""
+    not_file | empty | not_sqlite | unreadable | locked | foreign | half_created | old_schema |
+    new_schema | ok. Only `empty` and `half_created` may be built over (nothing is lost); `ok` is used
+    as it is. not_sqlite only where the file provably is no SQLite database (its header, or SQLite
+    saying so); a read that fails otherwise (a hot journal a read-only open cannot roll back, a
+    damaged page) is `unreadable`: the file may hold runs."""
     if not db.exists():
         return "missing", ""
     if db.is_dir():
@@ -283,6 +315,6 @@ def sqlite_state(db: Path, wait_s: float = LOCK_WAIT_S) -> Tuple[str, str]:
             return "locked", f"by {holders(db)} for over {time.monotonic() - started:.0f} s"
         if "unable to open" in str(e):
             return "not_file", str(e)
-        return "not_sqlite", str(e)
-    except sqlite3.DatabaseError as e:  # "file is not a database": a damaged file
-        return "not_sqlite", str(e)
+        return "unreadable", str(e)
+    except sqlite3.DatabaseError as e:  # "file is not a database" (SQLITE_NOTADB), or a damaged page
+        return ("not_sqlite" if "not a database" in str(e) else "unreadable"), str(e)

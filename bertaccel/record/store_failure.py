@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import re
 import sqlite3
 import sys
@@ -181,6 +182,24 @@ def failed(e: BaseException, uri: str, experiment: str) -> Optional[StoreFailed]
     """failure_reason as a StoreFailed to raise, or None."""
     why = failure_reason(e, uri, experiment)
     return None if why is None else StoreFailed(why[0], kind=why[1])
+
+
+def parent_failed(e: BaseException, uri: str, experiment: str, sweep_id: str) -> Optional[StoreFailed]:
+    """The store failing while a sweep opens its parent run (sweep.open_parent) as the sweep's
+    StoreFailed, naming the parent run where it was made and left open (its first write took, a
+    later one did not: the same command reopens it); None for any other failure. Raised from a
+    Hydra callback, which would turn an Exception into a warning and start the runs anyway."""
+    stop = failed(e, uri, experiment)
+    if stop is None:
+        return None
+    from bertaccel.record.tracking import search_runs
+
+    try:
+        found = search_runs(uri, experiment, f"tags.sweep_id = '{sweep_id}' and tags.`bertaccel.role` = 'sweep'")
+    except Exception:  # noqa: BLE001 - a store that cannot be read either: the line says the cause
+        return stop
+    mine = [r for r in found if r.info.status == "RUNNING" and r.data.tags.get("pid") == str(os.getpid())]
+    return stop.leaving([f"the sweep's parent run {r.info.run_id}" for r in mine])
 
 
 def close_or_name(uri: str, runs: Sequence[Tuple[str, str]], reason: str) -> List[str]:

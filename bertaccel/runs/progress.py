@@ -31,7 +31,7 @@ from bertaccel.runs.sweep_jobs import grid_axes, naming_keys, values_count
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
 from bertaccel.record.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
 from bertaccel.record.tracking import experiment_id_of, ui_address
-from bertaccel.record.store_failure import exit_if_experiment_deleted
+from bertaccel.record.store_failure import exit_if_experiment_deleted, parent_failed, quiet_store_errors
 from bertaccel.store import exit_if_store_unusable, repair_store
 
 # interrupted: a submitit job killed from outside (its run is marked so and runs again next time)
@@ -216,11 +216,18 @@ class SweepProgress(Callback):
         # sampler seeds are two sweeps, each with its own parent and front.
         search_tags = parent_tags(config.hydra, config.search) if searching else {}
         sweep_id = sweep_identity(config.hydra.job.config_name, overrides + [f"{k}={v}" for k, v in search_tags.items()])
+        quiet_store_errors()  # (a full disk as the parent opens: the one line below, not MLflow's logged tracebacks)
         # A Ctrl-C while the parent run is made waits until its context is set (milliseconds):
         # raised between the two, it left the parent RUNNING, with no context to close it.
         with interrupt.deferred():
-            parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total,
-                                 search_tags, name=axes)
+            try:
+                parent = open_parent(state.uri, config.tracking.experiment, sweep_id, overrides, state.total,
+                                     search_tags, name=axes)
+            except Exception as e:
+                stop = parent_failed(e, state.uri, config.tracking.experiment, sweep_id)
+                if stop is None:
+                    raise
+                raise stop from None  # (a BaseException: through Hydra's callback handling to run.cli, one line)
             state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
             set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
         state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
