@@ -67,7 +67,7 @@ def sweep(tmp_path_factory):
     store = f"sqlite:///{tmp / 'mlflow.db'}"
     cmd = [sys.executable, "-m", "bertaccel.run", "-m", "precision=fp32,bf16", "encoder=hf", *TINY,
            "dataset=csv", f"dataset.train_path=data/{name}/train.csv.gz", f"dataset.test_path=data/{name}/test.csv.gz",
-           *text, "dataset.max_length=64", "optimizer.lr=2e-4",
+           *text, "dataset.max_length=64", "optimizer.lr=2e-4", "sweep.baseline=false",  # (no added lr baseline)
            f"tracking.uri={store}", f"cache_dir={tmp / 'cache'}"]
     proc = subprocess.run(cmd, cwd=tmp, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

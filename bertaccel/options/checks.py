@@ -213,6 +213,9 @@ def validate(cfg: Any, leave: Collection[str] = ()) -> RunConfig:
     failed = {_root(key) for key in unknown + [key for key, _ in values]}
     run = typed(known)
     own, failed = sound(run, failed)
+    # (a value already refused as a number is not said again by its option's own check:
+    # `hardware.pue=nan` is one line, not "not finite" and then "must be >= 1")
+    own = [why for why in own if not any(why.startswith(f"{key}=") for key, _ in values)]
     found = [unknown_setting(key) for key in unknown] + [why for _, why in values] + own
     _refuse(found + later(run, leave, failed))
     return run

@@ -117,7 +117,9 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
                 OmegaConf.set_readonly(cfg, False)
                 invalid = None
                 try:
-                    validate(cfg)
+                    # (not whether the store can be written: the plan only reads it, _check_store
+                    # above, and a read-only store is the run's refusal at its turn, not the plan's)
+                    validate(cfg, leave=("tracking.check_store",))
                 except ConfigError as e:
                     invalid = str(e)
                 digest = cfg_hash(cfg)  # (once per configuration: the plan is linear in them)
