@@ -323,7 +323,7 @@ def test_the_plan_predicts_a_real_cpu_sweeps_wall_before_it_runs(tmp_path):
     uri = f"sqlite:///{tmp_path / 'check.db'}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     r = subprocess.run([sys.executable, str(script), "--uri", uri, "--out", str(tmp_path / "out"), "--",
-                        *TINY, "train.epochs=1", f"cache_dir={tmp_path / 'cache'}", "precision=fp32,bf16"],
+                        *TINY, "train.epochs=1", f"cache_dir={tmp_path / 'cache'}", "attention=eager,sdpa"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     wall = re.search(r"sweep wall: predicted ([\d.]+) s, measured ([\d.]+) s", r.stdout)
