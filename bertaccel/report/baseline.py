@@ -113,7 +113,10 @@ def like_groups(rows: Sequence[Row]) -> Tuple[List[Tuple[int, ...]], List[str]]:
     order = list(dict.fromkeys(full))
     varying = [n for n, k in enumerate(keys) if len({f[n] for f in order}) > 1]
     labels = [", ".join(f"{keys[n]}={f[n] or '?'}" for n in varying) for f in order]
-    return [tuple(i for i, f in enumerate(full) if f == g) for g in order], labels
+    members: Dict[Tuple[str, ...], List[int]] = {g: [] for g in order}  # (one pass: not groups x rows)
+    for i, f in enumerate(full):
+        members[f].append(i)
+    return [tuple(members[g]) for g in order], labels
 
 
 def _varying_settings(rows: Sequence[Row], pool: Sequence[int]) -> List[str]:

@@ -17,8 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
-# What a refused command line leaves unasked: they build the optimizer or reach the store.
-LEFT_WHEN_REFUSED = ("optimizer.check_built", "tracking.check_store")
 # Override prefixes by Hydra's OverrideType name (rebuilding a sweep override at its first value).
 _PREFIX = {"CHANGE": "", "ADD": "+", "FORCE_ADD": "++", "DEL": "~"}
 
@@ -133,6 +131,8 @@ def every_problem(error: BaseException, config_name: str, config_dir: Optional[s
 
     from bertaccel.config import ConfigError
     from bertaccel.options.checks import validate
+    # (what a refused command line leaves unasked, as a sweep's plan does: they build the optimizer or reach the store)
+    from bertaccel.runs.sweep_plan import LEFT_TO_THE_RUNS
 
     lines = [word(error)]
     parser = OverridesParser.create()
@@ -161,7 +161,7 @@ def every_problem(error: BaseException, config_name: str, config_dir: Optional[s
                 with open_dict(cfg):
                     del cfg["hydra"]
                 try:
-                    validate(cfg, leave=LEFT_WHEN_REFUSED)
+                    validate(cfg, leave=LEFT_TO_THE_RUNS)
                 except ConfigError as e:
                     lines += str(e).splitlines()
                 break
