@@ -10,7 +10,10 @@ import pytest
 
 from report_store import Store
 
-from bertaccel.report.floor import Floor, left_out, resolve
+from bertaccel.report.floor import Floor, resolve
+from bertaccel.report.scoring import STRATEGIES, score_rows
+from bertaccel.report.summary import left_out as left_out_of
+from bertaccel.report.verdict import decide
 from bertaccel.report.scoring import Row
 
 
@@ -66,6 +69,11 @@ def test_a_fast_run_two_points_below_the_best_is_left_out_and_named(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "rep4").exists()
 
 
+def left_out(rows, floor):
+    """The answer's floor line for rows (the verdict applies the floor to configuration means)."""
+    return left_out_of(decide(rows, score_rows(rows, STRATEGIES), floor))
+
+
 def _row_of(name, acc, group=None):
     return Row(name, 10.0, 0.1, None, None, acc, group=group)
 
@@ -82,6 +90,6 @@ def test_with_repeats_the_floor_hangs_from_the_best_configurations_interval():
     single = [_row_of("a", 0.92), _row_of("b", 0.88)]
     f1 = resolve(None, single)
     assert f1.value == 0.91 and left_out(single, f1)[0].endswith(
-        "1 of 2 runs: 'b' (0.8800). They are scored in the tables below, never 'best'")
+        "1 of 2 runs: 'b' (0.8800). They are scored in the tables below, never the winner")
     assert resolve("off", single) == Floor(None, "--accuracy-floor off: every run may win, whatever its accuracy")
     assert resolve(None, [_row_of("x", None)]).value is None  # nothing measured accuracy: no floor

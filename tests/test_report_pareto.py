@@ -10,6 +10,7 @@ import pytest
 
 from bertaccel.report import OBJECTIVES, STRATEGIES, Row, pareto_front, score_rows
 from bertaccel.report.pareto import pareto, row_points
+from bertaccel.report.verdict import decide
 from bertaccel.report.sections import hardware_table
 from bertaccel.report.weights import simplex_grid, weight_map
 
@@ -50,13 +51,13 @@ def test_best_per_hardware_table():
             Row("t4 fp32", 40, 0.4, 0.02, 50, 0.9, hardware="t4"), Row("t4 fp16", 20, 0.2, 0.01, 50, 0.9,
                                                                        hardware="t4")]
     scored = score_rows(rows, STRATEGIES)
-    title, note, headers, cells = hardware_table(rows, scored)
+    title, note, headers, cells = hardware_table(rows, decide(rows, scored, None))
     assert headers[0] == "hardware" and headers[1:-1] == list(STRATEGIES)
     by_hw = {c[0]: c for c in cells}
     # balance: 0.3 T/40 + 0.3 C/1.0 + 0.3 E/0.02 - 0.1 x 1 (occupancy all equal)
     assert by_hw["a100"][1] == f"a100 bf16 ({0.3 * 5 / 40 + 0.3 * 0.5 + 0.3 * 0.25 - 0.1:.3f})"
     assert by_hw["t4"][1] == f"t4 fp16 ({0.3 * 20 / 40 + 0.3 * 0.2 + 0.3 * 0.5 - 0.1:.3f})"
-    assert hardware_table(rows[:2], score_rows(rows[:2], STRATEGIES)) is None  # one hardware: no table
+    assert hardware_table(rows[:2], decide(rows[:2], score_rows(rows[:2], STRATEGIES), None)) is None  # one hardware
 
 
 def test_simplex_grid_is_every_twentieth_once():

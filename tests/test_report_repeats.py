@@ -11,6 +11,8 @@ import pytest
 from report_store import Store
 
 from bertaccel.report import STRATEGIES, Row, rows_from_csv, rows_from_mlflow, score_rows
+from bertaccel.report.floor import Floor
+from bertaccel.report.verdict import decide
 from bertaccel.report.repeats import group_label, group_rows, repeat_stats, t_interval
 
 T_975_DF2 = 4.302652729911275   # Student t, 97.5% quantile, 2 degrees of freedom (tables)
@@ -55,25 +57,30 @@ def test_ties_when_intervals_overlap_and_clear_when_not():
     a_scores = [s / 0.6 for s in a_scores]
     assert st.scores["balance"][0].mean == pytest.approx(sum(a_scores) / 3)
     assert st.metrics["time_s"][2].mean == pytest.approx(20.0)
-    assert st.best["balance"] == 0 and st.tied["balance"] == [1]  # a best, b within its interval
-    assert st.unjudged["balance"] == []
+    v = decide(rows, scored, None)
+    assert v.calls["balance"].winner == 0 and v.calls["balance"].tied == (1,)  # a best, b within its interval
+    assert v.calls["balance"].unjudged == () and v.calls["balance"].runner_up == 1
     # The same with b moved away: a is clear.
     rows2 = [r if r.group != "b" else Row(r.name, r.time_s + 5, (r.time_s + 5) * 0.01, accuracy=0.9, seed=r.seed,
                                           group="b") for r in rows]
-    st2 = repeat_stats(rows2, score_rows(rows2, STRATEGIES))
-    assert st2.best["balance"] == 0 and st2.tied["balance"] == []
+    v2 = decide(rows2, score_rows(rows2, STRATEGIES), None)
+    assert v2.calls["balance"].winner == 0 and v2.calls["balance"].tied == ()
 
 
-def test_one_run_groups_are_not_judged_and_floor_keeps_a_group_from_best():
+def test_one_run_groups_are_not_judged_and_the_floor_judges_a_configurations_mean():
     rows = [Row("a", 10, 0.1, accuracy=0.9, group="a", seed="1"), Row("a", 11, 0.11, accuracy=0.9, group="a", seed="2"),
             Row("solo", 10.6, 0.106, accuracy=0.9), Row("low", 5, 0.05, accuracy=0.5, group="low", seed="1"),
-            Row("low", 5.1, 0.051, accuracy=0.91, group="low", seed="2")]
-    st = repeat_stats(rows, score_rows(rows, STRATEGIES, accuracy_floor=0.85))
-    low = [g.label for g in st.groups].index("low")
-    assert not st.eligible[low] and "1 of 2 runs kept from best: accuracy 0.5000 < floor 0.85" == \
-        st.ineligible_reason[low]
-    assert st.groups[st.best["balance"]].label == "a"
-    assert [st.groups[k].label for k in st.unjudged["balance"]] == ["solo"]  # one run: no interval to compare
+            Row("low", 5.1, 0.051, accuracy=0.91, group="low", seed="2"),
+            Row("unlucky", 4, 0.04, accuracy=0.84, group="unlucky", seed="1"),
+            Row("unlucky", 4.1, 0.041, accuracy=0.88, group="unlucky", seed="2")]
+    v = decide(rows, score_rows(rows, STRATEGIES), Floor(0.85, "--accuracy-floor 0.85"))
+    labels = [g.label for g in v.groups]
+    low, unlucky = labels.index("low"), labels.index("unlucky")
+    # The mean decides: low's runs average 0.705 (out), unlucky's 0.86 (in, one seed below the floor).
+    assert not v.eligible[low] and v.why_out[low] == "mean accuracy of 2 runs 0.7050 < floor 0.8500"
+    assert v.eligible[unlucky] and v.groups[v.calls["balance"].winner].label == "unlucky"
+    assert v.groups[v.calls["balance"].runner_up].label == "a"
+    assert [v.groups[k].label for k in v.calls["balance"].unjudged] == ["solo"]  # one run: no interval to compare
 
 
 def test_mlflow_groups_by_tag_and_by_params_for_runs_without_it(tmp_path):

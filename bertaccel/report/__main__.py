@@ -32,7 +32,9 @@ from .occupancy import DEFAULT_OCCUPANCY_METRIC, OCCUPANCY_METRICS, o_column, wi
 from .plots import all_plots
 from .predicted import add_to_report as add_predicted
 from .render import build, to_html, to_markdown, unequal_work
-from .scoring import STRATEGIES, score_rows
+from .scoring import STRATEGIES
+from .headline import answer_text
+from .summary import decided
 from .search_front import add_to_report as add_search_front
 from .stop import held, run
 from .sweep_state import refuse_unfinished, still_running
@@ -159,34 +161,33 @@ def main(argv=None, written: Optional[List[str]] = None) -> int:
     except ValueError as e:  # (ReportInputError too) one line per problem: a CSV's bad cells all at once
         print("\n".join(f"error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
-    acc_floor = floor.resolve(a.accuracy_floor, rows)
-    scored = score_rows(rows, strategies, acc_floor.value, view.excluded)
+    scored, verdict, ans = decided(view, baseline, strategies, a.accuracy_floor)  # the decision, once
     source = f"CSV {a.csv}" if a.csv is not None else (f"MLflow {a.uri}, experiment {a.experiment}"
                                           + (f", sweep {a.sweep}" if a.sweep else ""))
     o_label = o_column(a.occupancy_metric)
     # Labelled first in a plot too full to label every point: the winners and each group's baseline.
-    notable = [b for _, _, b in scored.best_lines() if b is not None] + list(choose_baselines(rows, baseline).indices)
-    report = build(rows, scored, source, baseline, acc_floor,
-                   all_plots(rows, view.basis, [i for i in notable if i is not None]), view, warning(rows), o_label,
+    notable = [verdict.groups[k].members[0] for k in verdict.winners()] + list(ans.baselines.indices)
+    report = build(rows, scored, ans, source, all_plots(rows, view.basis, notable), view, warning(rows), o_label,
                    labels)
     running = still_running(a.uri, a.experiment, a.sweep, measured) if a.csv is None else None
     if running:  # (its sweep still runs: the answer may change)
         report.lead_warnings.insert(0, running)
-    console = extend(report, rows, scored, view.measured, a.occupancy_metric, o_label, a.target_accuracy,
+    console = extend(report, rows, scored, verdict, view.measured, a.occupancy_metric, o_label, a.target_accuracy,
                      view.basis.label)
     if a.csv is None:  # each run's own prediction beside its measurement (report/predicted.py)
         add_predicted(report, a.uri, a.experiment, measured)
         console += add_search_front(report, a.uri, a.experiment, measured, a.sweep)  # report/search_front.py
     try:
         with held():  # (a Ctrl-C meanwhile is taken once the folder is in place and recorded)
-            write_folder(a.out, "report", {"report.md": to_markdown(report), "report.html": to_html(report)},
+            write_folder(a.out, "report", {"report.md": to_markdown(report), "report.html": to_html(report),
+                                              "answer.txt": answer_text(ans) + "\n"},
                          report.plots)
             written.append(f"the report {a.out}")
     except ValueError as e:  # --out changed since check_folder, or could not be written: nothing changed
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for label, _, b in scored.best_lines():
-        print(f"{label:18s} best: {labels.name_of(rows[b].run_id, rows[b].name) if b is not None else 'none eligible'}")
+    for line in answer_text(ans).splitlines():  # the answer's own lines (headline.py), as every surface says them
+        print(line)
     for line in console:
         print(line)
     for note in filter(None, (running, scored.one_ranking and scored.one_ranking.reason, unequal_work(rows),

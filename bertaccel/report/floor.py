@@ -13,7 +13,7 @@ interval, so a configuration is not left out for the noise of its own seeds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 from .repeats import group_rows, t_interval
 from .scoring import Row
@@ -71,17 +71,3 @@ def _best(rows: Sequence[Row]):
         return iv.mean, f"the best test accuracy, '{label}' at {iv.mean:.4f} (one run: no interval)"
     return iv.low, (f"the low end of the best configuration's 95 % interval, '{label}' ({n} runs: "
                     f"{iv.mean:.4f}, interval from {iv.low:.4f})")
-
-
-def left_out(rows: Sequence[Row], floor: Floor, most: int = 6) -> List[str]:
-    """The answer's line naming the runs the floor keeps from winning, and why (empty if none)."""
-    if floor.value is None:
-        return []
-    below = sorted(((r.accuracy, r.name) for r in rows if not floor.passes(r.accuracy)),
-                   key=lambda x: (x[0] is None, -(x[0] or 0)))
-    if not below:
-        return []
-    named = [f"'{n}' ({'accuracy not measured' if a is None else f'{a:.4f}'})" for a, n in below[:most]]
-    more = f" and {len(below) - most} more (the scores table marks each)" if len(below) > most else ""
-    return [f"Left out of the answer by the accuracy floor {floor.value:.4f} ({floor.basis}): {len(below)} of "
-            f"{len(rows)} runs: " + ", ".join(named) + more + ". They are scored in the tables below, never 'best'"]

@@ -28,8 +28,11 @@ from .baseline import choose_baselines, named_row
 from .data import ReportInputError
 from .effects import Effect, Effects, effects, effects_tables
 from .floor import DEFAULT_POINTS
+from .headline import answer_table, headline
+from .labels import relabel
 from .repeats import Interval, group_rows, t_interval
 from .scoring import Row
+from .summary import Answer, decided
 from .timing import time_view
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +64,7 @@ class Table:
     found: Effects
     cells: List[List[str]]
     headers: List[str]
+    answer: Optional[Answer] = None   # the report's answer for this store (summary.decided)
 
 
 def load_manifest(path: Path) -> List[Entry]:
@@ -138,7 +142,10 @@ def read(entry: Entry, root: Path = ROOT) -> Table:
         except OSError as e:
             raise ReportInputError(f"manifest entry {entry.store}: not a gzipped store ({e})") from None
         uri = f"sqlite:///{db}"
-        rows = time_view(load_rows(uri, EXPERIMENT, entry.sweep)).rows
+        loaded = load_rows(uri, EXPERIMENT, entry.sweep)
+        labels = relabel(loaded)  # (the report's own names for the runs: the answer names them alike)
+        view = time_view(loaded)
+        rows = view.rows
         client = MlflowClient(tracking_uri=uri)
         starts = sorted(client.get_run(r.run_id).info.start_time for r in rows)
         parents = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id],
@@ -153,14 +160,26 @@ def read(entry: Entry, root: Path = ROOT) -> Table:
     first, last = _day(starts[0]), _day(starts[-1])
     given = None
     if entry.baseline is not None:
-        given = named_row(rows, entry.baseline)
+        given = named_row(rows, entry.baseline, labels.ids_of(entry.baseline))
         if given is None:
             raise ReportInputError(f"manifest entry {entry.store}: baseline {entry.baseline!r} is no run of sweep "
                                    f"{entry.sweep} (e.g. {rows[0].name!r})")
     bases = choose_baselines(rows, given).indices  # (one per like-for-like group)
     found = effects(rows, bases)
-    ((_, _, headers, cells),) = effects_tables(rows, bases, time_view(rows).basis.label) or (("", "", [], []),)
-    return Table(entry, devices[0], first if first == last else f"{first} to {last}", rows, found, cells, headers)
+    ((_, _, headers, cells),) = effects_tables(rows, bases, view.basis.label) or (("", "", [], []),)
+    ans = decided(view, given)[2]  # the report's own decision: the same winners and numbers
+    return Table(entry, devices[0], first if first == last else f"{first} to {last}", rows, found, cells, headers, ans)
+
+
+def answer_section(ans: Answer) -> List[str]:
+    """The report's answer for a store: its headline and, per line of strategies, the answer
+    table's own cells (winner, speed, accuracy change, how sure)."""
+    (_, _, headers, cells) = answer_table(ans, time_view([]).basis.label)
+    keep = [headers.index(h) for h in ("strategy", "winner", "speed vs baseline", "accuracy change", "how sure")]
+    out = [f"**The answer** (the report's, default accuracy floor): {headline(ans)}", "",
+           "| " + " | ".join(headers[k] for k in keep) + " |", "|" + "---|" * len(keep)]
+    out += ["| " + " | ".join(c[k].replace("|", "/") for k in keep) + " |" for c in cells]
+    return out + [""]
 
 
 def _interval(rows: Sequence[Row], members: Sequence[int], col: str, per_sample: bool) -> Interval:
@@ -243,8 +262,11 @@ def _section(t: Table) -> List[str]:
            f"sqlite:///{t.entry.store[:-3]} --sweep {t.entry.sweep}"
            + (f" --baseline {t.entry.baseline}`" if t.entry.baseline else "`"),
            f"- Each setting against: {refs}", ""]
+    if t.answer is not None:
+        out += answer_section(t.answer)
     if not t.cells:
         return out + ["No setting varies among these runs: nothing to compare.", ""]
+    out += ["What each setting buys:", ""]
     # The report's cells, the spread beside the speed-up: the table fits the page's column.
     heads = ["setting", t.headers[1], "speed-up (spread)"] + t.headers[4:] + ["verdict"]
     out += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]

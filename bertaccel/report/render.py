@@ -10,17 +10,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from .baseline import Baselines, choose_baselines
+from .baseline import Baselines
+from .change import change, pts_text, speed_text
 from .effects import effects_tables
 from .layout import placed
-from .repeats import repeat_stats
 from .scoring import METRICS, Row, Scored, full_weights
 from .summary import TITLE as ANSWER_TITLE
-from .floor import Floor
 from .html_table import CSS, html_table
 from .labels import Labels
 from .plots import single_price
-from .summary import answer, answer_table, headline
+from .headline import answer_table, headline
+from .scores_tables import best_table, run_scores_table, scores_table
+from .summary import Answer
+from .verdict import Verdict
 from .summary_chart import answer_chart
 from .timing import Basis, TimeView
 
@@ -46,6 +48,7 @@ class Report:
     lead: List[str] = field(default_factory=list)        # the answer's sentences, above its table
     lead_warnings: List[str] = field(default_factory=list)  # what changes the answer, right below it
     labels: Labels = field(default_factory=Labels)  # the runs' short labels and their MLflow names (labels.py)
+    answer: Optional[Answer] = None  # the answer every surface renders (summary.py), once built
 
 
 def _steps(v: Optional[float]) -> str:
@@ -127,50 +130,57 @@ def unequal_work(rows: Sequence[Row]) -> Optional[str]:
             "--project-epochs N puts every run on N epochs of its full train split")
 
 
-def baseline_table(rows: Sequence[Row], bases: Baselines, lab: Any = Basis().label, sfx: str = "") -> Table:
-    """Speedup and accuracy change of each run against its like-for-like group's baseline. Times of
-    runs that trained different numbers of samples are never divided as they are: then every
-    speedup is of time per sample."""
+def baseline_table(rows: Sequence[Row], bases: Baselines, verdict: Verdict, lab: Any = Basis().label,
+                   sfx: str = "") -> Table:
+    """Speed and accuracy change of each configuration against its like-for-like group's baseline
+    configuration, means over repeats on both sides (change.py: the answer's own arithmetic), so
+    the baseline's own row reads 1.00x. Runs that trained different numbers of samples are
+    compared per sample."""
     spread = _samples_range(rows)
     unknown = [r for r in rows if r.train_samples is None]
     cells = []
-    for i, r in enumerate(rows):
-        at = bases.of(i).index
-        b = rows[at] if at is not None else Row("", extra={})
-        if spread is not None:
-            known = b.time_s and r.time_s and b.train_samples and r.train_samples
-            speedup = (b.time_s / b.train_samples) / (r.time_s / r.train_samples) if known else None
-        else:
-            speedup = b.time_s / r.time_s if b.time_s and r.time_s else None
-        delta = r.accuracy - b.accuracy if r.accuracy is not None and b.accuracy is not None else None
-        cells.append([r.name, _f(r.time_s, ".2f"), "null" if r.train_samples is None else str(r.train_samples),
-                      _f(r.accuracy, ".4f"), _f(speedup, ".3f"), pts(delta)]
-                     + ([b.name or f"none ({bases.group(i).label})"] if bases.split else []))
+    for k, g in enumerate(verdict.groups):
+        at = bases.of(g.members[0]).index
+        base_k = verdict.of_row(at) if at is not None else None
+        c = change(rows, verdict.name(k), g.members, verdict.groups[base_k].members, spread is not None) \
+            if base_k is not None else None
+        time = verdict.stats.metrics["time_s"][k].mean
+        acc = verdict.stats.metrics["accuracy"][k].mean
+        samples = sorted({str(rows[i].train_samples) for i in g.members if rows[i].train_samples is not None})
+        cells.append([verdict.name(k), _f(time, ".2f"), "/".join(samples) or "null", _f(acc, ".4f"),
+                      "null (no baseline)" if c is None else speed_text(c.speedup, c.why.get("time_s", "")),
+                      "null (no baseline)" if c is None else pts_text(c)]
+                     + ([verdict.name(base_k) if base_k is not None else f"none ({bases.group(g.members[0]).label})"]
+                        if bases.split else []))
     why_unknown = "; ".join(sorted({r.extra.get("train_samples", "not measured") for r in unknown}))
+    mean = " (means over each configuration's repeats)" if verdict.repeated else ""
     if spread is not None:
-        note = (f"speedup = (baseline time / its train_samples) / (time / train_samples): the runs trained "
+        note = (f"speed = (baseline time / its train_samples) / (time / train_samples){mean}: the runs trained "
                 f"different numbers of samples ({spread}), so time per sample is compared, not time"
                 + (f"; null without train_samples ({why_unknown})" if unknown else ""))
     elif unknown:
-        note = (f"speedup = baseline time / time, taking the runs to have trained as much: train_samples unknown "
+        note = (f"speed = baseline time / time{mean}, taking the runs to have trained as much: train_samples unknown "
                 f"for {len(unknown)} of {len(rows)} runs ({why_unknown})")
     else:
-        note = f"speedup = baseline time / time; every run trained {rows[0].train_samples} samples"
-    # Table 1's form: time, speed-up and accuracy change of each run against one baseline (its group's).
-    whom = "its group's baseline" if bases.split else f"the baseline '{rows[bases.indices[0]].name}'"
+        note = f"speed = baseline time / time{mean}; every run trained {rows[0].train_samples} samples"
+    # Table 1's form: time, speed-up and accuracy change of each configuration against one baseline (its group's).
+    first = verdict.of_row(bases.indices[0])
+    whom = "its group's baseline" if bases.split else f"the baseline '{verdict.name(first)}'"
     return (f"Against {whom} (as Table 1 of Profiling and Optimizing Training Performance of BERT-Base{sfx})",
-            note + ("; each run against its like-for-like group's baseline (column 'baseline')" if bases.split else ""),
-            ["run", lab("time_s"), "train_samples", lab("accuracy"), "speedup", "accuracy change"]
-            + (["baseline"] if bases.split else []), cells)
+            note + ("; each configuration against its like-for-like group's baseline (column 'baseline')"
+                    if bases.split else ""),
+            ["configuration" if verdict.repeated else "run", lab("time_s"), "train_samples", lab("accuracy"),
+             "speed vs baseline", "accuracy change"] + (["baseline"] if bases.split else []), cells)
 
 
-def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[int],
-          floor: Optional[Floor], plots: List[Dict], view: Optional[TimeView] = None,
-          rank_warning: str = "", o_label: str = "occupancy_pct", labels: Optional[Labels] = None) -> Report:
-    """rows: the scored rows (view.rows when a view is given); view: --time / --project-epochs /
-    break-even, whose basis labels the time, cost and energy columns; rank_warning: the
-    comparability gate's line for tables that rank the rows (gate.py); o_label: what plays O;
-    labels: how the rows' names were shortened (labels.relabel), said under the answer."""
+def build(rows: Sequence[Row], scored: Scored, ans: Answer, source: str, plots: List[Dict],
+          view: Optional[TimeView] = None, rank_warning: str = "", o_label: str = "occupancy_pct",
+          labels: Optional[Labels] = None) -> Report:
+    """rows: the scored rows (view.rows when a view is given); ans: the answer and its verdict
+    (summary.decided), which every table naming a winner renders; view: --time / --project-epochs / break-even, whose
+    basis labels the time, cost and energy columns; rank_warning: the comparability gate's line for
+    tables that rank the rows (gate.py); o_label: what plays O; labels: how the rows' names were
+    shortened (labels.relabel), said under the answer."""
     basis = view.basis if view is not None else Basis()
     lab = basis.label
     # Every table of scored numbers says its basis: in the thesis form's brackets, or its own.
@@ -187,27 +197,29 @@ def build(rows: Sequence[Row], scored: Scored, source: str, baseline: Optional[i
     if work:
         rep.notes.append(work)
 
-    bases = choose_baselines(rows, baseline)  # once: every surface below reads it (baseline.py)
+    bases, verdict = ans.baselines, ans.verdict  # (chosen once: every surface below reads them)
     base = bases.groups[0].baseline
-    ans = answer(rows, scored, bases, repeat_stats(rows, scored), view, floor)
-    rep.tables.append(answer_table(ans, rows, lab))
+    rep.answer = ans
+    rep.tables.append(answer_table(ans, lab))
     rep.tables.extend(effects_tables(rows, bases.indices, lab))  # what each swept value buys (effects.py)
     repeats = (f" Changes are of means over repeats: the baseline is its configuration, '{ans.base_name}'."
                if not bases.split and base.index is not None and ans.base_name != rows[base.index].name else "")
-    rep.lead = [headline(ans, rows), f"{bases.sentence()}.{repeats}"]
+    rep.lead = [headline(ans), f"{bases.sentence()}.{repeats}"]
     rep.lead_warnings = ans.warnings
     chart = answer_chart(ans, rows)
     if view is not None and view.basis.projected:
         rep.tables.append(projection_table(view))
+    rep.tables.append(scores_table(rows, scored, verdict, lab, sfx, rank_warning))
+    rep.tables.append(best_table(ans, lab, own, rank_warning))
+    if verdict.repeated:
+        rep.tables.append(run_scores_table(rows, scored, verdict, lab, sfx, rank_warning))
     rep.tables.append(_raw_table(rows, lab, sfx, o_label, carbon))
     rep.tables.append(_normalized_table(rows, scored, metrics, sfx, carbon))
     rep.tables.append(_weights_table(scored, metrics, carbon))
-    rep.tables.append(_scores_table(rows, scored, lab, sfx, rank_warning, floor))
-    rep.tables.append(_best_table(rows, scored, lab, own, rank_warning))
     if scored.affected:
         rep.tables.append(_fewer_metrics_table(rows, scored, own))
     if bases.indices:  # every run against its group's baseline
-        rep.tables.append(baseline_table(rows, bases, lab, sfx))
+        rep.tables.append(baseline_table(rows, bases, verdict, lab, sfx))
     if view is not None and view.break_even:
         rep.tables.append(break_even_table(view))
     mapping = rep.labels.table()
@@ -260,37 +272,6 @@ def _weights_table(scored: Scored, metrics: Sequence[str], carbon: bool) -> Tabl
                                                    if carbon else "") + ", lower is better",
             ["strategy", "w1 time", "w2 cost", "w3 energy", "w4 occupancy"] + (["w5 carbon"] if carbon else []),
             weights)
-
-
-def _scores_table(rows: Sequence[Row], scored: Scored, lab: Any, sfx: str, rank_warning: str,
-                  floor: Optional[Floor]) -> Table:
-    names = list(scored.strategies)
-    score_rows = []
-    for i, r in enumerate(rows):
-        cells = [r.name, _f(r.accuracy, ".4f")]
-        for s in names:
-            v = _f(scored.scores[s][i])
-            cells.append(f"**{v}**" if scored.best[s] == i else v)
-        cells.append("" if scored.eligible[i] else f"excluded: {scored.ineligible_reason[i]}")
-        score_rows.append(cells)
-    floor_note = (f"; accuracy floor {floor.value:.4f} ({floor.basis}): a run below it is scored, never best"
-                  if floor is not None and floor.value is not None else "")
-    return (f"Scores (thesis Table 5.4 form{sfx})",
-            "; ".join(filter(None, (rank_warning, f"bold = best per strategy{floor_note}"))),
-            ["run", lab("accuracy")] + names + ["note"], score_rows)
-
-
-def _best_table(rows: Sequence[Row], scored: Scored, lab: Any, own: str, rank_warning: str) -> Table:
-    best_rows = []
-    for label, group, b in scored.best_lines():
-        # Strategies that rank alike (see the notes) share one row, and its score if they agree on it.
-        if b is None:
-            best_rows.append([label, "none eligible", "", ""])
-            continue
-        agreed = {_f(scored.scores[s][b]) for s in group}
-        best_rows.append([label, rows[b].name, agreed.pop() if len(agreed) == 1 else "", _f(rows[b].accuracy, ".4f")])
-    return (f"Best configuration per strategy{own}", rank_warning,
-            ["strategy", "best run", "score", lab("accuracy")], best_rows)
 
 
 def _fewer_metrics_table(rows: Sequence[Row], scored: Scored, own: str) -> Table:

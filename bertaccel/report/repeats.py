@@ -1,7 +1,7 @@
 """Repeats (thesis section 5.5: the same configuration gives different accuracy run to run):
 runs that differ only in their seed form a group; each metric and each strategy's score is
-given per group as a mean with a 95% t-interval, and "best" is called tied when the best
-group's interval overlaps another's.
+given per group as a mean with a 95% t-interval, and verdict.py calls a winner tied when its
+interval overlaps another's.
 
 Scores are computed per run first (max-normalized over all runs, as the thesis does:
 scoring.score_rows), then averaged per group: the normalization never mixes groups and runs.
@@ -12,7 +12,7 @@ import functools
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from .scoring import Row, Scored
@@ -100,14 +100,10 @@ def group_rows(rows: Sequence[Row]) -> List[Group]:
 
 @dataclass
 class RepeatStats:
+    """The configurations and their means with intervals; which one wins is verdict.py's."""
     groups: List[Group]
     metrics: Dict[str, List[Interval]]              # column -> one interval per group
     scores: Dict[str, List[Interval]]               # strategy -> one interval per group
-    eligible: List[bool]                             # every run of the group may be "best"
-    ineligible_reason: Dict[int, str]
-    best: Dict[str, Optional[int]]                   # strategy -> group index (lowest mean score)
-    tied: Dict[str, List[int]] = field(default_factory=dict)      # groups whose interval overlaps best's
-    unjudged: Dict[str, List[int]] = field(default_factory=dict)  # no interval to compare (one run)
 
     @property
     def repeated(self) -> bool:
@@ -120,20 +116,4 @@ def repeat_stats(rows: Sequence[Row], scored: Scored) -> RepeatStats:
                for m in GROUP_METRICS}
     scores = {s: [t_interval([v[i] for i in g.members if v[i] is not None]) for g in groups]
               for s, v in scored.scores.items()}
-    eligible, why = [], {}
-    for k, g in enumerate(groups):
-        out = [i for i in g.members if not scored.eligible[i]]
-        eligible.append(not out)
-        if out:
-            why[k] = f"{len(out)} of {len(g.members)} runs kept from best: {scored.ineligible_reason[out[0]]}"
-    stats = RepeatStats(groups, metrics, scores, eligible, why, {})
-    for s, per_group in scores.items():
-        candidates = [(iv.mean, k) for k, iv in enumerate(per_group) if iv.mean is not None and eligible[k]]
-        best = min(candidates)[1] if candidates else None
-        stats.best[s] = best
-        if best is None:
-            continue
-        others = [k for _, k in candidates if k != best]
-        stats.tied[s] = [k for k in others if per_group[best].overlaps(per_group[k])]
-        stats.unjudged[s] = [k for k in others if per_group[best].overlaps(per_group[k]) is None]
-    return stats
+    return RepeatStats(groups, metrics, scores)

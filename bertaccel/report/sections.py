@@ -8,7 +8,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 from .gate import with_warning
 from .pareto import OBJECTIVES, pareto, row_points
 from .repeats import GROUP_METRICS, LEVEL, Interval, RepeatStats, t_interval
-from .scoring import Row, Scored
+from .scoring import Row
+from .verdict import Verdict
 from .target import Reach
 from .weights import STEPS, WeightMap
 
@@ -37,8 +38,7 @@ def interval_cell(iv: Interval, spec: str, runs: int) -> str:
     return cell + (f" ({iv.n} of {runs})" if iv.n < runs else "")
 
 
-def repeat_tables(rows: Sequence[Row], scored: Scored, st: RepeatStats, lab: Callable[[str], str],
-                  o_label: str) -> List[Table]:
+def repeat_tables(rows: Sequence[Row], st: RepeatStats, lab: Callable[[str], str], o_label: str) -> List[Table]:
     groups = st.groups
     pct = f"{LEVEL:.0%}"
     cells = []
@@ -51,38 +51,6 @@ def repeat_tables(rows: Sequence[Row], scored: Scored, st: RepeatStats, lab: Cal
                          "(one run); '(2 of 3)': the metric is null in the other runs; few runs give wide intervals (t(0.975, 1) "
                          "= 12.7 for two), not clipped to the metric's range", rows),
             ["configuration", "runs", "seeds"] + labels, cells)]
-    names = list(scored.strategies)
-    cells = []
-    for k, g in enumerate(groups):
-        row = [g.label]
-        for s in names:
-            c = interval_cell(st.scores[s][k], ".3f", len(g.members))
-            row.append(f"**{c}**" if st.best[s] == k else c)
-        row.append("" if st.eligible[k] else f"excluded: {st.ineligible_reason[k]}")
-        cells.append(row)
-    out.append((f"Scores per configuration: mean and {pct} interval",
-                with_warning("each run scored as in the per-run table (max-normalized over all runs), then averaged "
-                             "per configuration; bold = lowest mean", rows), ["configuration"] + names + ["note"], cells))
-    cells = []
-    for s in names:
-        b = st.best[s]
-        if b is None:
-            cells.append([s, "none eligible", "", ""])
-            continue
-        tied, unjudged = st.tied.get(s, []), st.unjudged.get(s, [])
-        if st.scores[s][b].low is None:
-            verdict = "not judged: the best configuration has one run (no interval)"
-        else:
-            verdict = "tied with " + ", ".join(groups[k].label for k in tied) if tied else \
-                "clear: no other interval overlaps"
-            if unjudged:
-                verdict += "; not judged against " + ", ".join(groups[k].label for k in unjudged) + \
-                           " (one run: no interval)"
-        cells.append([s, groups[b].label, interval_cell(st.scores[s][b], ".3f", len(groups[b].members)), verdict])
-    out.append((f"Best configuration per strategy over repeats ({pct} intervals)",
-                with_warning("tied = the best configuration's interval of the mean score overlaps another's: the "
-                             "repeats cannot tell them apart", rows), ["strategy", "best configuration", "score",
-                                                                       "tie"], cells))
     return out
 
 
@@ -115,25 +83,28 @@ def pareto_tables(rows: Sequence[Row], st: RepeatStats, lab: Callable[[str], str
     return out
 
 
-def hardware_table(rows: Sequence[Row], scored: Scored) -> Optional[Table]:
-    """Thesis Table 4.16's last section: the best run of each hardware, per strategy (scores as in
-    the per-run table: normalized over all runs). None when all runs share one hardware."""
+def hardware_table(rows: Sequence[Row], v: Verdict) -> Optional[Table]:
+    """Thesis Table 4.16's last section: per hardware, the eligible configuration of lowest mean
+    score under each strategy (the verdict's scores and floor, among that hardware's
+    configurations). None when all runs share one hardware."""
     kinds = sorted({r.hardware or "unknown" for r in rows})
     if len(kinds) < 2:
         return None
-    names = list(scored.strategies)
+    names = list(v.calls)
     cells = []
     for h in kinds:
-        mine = [i for i, r in enumerate(rows) if (r.hardware or "unknown") == h]
+        mine = [k for k, g in enumerate(v.groups) if (rows[g.members[0]].hardware or "unknown") == h]
         row = [h]
         for s in names:
-            cand = [(scored.scores[s][i], i) for i in mine if scored.scores[s][i] is not None and scored.eligible[i]]
-            row.append(f"{rows[min(cand)[1]].name} ({min(cand)[0]:.3f})" if cand else "none eligible")
-        row.append(with_warning("", [rows[i] for i in mine]))
+            cand = [(v.stats.scores[s][k].mean, k) for k in mine if v.stats.scores[s][k].mean is not None
+                    and v.eligible[k]]
+            row.append(f"{v.name(min(cand)[1])} ({min(cand)[0]:.3f})" if cand else "none eligible")
+        row.append(with_warning("", [rows[i] for k in mine for i in v.groups[k].members]))
         cells.append(row)
     return ("Best configuration per hardware (thesis Table 4.16 form)",
-            with_warning("per hardware, the run with the lowest score under each strategy (score as in the per-run "
-                         "table); the note column warns when one hardware's runs are not like for like", rows),
+            with_warning("per hardware, the configuration with the lowest mean score under each strategy among that "
+                         "hardware's (scores and accuracy floor as in the answer); the note column warns when one "
+                         "hardware's runs are not like for like", rows),
             ["hardware"] + names + ["note"], cells)
 
 
@@ -207,23 +178,18 @@ def notes(o_note: str, st: RepeatStats) -> List[str]:
     return out
 
 
-def all_tables(rows: Sequence[Row], scored: Scored, st: RepeatStats, wm: WeightMap, lab: Callable[[str], str],
+def all_tables(rows: Sequence[Row], v: Verdict, wm: WeightMap, lab: Callable[[str], str],
                o_label: str, measured: Sequence[Row], reaches: Optional[Sequence[Reach]],
                target: Optional[float]) -> List[Table]:
+    st = v.stats
     out: List[Table] = []
     if st.repeated:
-        out += repeat_tables(rows, scored, st, lab, o_label)
+        out += repeat_tables(rows, st, lab, o_label)
     out += pareto_tables(rows, st, lab)
-    hw = hardware_table(rows, scored)
+    hw = hardware_table(rows, v)
     if hw is not None:
         out.append(hw)
     out.append(weights_table(rows, wm))
     if reaches is not None and target is not None:
         out += target_tables(measured, reaches, target, st)
     return out
-
-
-def best_tie_lines(st: RepeatStats) -> Dict[str, str]:
-    """strategy -> 'tied: a, b' for the console, where the best configuration is tied."""
-    return {s: ", ".join(st.groups[k].label for k in [st.best[s]] + st.tied[s])
-            for s in st.best if st.best[s] is not None and st.tied.get(s)}

@@ -1,100 +1,81 @@
-"""The report's first section, the answer: per strategy (or per --weights given) the winning run,
-what it buys against a baseline (speed-up, energy, cost and accuracy change), and, beside it, the
-warnings that change that answer: a winner whose one-time warm-up does not pay off within its run,
-runs of different sweeps, datasets or devices ranked together, and no repeats to tell a close
-runner-up from the winner. Everything here is read from what the report already computes
-(scores, break-even, the comparability gate, repeats); nothing is scored anew.
+"""The report's first section, the answer: per strategy (or per --weights given) the winning
+configuration (verdict.py decides it, once), what it buys against its baseline (speed, energy,
+cost and accuracy change, means over repeats: change.py), and, beside it, the warnings that change
+that answer: a winner whose one-time warm-up does not pay off within its run, runs of different
+sweeps, datasets or devices ranked together, no repeats to tell a close runner-up from the winner.
+Where the baseline itself wins or ties, the answer is "keep what you run", and it still shows what
+the best alternative would cost. Everything here is read from what the report already computed;
+nothing is ranked anew. The headline, the table and the console lines: headline.py.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
-from .baseline import Baseline, Baselines
-from .floor import Floor, left_out
+from .baseline import Baseline, Baselines, choose_baselines
+from .change import Change, change, mean
+from .floor import Floor
+from .floor import resolve as resolve_floor
 from .gate import warning
 from .one_time import one_time_warning
 from .repeats import RepeatStats
-from .scoring import STRATEGIES, Row, Scored
+from .scoring import STRATEGIES, Row, Scored, score_rows
 from .timing import TimeView
+from .verdict import Line, Verdict, decide, runner_up_text, tie_text
 
 TITLE = "The answer: which configuration to adopt"
-CHANGED = ("time_s", "energy_kwh", "cost_usd")
 
 
 @dataclass
 class Winner:
-    label: str                          # the strategy, or the strategies that rank alike
-    strategies: List[str]
-    index: Optional[int]                # row index (with repeats, the group's first run); None = none eligible
-    name: str = ""                      # what to adopt: the run's name, or with repeats its configuration's
-    ratio: Dict[str, Optional[float]] = field(default_factory=dict)  # column -> run / baseline (per sample if so)
-    accuracy_pts: Optional[float] = None  # accuracy change in percentage points
-    vs_best_pts: Optional[float] = None   # its accuracy against the best run's (configuration's), in points
-    why: Dict[str, str] = field(default_factory=dict)      # column -> why its change is null
-    runner_up: str = ""                 # 'name (+3.1 %)': the next score, where there are no repeats
+    """One line of the answer: the strategies that share a call, its winner against its baseline."""
+    line: Line
+    configuration: Optional[int]        # verdict configuration; None = none eligible
+    index: Optional[int]                # its first run (the plots' label); None = none eligible
+    name: str = ""                      # what to adopt: its configuration, with the run count
+    change: Change = field(default_factory=lambda: Change(""))  # against its baseline (means over repeats)
+    vs_best_pts: Optional[float] = None   # its accuracy against the most accurate configuration's, in points
+    runner_up: str = ""                 # 'name (score +3.1 %)', or why there is none
+    sure: str = ""                      # how sure the call is: clear, tied with ..., not judged (verdict.tie_text)
     tied_with: List[str] = field(default_factory=list)  # configurations its repeats cannot tell from it
     warnings: List[str] = field(default_factory=list)
     base: Optional[Baseline] = None     # its like-for-like group's baseline (baseline.py)
-    base_name: str = ""                 # that baseline as the answer names it
+    base_name: str = ""                 # that baseline's configuration as the answer names it
+    base_configuration: Optional[int] = None  # the baseline's configuration (verdict index)
+    keep: bool = False                  # the baseline wins, or ties with the winner: keep what you run
+    alternative: Optional[Change] = None  # with keep: the best configuration that is not the baseline, against it
 
     @property
-    def speedup(self) -> Optional[float]:
-        r = self.ratio.get("time_s")
-        return None if not r else 1 / r
+    def label(self) -> str:
+        return self.line.label
 
-    def change_pct(self, column: str) -> Optional[float]:
-        r = self.ratio.get(column)
-        return None if r is None else (r - 1) * 100
+    @property
+    def strategies(self) -> List[str]:
+        return list(self.line.strategies)
+
+    @property
+    def is_baseline(self) -> bool:
+        """The winner is the baseline's own configuration."""
+        return self.configuration is not None and self.configuration == self.base_configuration
+
+    @property
+    def shown(self) -> Change:
+        """What the row's change cells show: the winner's, or with the baseline winning, the alternative's."""
+        return self.alternative if self.is_baseline and self.alternative is not None else self.change
 
 
 @dataclass
 class Answer:
+    verdict: Verdict                    # the decision every surface renders (verdict.py)
     baselines: Baselines                # one per like-for-like group (baseline.py)
     per_sample: bool                    # runs trained different amounts: changes are per sample
     winners: List[Winner]
     warnings: List[str]                 # warnings that hold for every winner (mixed runs, no repeats)
-    base_name: str = ""                 # the (one group's) baseline as the answer names it (with repeats, its configuration)
+    base_name: str = ""                 # the (first group's) baseline configuration as the answer names it
     configurations: int = 0             # configurations among the rows (repeats of one count once)
-    floor: Optional[Floor] = None       # the accuracy floor the winners passed (floor.py)
-
-
-def _value(row: Row, column: str, per_sample: bool) -> Tuple[Optional[float], str]:
-    """row's column, per sample when the runs trained different amounts; null with why."""
-    v = row.get(column)
-    if v is None:
-        return None, f"{column} null: {row.extra.get(column, 'not measured')}"
-    if per_sample:
-        if not row.train_samples:
-            return None, "train_samples unknown, and the runs trained different amounts"
-        v = v / row.train_samples
-    return v, ""
-
-
-def _mean(rows: Sequence[Row], members: Sequence[int], column: str, per_sample: bool) -> Tuple[Optional[float], str]:
-    """The mean of column over a configuration's runs (one run without repeats); null when a run lacks it."""
-    values = []
-    for i in members:
-        v, why = _value(rows[i], column, per_sample)
-        if v is None:
-            return None, why
-        values.append(v)
-    return sum(values) / len(values), ""
-
-
-def _ratio(rows: Sequence[Row], base: Sequence[int], run: Sequence[int], column: str,
-           per_sample: bool) -> Tuple[Optional[float], str]:
-    """The winner's column over the baseline's (each a mean over its repeats)."""
-    b, why = _mean(rows, base, column, per_sample)
-    if b is None:
-        return None, f"baseline's {why}"
-    r, why = _mean(rows, run, column, per_sample)
-    if r is None:
-        return None, why
-    if b == 0:
-        return None, f"baseline's {column} is 0"
-    return r / b, ""
+    floor: Optional[Floor] = None       # the accuracy floor applied to configuration means (floor.py)
+    base_below_floor: str = ""          # the sentence saying the baseline is under the floor, or ""
 
 
 def warmup_warning(view: Optional[TimeView], i: int) -> Optional[str]:
@@ -123,96 +104,109 @@ def warmup_warning(view: Optional[TimeView], i: int) -> Optional[str]:
     return None
 
 
-def _runner_up(scored: Scored, s: str, best: int, rows: Sequence[Row]) -> str:
-    """The next-best eligible run of strategy s and how far behind (% of the winner's score)."""
-    others = sorted((v, k) for k, v in enumerate(scored.scores[s])
-                    if v is not None and scored.eligible[k] and k != best)
-    if not others:
-        return ""
-    v, k = others[0]
-    won = scored.scores[s][best]
-    gap = f"{(v - won) / abs(won) * 100:+.1f} %" if won else f"{v - won:+.3f}"
-    return f"{rows[k].name} ({gap})"
-
-
-def _lines(scored: Scored) -> List[Tuple[str, List[str], Optional[int]]]:
-    """The strategies the user gave with --weights, else every strategy (alike ones sharing a line)."""
-    mine = [s for s in scored.strategies if s not in STRATEGIES]
-    return [(s, [s], scored.best[s]) for s in mine] if mine else scored.best_lines()
-
-
-def _named(rows: Sequence[Row], st: RepeatStats, i: int) -> Tuple[str, List[int]]:
-    """What the answer calls row i and the runs it stands for: with repeats, its configuration
-    (a seed is never a thing to adopt) and all of that configuration's runs; else the run."""
-    if not st.repeated:
-        return rows[i].name, [i]
-    g = next(g for g in st.groups if i in g.members)
-    n = len(g.members)
-    return (f"{g.label} ({n} runs)" if n > 1 else g.label), list(g.members)
-
-
-def _best_accuracy(rows: Sequence[Row], st: RepeatStats) -> Optional[float]:
-    """The best run's test accuracy; with repeats the best configuration's mean."""
-    if st.repeated:
-        means = [iv.mean for iv in st.metrics["accuracy"] if iv.mean is not None]
-    else:
-        means = [r.accuracy for r in rows if r.accuracy is not None]
+def _best_accuracy(v: Verdict) -> Optional[float]:
+    """The most accurate configuration's mean test accuracy."""
+    means = [iv.mean for iv in v.stats.metrics["accuracy"] if iv.mean is not None]
     return max(means) if means else None
 
 
-def answer(rows: Sequence[Row], scored: Scored, bases: Baselines, st: RepeatStats,
-           view: Optional[TimeView] = None, floor: Optional[Floor] = None) -> Answer:
-    """rows: the scored rows (view.rows with a view). With repeats, each strategy's winner is the
-    configuration of best mean score (repeats.py) and every change is of means over repeats.
-    Each winner is compared with its own like-for-like group's baseline (bases).
-    floor: the accuracy floor scored was made with (floor.py); the runs below it are named."""
-    known = {r.train_samples for r in rows if r.train_samples is not None}
-    per_sample = len(known) > 1
-    first = bases.groups[0].baseline if bases.groups else None
-    base_name = _named(rows, st, first.index)[0] if first is not None and first.index is not None else ""
-    best_acc = _best_accuracy(rows, st)
-    winners = []
-    for label, group, b in _lines(scored):
-        if st.repeated:
-            k = st.best.get(group[0])
-            b = None if k is None else st.groups[k].members[0]
-        w = Winner(label, group, b)
-        winners.append(w)
-        if b is None:
-            continue
-        w.name, runs = _named(rows, st, b)
-        base = w.base = bases.of(b)
-        w.base_name, base_runs = _named(rows, st, base.index) if base.index is not None else ("", [])
-        if base.index is None:
-            w.why = {c: f"no baseline in its group {bases.group(b).label}".rstrip() for c in CHANGED + ("accuracy",)}
-        acc, _ = _mean(rows, runs, "accuracy", False)
-        w.vs_best_pts = None if acc is None or best_acc is None else (acc - best_acc) * 100
-        if base.index is not None:
-            for col in CHANGED:
-                w.ratio[col], why = _ratio(rows, base_runs, runs, col, per_sample)
-                if why:
-                    w.why[col] = why
-            ba, why_b = _mean(rows, base_runs, "accuracy", False)
-            ra, why_r = _mean(rows, runs, "accuracy", False)
-            w.accuracy_pts = None if ba is None or ra is None else (ra - ba) * 100
-            if w.accuracy_pts is None:
-                w.why["accuracy"] = f"baseline's {why_b}" if ba is None else why_r
+def _alternative(v: Verdict, w: Winner, base_k: int) -> Optional[int]:
+    """With the baseline winning: the runner-up; with the baseline tied: the winner itself."""
+    c = w.line.call
+    return c.runner_up if c.winner == base_k else c.winner
+
+
+def _winner(rows: Sequence[Row], v: Verdict, bases: Baselines, line: Line, per_sample: bool,
+            best_acc: Optional[float], view: Optional[TimeView]) -> Winner:
+    k = line.call.winner
+    if k is None:
+        return Winner(line, None, None, runner_up=runner_up_text(v, line))
+    runs = v.groups[k].members
+    w = Winner(line, k, runs[0], v.name(k), runner_up=runner_up_text(v, line), sure=tie_text(v, line))
+    w.tied_with = [v.groups[t].label for t in line.call.tied]
+    base = w.base = bases.of(runs[0])
+    acc, _ = mean(rows, runs, "accuracy", False)
+    w.vs_best_pts = None if acc is None or best_acc is None else (acc - best_acc) * 100
+    if base.index is None:
+        w.change = Change(w.name, why={c: f"no baseline in its group {bases.group(runs[0]).label}".rstrip()
+                                       for c in ("time_s", "energy_kwh", "cost_usd", "accuracy")})
+        w.change.ratio = {c: None for c in ("time_s", "energy_kwh", "cost_usd")}
+    else:
+        base_k = w.base_configuration = v.of_row(base.index)
+        base_runs = v.groups[base_k].members
+        w.base_name = v.name(base_k)
+        w.change = change(rows, w.name, runs, base_runs, per_sample)
+        w.keep = base_k == k or base_k in line.call.tied
+        alt = _alternative(v, w, base_k) if w.keep else None
+        if alt is not None:
+            w.alternative = w.change if alt == k else change(rows, v.name(alt), v.groups[alt].members, base_runs,
+                                                               per_sample)
         warm = next((x for x in (warmup_warning(view, i) for i in runs) if x), None)
         if not warm:  # (whatever the warm-up was: compile's break-even above is about compile only)
             warm = one_time_warning(view.measured if view is not None else rows, runs, base_runs)
-        if warm:
+        if warm and base_k != k:
             w.warnings.append(warm)
-        if st.repeated:
-            tied = st.tied.get(group[0], [])
-            w.tied_with = [st.groups[t].label for t in tied]
-            if tied:
-                w.warnings.append("tied over repeats with " + ", ".join(st.groups[t].label for t in tied)
-                                  + " (95% intervals overlap): the repeats cannot tell them apart")
-        else:
-            w.runner_up = _runner_up(scored, group[0], b, rows)
-    configurations = len(st.groups) if st.repeated else len(rows)
-    warnings = (left_out(rows, floor) if floor is not None else []) + general_warnings(rows, st, bases)
-    return Answer(bases, per_sample, winners, warnings, base_name, configurations, floor)
+    return w
+
+
+def _below_floor(rows: Sequence[Row], v: Verdict, bases: Baselines) -> str:
+    """Where a baseline itself is under the accuracy floor, the sentence the headline starts with."""
+    out = []
+    for g in bases.groups:
+        b = g.baseline.index
+        if b is None:
+            continue
+        k = v.of_row(b)
+        if k in v.why_out and k in v.below_floor():
+            acc = v.stats.metrics["accuracy"][k].mean
+            out.append(f"'{v.name(k)}' ({acc:.4f})")
+    if not out:
+        return ""
+    floor = v.floor.value if v.floor is not None and v.floor.value is not None else 0.0
+    whose = "Your baseline " + out[0] + " is" if len(out) == 1 else "Your baselines " + ", ".join(out) + " are"
+    return (f"{whose} below the accuracy floor ({floor:.4f}): it learned less than the configurations that may win, "
+            "so a winner may be slower and still the better choice.")
+
+
+def answer(rows: Sequence[Row], v: Verdict, bases: Baselines, view: Optional[TimeView] = None) -> Answer:
+    """rows: the scored rows (view.rows with a view); v: the verdict (verdict.decide). Each winner
+    is compared with its own like-for-like group's baseline configuration (bases), by means."""
+    known = {r.train_samples for r in rows if r.train_samples is not None}
+    per_sample = len(known) > 1
+    first = bases.groups[0].baseline if bases.groups else None
+    base_name = v.name(v.of_row(first.index)) if first is not None and first.index is not None else ""
+    best_acc = _best_accuracy(v)
+    winners = [_winner(rows, v, bases, line, per_sample, best_acc, view) for line in v.lines]
+    warnings = left_out(v) + general_warnings(rows, v.stats, bases)
+    return Answer(v, bases, per_sample, winners, warnings, base_name, len(v.groups), v.floor,
+                  _below_floor(rows, v, bases))
+
+
+def decided(view: TimeView, given: Optional[int] = None, strategies: Optional[Mapping[str, Sequence[float]]] = None,
+            floor_given: Union[None, str, float] = None) -> Tuple[Scored, Verdict, Answer]:
+    """The whole decision for view's rows, as the report makes it and every other surface (the
+    results-at-a-glance page) takes it: the floor (floor.py), the runs' scores (made without the
+    floor, which applies to configuration means), the verdict, the answer against the baselines
+    (given: the row --baseline named)."""
+    rows = view.rows
+    acc_floor = resolve_floor(floor_given, rows)
+    scored = score_rows(rows, dict(strategies or STRATEGIES), None, view.excluded)
+    v = decide(rows, scored, acc_floor)
+    return scored, v, answer(rows, v, choose_baselines(rows, given), view)
+
+
+def left_out(v: Verdict, most: int = 6) -> List[str]:
+    """The line naming the configurations the floor keeps from winning (means over their runs)."""
+    below = v.below_floor()
+    if v.floor is None or v.floor.value is None or not below:
+        return []
+    acc = v.stats.metrics["accuracy"]
+    named = [f"'{v.name(k)}' ({acc[k].mean:.4f})" for k in below[:most]]
+    more = f" and {len(below) - most} more (the scores table marks each)" if len(below) > most else ""
+    what = "configurations (mean accuracy over their runs)" if v.repeated else "runs"
+    return [f"Left out of the answer by the accuracy floor {v.floor.value:.4f} ({v.floor.basis}): {len(below)} of "
+            f"{len(v.groups)} {what}: " + ", ".join(named) + more + ". They are scored in the tables below, never "
+            "the winner"]
 
 
 def general_warnings(rows: Sequence[Row], st: RepeatStats, bases: Optional[Baselines] = None) -> List[str]:
@@ -232,79 +226,3 @@ def general_warnings(rows: Sequence[Row], st: RepeatStats, bases: Optional[Basel
                    "twice on one host came out up to 54 % apart per run (docs/results/plan-probe.md). Measure the "
                    "noise: run the sweep again with sweep.repeats=3")
     return out
-
-
-def _change(w: Winner, column: str) -> str:
-    pct = w.change_pct(column)
-    return f"null ({w.why.get(column, 'no baseline')})" if pct is None else f"{pct:+.1f} %"
-
-
-def answer_table(ans: Answer, rows: Sequence[Row], label) -> tuple:
-    """(title, note, headers, rows of cells), as render.py's tables; label: the basis' column labels."""
-    unit = " per sample" if ans.per_sample else ""
-    cells: List[List[str]] = []
-    merged: List[List[str]] = []  # the strategies each row stands for
-    for w in ans.winners:
-        if w.index is None:
-            cells.append([w.label, "none eligible", "", "", "", "", "", "", ""] + [""] * ans.baselines.split)
-            merged.append(list(w.strategies))
-            continue
-        s = w.speedup
-        speed = f"null ({w.why.get('time_s', 'no baseline')})" if s is None else f"{s:.2f}x"
-        acc = f"null ({w.why.get('accuracy', 'no baseline')})" if w.accuracy_pts is None else f"{w.accuracy_pts:+.2f} pts"
-        vs_best = "null (no accuracy)" if w.vs_best_pts is None else f"{w.vs_best_pts:+.2f} pts"
-        row = [w.label, w.name, speed, _change(w, "energy_kwh"), _change(w, "cost_usd"), acc, vs_best,
-               w.runner_up, "; ".join(w.warnings)] + ([w.base_name or "none"] if ans.baselines.split else [])
-        same = next((k for k, c in enumerate(cells) if c[1:7] == row[1:7] and c[8] == row[8]), None)
-        if same is None:
-            cells.append(row)
-            merged.append(list(w.strategies))
-            continue
-        # One winner under several strategies, alike in every number: one row, the strategies named
-        # together (their runner-ups differ: the scores table has them).
-        merged[same] += w.strategies
-        cells[same][0] += f", {w.label}"
-        cells[same][7] = cells[same][7] if cells[same][7] == row[7] else "(differs by strategy)"
-    for c, ss in zip(cells, merged):
-        if len(ss) > 1 and len(ss) == sum(len(w.strategies) for w in ans.winners):
-            c[0] = f"all {len(ss)} strategies"
-    whose = ("; each winner against its own like-for-like group's baseline (column 'baseline'), never another "
-             "model's, dataset's, hardware's or GPU count's") if ans.baselines.split else ""
-    note = (f"speed-up = the baseline's {label('time_s')} / the winner's{unit}; energy and cost change = the "
-            f"winner's / the baseline's - 1{unit}; accuracy changes in percentage points, against the baseline "
-            f"and against the most accurate run; a warning beside a winner changes the answer{whose}")
-    return (TITLE, note, ["strategy", "winner", "speed-up", "energy change", "cost change", "accuracy change",
-                          "accuracy vs best", "runner-up (score gap)", "warnings"]
-            + (["baseline"] if ans.baselines.split else []), cells)
-
-
-def headline(ans: Answer, rows: Sequence[Row]) -> str:
-    """One sentence: the configuration to adopt when every strategy agrees, else that the weights decide."""
-    named = [w for w in ans.winners if w.index is not None]
-    if not named:
-        return "No run is eligible to win under any strategy (see the scores' notes)."
-    if ans.configurations == 1:
-        return (f"Nothing to choose between: every run is one configuration, '{named[0].name}' (repeats differ "
-                "only in their seed); its spread is in the repeats' table.")
-    picks = list(dict.fromkeys(w.name for w in named))
-    if len(picks) == 1:
-        w = named[0]
-        whom = "every strategy" if len(named) == len(ans.winners) and len(ans.winners) > 1 else w.label
-        s = w.speedup
-        base = "the baseline" if not ans.baselines.split else f"its own group's baseline '{w.base_name}'"
-        buys = "" if s is None else (f": {s:.2f}x the speed of {base}" if ans.baselines.split
-                                     else f": {s:.2f}x the baseline's speed")
-        if s is not None and s < 1:  # (it wins on energy, cost or accuracy, not on time: say so first)
-            buys = f": {1 / s:.2f}x slower than {base}"
-        if s is None and w.base is not None and w.base.index is None:
-            buys = f": no speed-up, its group has no baseline ({w.base.said})"
-        below = w.base is not None and w.base.index is not None and ans.floor is not None and not ans.floor.passes(
-            rows[w.base.index].accuracy)
-        if below:
-            buys += " (the baseline itself is below the accuracy floor)"
-        if w.tied_with:  # a lead inside the repeats' spread is not a reason to adopt
-            return (f"A tie: '{picks[0]}' leads under {whom} on the mean{buys}, but its repeats cannot tell it "
-                    "from " + ", ".join(f"'{t}'" for t in w.tied_with) + " (95% intervals overlap).")
-        return f"Adopt '{picks[0]}', best under {whom}{buys}."
-    return (f"The weights decide: {len(picks)} configurations win under different strategies ("
-            + ", ".join(f"'{p}'" for p in picks) + ").")

@@ -1,4 +1,5 @@
-"""The answer's chart: for each winning run, its time, energy and cost change against the
+"""The answer's chart: for each winning configuration (or, where the baseline itself wins, the
+best alternative: what switching would cost), its time, energy and cost change against the
 baseline (percent, lower is better, the baseline at 0), its accuracy change printed beside; hover
 a bar for the run, the strategies it wins and every change. A change that is null is not drawn
 (never a bar of 0): its reason is in the tooltip and the table."""
@@ -8,6 +9,7 @@ import textwrap
 from typing import Dict, List, Optional, Sequence
 
 from .scoring import Row
+from .change import pct_text, pts_text, speed_text
 from .summary import Answer, Winner
 from .svg import mark_id, png_and_svg
 
@@ -16,17 +18,16 @@ BARS = (("time_s", "time", "tab:blue"), ("energy_kwh", "energy", "tab:green"), (
 BAR_HEIGHT = 0.25
 
 
-def _tooltip(w: List[Winner], rows: Sequence[Row], per_sample: bool) -> str:
-    first = w[0]
-    lines = [first.name, "wins: " + ", ".join(x.label for x in w), f"against: {first.base_name or 'no baseline'}"]
-    s = first.speedup
-    lines.append("speed-up: " + ("null" if s is None else f"{s:.2f}x") + (" (per sample)" if per_sample else ""))
+def _tooltip(w: List[Winner], per_sample: bool) -> str:
+    first, shown = w[0], w[0].shown
+    head = [first.name] if shown is first.change else [f"{first.name} (the baseline, kept)",
+                                                       f"the alternative: {shown.name}"]
+    lines = head + ["wins: " + ", ".join(x.label for x in w), f"against: {first.base_name or 'no baseline'}"]
+    lines.append("speed: " + speed_text(shown.speedup, shown.why.get("time_s", "no baseline"))
+                 + (" (per sample)" if per_sample else ""))
     for col, name, _ in BARS:
-        pct = first.change_pct(col)
-        lines.append(f"{name} change: " + (f"null ({first.why.get(col, 'no baseline')})" if pct is None
-                                           else f"{pct:+.1f} %"))
-    a = first.accuracy_pts
-    lines.append("accuracy change: " + ("null" if a is None else f"{a:+.2f} pts"))
+        lines.append(f"{name} change: " + pct_text(shown, col))
+    lines.append("accuracy change: " + pts_text(shown))
     return "\n".join(lines)
 
 
@@ -34,10 +35,10 @@ def answer_chart(ans: Answer, rows: Sequence[Row]) -> Optional[Dict]:
     """plots.py's dict (stem, title, png, svg, drawn, left_out, section), or None with no baseline."""
     if not ans.baselines.indices:
         return None
-    by_run: Dict[int, List[Winner]] = {}
+    by_run: Dict[str, List[Winner]] = {}  # (by what the bars show: the winner, or the baseline's alternative)
     for w in ans.winners:
         if w.index is not None:
-            by_run.setdefault(w.index, []).append(w)
+            by_run.setdefault(w.shown.name, []).append(w)
     if not by_run:
         return None
     import matplotlib
@@ -48,9 +49,9 @@ def answer_chart(ans: Answer, rows: Sequence[Row]) -> Optional[Dict]:
     fig, ax = plt.subplots(figsize=(8.0, 1.3 + 0.75 * len(by_run)), dpi=110)
     tips, drawn, labels, legended = {}, 0, [], set()
     for y, (i, ws) in enumerate(by_run.items()):
-        tip = _tooltip(ws, rows, ans.per_sample)
+        tip = _tooltip(ws, ans.per_sample)
         for k, (col, name, colour) in enumerate(BARS):
-            pct = ws[0].change_pct(col)
+            pct = ws[0].shown.change_pct(col)
             if pct is None:
                 continue
             bar = ax.barh([y + (k - 1) * BAR_HEIGHT], [pct], height=BAR_HEIGHT * 0.9, color=colour,
@@ -62,9 +63,11 @@ def answer_chart(ans: Answer, rows: Sequence[Row]) -> Optional[Dict]:
             bar[0].set_gid(gid)
             tips[gid] = tip
             drawn += 1
-        a = ws[0].accuracy_pts
-        labels.append(textwrap.shorten(ws[0].name, 38) + "\n" + ("accuracy null" if a is None
-                                                                   else f"accuracy {a:+.2f} pts"))
+        shown = ws[0].shown
+        a = shown.accuracy_pts
+        kept = "" if shown is ws[0].change else " (alternative; baseline kept)"
+        labels.append(textwrap.shorten(shown.name + kept, 46) + "\n" + ("accuracy null" if a is None
+                                                                          else f"accuracy {a:+.2f} pts"))
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(by_run)), labels, fontsize=8)
     ax.invert_yaxis()

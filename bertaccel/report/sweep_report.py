@@ -78,37 +78,21 @@ def _tag(uri: str, run_id: str, **tags: str) -> None:
             client.delete_tag(run_id, k)
 
 
-def answer_lines(markdown: str) -> List[str]:
-    """The answer as the report leads with it (report/render.py to_markdown): its headline and
-    sentence, then the warnings that change it; [] when the report has no answer section."""
-    from bertaccel.report.render import ANSWER_TITLE
-
-    lines = markdown.splitlines()
-    try:
-        start = lines.index(f"## {ANSWER_TITLE}") + 1
-    except ValueError:
-        return []
-    section = []
-    for line in lines[start:]:
-        if line.startswith("## "):
-            break
-        section.append(line)
-    lead = next((line for line in section if line.strip()), "")
-    warnings = [line for line in section if line.startswith("> ") and line.strip("> ")]
-    return [lead, *warnings] if lead else []
-
-
-def description(markdown: str, artifact_uri: str) -> str:
-    """The parent run's description: the answer, then where the report is (the artifact path on
-    this run, and the file itself where the store's artifacts are local files)."""
+def description(answer: str, artifact_uri: str) -> str:
+    """The parent run's description: the answer as the report's console says it (answer.txt,
+    headline.answer_text: the same headline, winners and numbers), then where the report is (the
+    artifact path on this run, and the file itself where the store's artifacts are local files)."""
     html = f"{ARTIFACT_DIR}/report.html"
     where = f"Report: `{html}` in this run's artifacts"
     if artifact_uri.startswith("file:"):
         where += f" ({Path(local_file_uri_to_path(artifact_uri)) / html})"
     elif artifact_uri and "://" not in artifact_uri:  # a plain local path (a file store)
         where += f" ({Path(artifact_uri) / html})"
-    answer = "\n\n".join(answer_lines(markdown)) or "The report has no answer section."
-    return f"{answer[:DESCRIPTION_CHARS]}\n\n{where}."
+    lines = [line.strip() for line in answer.strip().splitlines()]
+    # Markdown (the UI renders the description): the headline, then one bullet per strategy line.
+    text = "\n\n".join([lines[0], "\n".join(f"- {line}" if " best: " in line else f"  {line}" for line in lines[1:])]) \
+        if lines else "The report has no answer."
+    return f"{text[:DESCRIPTION_CHARS]}\n\n{where}."
 
 
 def attach_report(ctx: SweepContext, experiment: str) -> str:
@@ -133,7 +117,7 @@ def attach_report(ctx: SweepContext, experiment: str) -> str:
             if (out / "plots").is_dir():
                 client.log_artifacts(ctx.parent_run_id, str(out / "plots"), f"{ARTIFACT_DIR}/plots")
             artifact_uri = client.get_run(ctx.parent_run_id).info.artifact_uri or ""
-        about = description((out / "report.md").read_text(encoding="utf-8"), artifact_uri)
+        about = description((out / "answer.txt").read_text(encoding="utf-8"), artifact_uri)
     _tag(ctx.uri, ctx.parent_run_id, **{REPORT_TAG: f"{ARTIFACT_DIR}/report.html", REASON_TAG: "",
                                         DESCRIPTION_TAG: about})
     return f"report of {finished} finished runs attached to the parent run ({ARTIFACT_DIR}/report.html)"
