@@ -109,7 +109,7 @@ def test_cli_report_on_csv_writes_markdown_html_and_plots(tmp_path):
               "--out", "rep"], tmp_path)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "| mine | 0.4 | 0.4 | 0.1 | 0.1 |" in md and "speedup" in md
+    assert "| mine | 0.4 | 0.4 | 0.1 | 0.1 |" in md and "speed vs baseline" in md
     html = (tmp_path / "rep" / "report.html").read_text()
     # The answer's chart, the three scatters and the Pareto plot are inline SVG (hover tooltips); the
     # weight map stays a PNG. Nothing is fetched from elsewhere.
@@ -193,11 +193,14 @@ def test_cli_time_only_ranking_is_said_once_and_a_shared_null_reason_printed_onc
     fewer = md.split("## Rows scored over fewer metrics")[1].split("##")[0]
     assert fewer.count("empty in the input") == 1 and "| all 3 runs | energy_kwh, occupancy_pct |" in fewer
 
-    # With energy measured the strategies differ again: one best line each.
+    # With energy measured the strategies differ again: those that weigh energy most pick the
+    # other run; strategies with one call share a line, and every strategy is on one line.
     (tmp_path / "runs2.csv").write_text(f"{HEADER}\nslow,100,0.1,0.001,,0.9\nfast,50,0.05,0.004,,0.89\n")
     r = _cli(["--csv", "runs2.csv", "--out", "rep2"], tmp_path)
     assert r.returncode == 0, r.stderr
-    assert len([line for line in r.stdout.splitlines() if "best:" in line]) == 7
+    best = [line.split(" best: ") for line in r.stdout.splitlines() if " best: " in line]
+    assert [b[1] for b in best] == ["fast", "slow (the baseline: keep it)"], r.stdout
+    assert sorted(s for b in best for s in b[0].strip().split(", ")) == sorted(STRATEGIES)
     assert "by time alone" not in (tmp_path / "rep2" / "report.md").read_text()
 
 

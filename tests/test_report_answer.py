@@ -82,7 +82,7 @@ def test_baseline_given_then_defaults_run_then_slowest(tmp_path):
     assert "Baseline: 'defaults', the run with the config groups' defaults (precision=fp32," in answer
     # Every strategy picks attention=sdpa (fastest, cheapest): 20 s / 10 s = 2x, cost 0.1 / 0.2 - 1 =
     # -50 %, accuracy unchanged; no run measured energy: null with the reason, never 0.
-    assert _row(answer, "all 7 strategies")[1:6] == ["attention=sdpa", "2.00x", "null (baseline's energy_kwh null: "
+    assert _row(answer, "all 7 strategies")[1:6] == ["attention=sdpa", "2.00x faster", "null (baseline's energy_kwh null: "
                                                      "not logged)", "-50.0 %", "+0.00 pts"]
     # --baseline precision=bf16 through the command (the answer names it, sdpa is 40 s / 10 s = 4.00x
     # faster): checked on the same three runs by the Chromium test below, which runs that very command.
@@ -151,7 +151,7 @@ def test_no_repeats_is_warned_with_the_runner_up_and_repeats_say_ties(tmp_path):
     answer = _answer((tmp_path / "rep" / "report.md").read_text())
     assert "WARNING, no repeats: every configuration ran once" in answer
     # Time and cost rank alike here (cost = time / 100): b's score is 10.5 / 10 of a's, +5.0 %.
-    assert _row(answer, "all 7 strategies")[1] == "a" and _row(answer, "all 7 strategies")[7] == "b (+5.0 %)"
+    assert _row(answer, "all 7 strategies")[1] == "a" and _row(answer, "all 7 strategies")[7] == "b (score +5.0 %)"
 
     # Each configuration three times (seeds), their times overlapping: repeats, and the tie said.
     rep = _store(tmp_path / "r")
@@ -162,14 +162,16 @@ def test_no_repeats_is_warned_with_the_runner_up_and_repeats_say_ties(tmp_path):
     r = _cli(["--uri", rep.uri, "--out", "rep2"], tmp_path)
     answer = _answer((tmp_path / "rep2" / "report.md").read_text())
     assert "no repeats" not in answer
-    assert "tied over repeats with b (95% intervals overlap): the repeats cannot tell them apart" in answer
+    assert "tied with b (95 % intervals overlap: the repeats cannot tell them apart)" in answer
     # The answer names configurations, never a seed, and its changes are of means over repeats: the
     # baseline (the slowest run, b's seed 3) stands for b's three runs, 11.5 s against a's 11.0 s.
     md = (tmp_path / "rep2" / "report.md").read_text()
-    assert ("**A tie: 'a (3 runs)' leads under all 7 strategies on the mean: 1.05x the baseline's speed, but its "
-            "repeats cannot tell it from 'b' (95% intervals overlap).**") in md
+    # b is the baseline and the repeats cannot tell a from it: keep what you run, with what a would change.
+    assert ("**Keep what you run, 'b (3 runs)': no configuration is clearly better under any strategy: 'a (3 runs)' "
+            "leads under every strategy (1.05x faster, -4.3 % cost, +0.00 pts accuracy against the baseline), tied "
+            "with 'b', the baseline among them (the repeats cannot tell them apart).**") in md
     assert "the baseline is its configuration, 'b (3 runs)'" in md
-    assert _row(answer, "all 7 strategies")[1:3] == ["a (3 runs)", "1.05x"]
+    assert _row(answer, "all 7 strategies")[1:3] == ["a (3 runs)", "1.05x faster"]
     assert "train.seed=" not in _row(answer, "all 7 strategies")[1] and "Adopt" not in md
 
     # One configuration's three seeds: nothing to adopt, whichever seed happened to be fastest.
@@ -202,7 +204,7 @@ def test_the_answer_leads_the_page_and_its_chart_is_drawn_in_chromium(tmp_path, 
             # without energy: the answer names the given baseline; sdpa 40 s / 10 s = 4.00x under all 7)
             answer = _answer((tmp_path / out / "report.md").read_text())
             assert "Baseline: 'precision=bf16', given with --baseline" in answer
-            assert _row(answer, "all 7 strategies")[1:3] == ["attention=sdpa", "4.00x"]
+            assert _row(answer, "all 7 strategies")[1:3] == ["attention=sdpa", "4.00x faster"]
         page = tmp_path / out / "report.html"
         browser.get(page.as_uri())
         sections = browser.find_elements(By.CSS_SELECTOR, "body > section")
@@ -215,7 +217,8 @@ def test_the_answer_leads_the_page_and_its_chart_is_drawn_in_chromium(tmp_path, 
         for bar in bars:
             assert bar.size["width"] > 0 and bar.size["height"] > 0, bar.size
             tip = bar.find_element(By.TAG_NAME, "title").get_attribute("textContent")
-            assert tip.startswith("attention=sdpa\nwins: balance, time_cost_energy, ") and "speed-up: " in tip
+            assert tip.startswith("attention=sdpa\nwins: all 7 strategies") and "speed: 2.00x faster" in tip \
+                if not given else "speed: 4.00x faster" in tip
         # The bars are as long as the changes: against the defaults run time -50 %, energy 0.015 / 0.02 - 1 =
         # -25 %, cost -50 %; against bf16 -75 %, 0.015 / 0.04 - 1 = -62.5 %, -75 %.
         changes = {None: (-50.0, -25.0, -50.0), "precision=bf16": (-75.0, -62.5, -75.0)}[given]
@@ -241,8 +244,10 @@ def test_weights_given_are_the_question_the_answer_answers(tmp_path):
     assert rows == ["money", "speed"]
     assert "Baseline: 'slow', the slowest run: no run logged its config group choices" in answer
     # money: frugal (cost 0.5), 20 / 15 = 1.33x, energy 0.1 / 0.4 - 1 = -75 %, cost -75 %, accuracy -1 pt.
-    assert _row(answer, "money")[1:6] == ["frugal", "1.33x", "-75.0 %", "-75.0 %", "-1.00 pts"]
+    assert _row(answer, "money")[1:6] == ["frugal", "1.33x faster", "-75.0 %", "-75.0 %", "-1.00 pts"]
     # speed: fast, 2x, energy -25 %, cost -50 %, accuracy -2 pts.
-    assert _row(answer, "speed")[1:6] == ["fast", "2.00x", "-25.0 %", "-50.0 %", "-2.00 pts"]
-    assert "The weights decide: 2 configurations win under different strategies ('frugal', 'fast')" in answer
+    assert _row(answer, "speed")[1:6] == ["fast", "2.00x faster", "-25.0 %", "-50.0 %", "-2.00 pts"]
+    assert ("The weights decide: 2 configurations win under different strategies. 'frugal' is best under money "
+            "(1.33x faster, -75.0 % energy, -75.0 % cost, -1.00 pts accuracy against the baseline); 'fast' is best "
+            "under speed (2.00x faster") in answer
     assert "| balance |" in md.split("## Scores (thesis Table 5.4 form)")[1]

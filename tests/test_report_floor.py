@@ -46,14 +46,14 @@ def test_a_fast_run_two_points_below_the_best_is_left_out_and_named(tmp_path):
     answer = _answer(md)
     # The floor is 0.90 - 1 point = 0.89: 'fast' (0.88) may not win; 'close' (0.895) may. Against the
     # baseline (the slowest run): 20 / 15 = 1.33x, 0.895 - 0.90 = -0.50 pts, and against the best the same.
-    assert _row(answer, "all 7 strategies")[1:7] == ["close", "1.33x", "null (baseline's energy_kwh null: not logged)",
+    assert _row(answer, "all 7 strategies")[1:7] == ["close", "1.33x faster", "null (baseline's energy_kwh null: not logged)",
                                                      "-25.0 %", "-0.50 pts", "-0.50 pts"]
     assert ("Left out of the answer by the accuracy floor 0.8900 (1 point below the best test accuracy, 'slowest' at "
             "0.9000 (--accuracy-floor sets another, or off)): 1 of 3 runs: 'fast' (0.8800)") in answer
     # Further down 'fast' is still scored, marked, never bold.
     scores = md.split("## Scores (thesis Table 5.4 form)")[1].split("\n## ")[0]
     fast = next(x for x in scores.splitlines() if x.startswith("| fast |"))
-    assert "excluded: accuracy 0.8800 < floor 0.89" in fast and "**" not in fast
+    assert "excluded: accuracy 0.8800 < floor 0.8900" in fast and "**" not in fast
 
     # off: every run may win; the winner's 2-point loss is shown against the best run too.
     r = _cli(["--uri", store.uri, "--accuracy-floor", "off", "--out", "rep2"], tmp_path)

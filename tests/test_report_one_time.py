@@ -60,4 +60,5 @@ def test_no_warning_where_the_warm_up_is_short_or_the_steps_never_pay_it_back(tm
     answer = _answer(tmp_path / "b", store)
     assert "longer than its training window (1.50 s); 2.30 s more than the baseline's, never paid back" in answer
     # A winner slower than the baseline says so first, and why it may still win.
-    assert "1.50x slower than the baseline (the baseline itself is below the accuracy floor)" in answer
+    assert "Your baseline 'defaults' (0.8000) is below the accuracy floor (0.8900)" in answer
+    assert "best under every strategy: 1.50x slower" in answer

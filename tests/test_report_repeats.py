@@ -124,8 +124,9 @@ def test_csv_seed_and_group_columns_and_the_cli_tables(tmp_path):
     fast = next(line for line in table.splitlines() if line.startswith("| fast |"))
     half = T_975_DF2 * 1.0 / math.sqrt(3)  # times 10, 11, 12: s = 1
     assert f"| fast | 3 | 1,2,3 | 11.00 [{11 - half:.2f}, {11 + half:.2f}] |" in fast
-    best = md.split("## Best configuration per strategy over repeats")[1].split("\n## ")[0]
-    assert "| balance | fast |" in best and "clear: no other interval overlaps" in best
+    best = md.split("## Best configuration per strategy")[1].split("\n## ")[0]
+    assert "| all 7 strategies | fast (3 runs) |" in best, best
+    assert "| slow (2 runs) (score +" in best and "clear: no other configuration's interval overlaps" in best
 
 
 @pytest.mark.slow

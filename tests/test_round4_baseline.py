@@ -62,8 +62,8 @@ def test_each_model_is_compared_with_its_own_baseline_in_every_surface(two_model
     md = (d / "rep" / "report.md").read_text()
     answer = _answer(md)
     # tiny's bf16 against tiny's fp32: 10 / 8 = 1.25x; never 60 / 8 = 7.50x against MiniLM's.
-    assert "Adopt 'tiny / bf16', best under all 7 strategies: 1.25x the speed of its own group's baseline " \
-           "'tiny / fp32'" in answer, answer[:600]
+    assert "Adopt 'tiny / bf16', best under every strategy: 1.25x faster, -20.0 % cost, +0.00 pts accuracy against " \
+           "its group's baseline 'tiny / fp32'" in answer, answer[:600]
     assert "7.50x" not in md
     assert "Baselines, one per like-for-like group (model, dataset, hardware, num_gpus" in answer
     assert "model=tiny: 'tiny / fp32', the run with the config groups' defaults" in answer
@@ -75,9 +75,9 @@ def test_each_model_is_compared_with_its_own_baseline_in_every_surface(two_model
     table = md.split("## Against its group's baseline")[1].split("\n## ")[0]
     rows = {c[0]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in table.splitlines()
                               if line.startswith("| ") and not line.startswith("| run"))}
-    assert rows["minilm_l6 / bf16"][4:] == ["1.200", "+0.00 pts", "minilm_l6 / fp32"]
-    assert rows["tiny / bf16"][4:] == ["1.250", "+0.00 pts", "tiny / fp32"]
-    assert rows["bert_base / bf16"][4:] == ["1.000", "+0.00 pts", "bert_base / bf16"]
+    assert rows["minilm_l6 / bf16"][4:] == ["1.20x faster", "+0.00 pts", "minilm_l6 / fp32"]
+    assert rows["tiny / bf16"][4:] == ["1.25x faster", "+0.00 pts", "tiny / fp32"]
+    assert rows["bert_base / bf16"][4:] == ["as fast (1.00x)", "+0.00 pts", "bert_base / bf16"]
     # The effects table pairs runs of one model only and says that model is a context.
     assert "model: a context, not a technique" in md
     # --baseline picks the baseline of its own group only; the others keep theirs.

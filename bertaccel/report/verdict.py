@@ -79,12 +79,11 @@ class Verdict:
         return list(dict.fromkeys(ln.call.winner for ln in self.lines if ln.call.winner is not None))
 
     def below_floor(self) -> List[int]:
-        """Configurations the floor keeps from winning, most accurate first."""
-        out = [k for k in self.why_out if self.why_out[k].startswith(FLOOR_WHY)]
+        """Configurations the floor keeps from winning (their mean accuracy is under it), most accurate first."""
+        f = self.floor
+        out = [k for k in range(len(self.groups)) if f is not None and f.value is not None
+               and self.stats.metrics["accuracy"][k].mean is not None and not f.passes(self.stats.metrics["accuracy"][k].mean)]
         return sorted(out, key=lambda k: -(self.stats.metrics["accuracy"][k].mean or 0))
-
-
-FLOOR_WHY = "mean accuracy"  # how a floor exclusion starts (below_floor tells it from the others)
 
 
 def _eligibility(rows: Sequence[Row], scored: Scored, groups: Sequence[Group], accuracy: Sequence[Interval],
@@ -99,8 +98,8 @@ def _eligibility(rows: Sequence[Row], scored: Scored, groups: Sequence[Group], a
             if unknown:
                 reasons.append(f"accuracy not measured ({len(unknown)} of {len(g.members)} runs)")
             elif not floor.passes(accuracy[k].mean):
-                n = f" of {len(g.members)} runs" if len(g.members) > 1 else ""
-                reasons.append(f"{FLOOR_WHY}{n} {accuracy[k].mean:.4f} < floor {floor.value:.4f}")
+                what = f"mean accuracy of {len(g.members)} runs" if len(g.members) > 1 else "accuracy"
+                reasons.append(f"{what} {accuracy[k].mean:.4f} < floor {floor.value:.4f}")
         out = [i for i in g.members if not scored.eligible[i]]
         if out:
             reasons.append(f"{len(out)} of {len(g.members)} runs: {scored.ineligible_reason[out[0]]}"
