@@ -58,7 +58,7 @@ def test_a_fast_run_two_points_below_the_best_is_left_out_and_named(tmp_path):
     # off: every run may win; the winner's 2-point loss is shown against the best run too.
     r = _cli(["--uri", store.uri, "--accuracy-floor", "off", "--out", "rep2"], tmp_path)
     answer = _answer((tmp_path / "rep2" / "report.md").read_text())
-    assert _row(answer, "all 7 strategies")[1:3] == ["fast", "2.00x"]
+    assert _row(answer, "all 7 strategies")[1:3] == ["fast", "2.00x faster"]
     assert _row(answer, "all 7 strategies")[5:7] == ["-2.00 pts", "-2.00 pts"] and "Left out" not in answer
     # A floor of the user's own.
     r = _cli(["--uri", store.uri, "--accuracy-floor", "0.85", "--out", "rep3"], tmp_path)
