@@ -64,6 +64,9 @@ FIGURES: Dict[str, Callable[[s.Sources], str]] = {
     .split(" ", 1)[1].strip("()"),
     "grid-batch8-speedup": lambda src: s.effect(src, s.GRID, "train.batch_size", "8")["speed-up (geo. mean)"],
     "fp8-fused-harness": s.fp8_fused_sentence,
+    "fp8-fused-warmup": s.fp8_fused_warmup,
+    "fp8-table": s.fp8_table,
+    "fp8-sentence": s.fp8_sentence,
     **{f"options-{g}": _options(g) for g in ("precision", "attention", "encoder", "compile", "freezing",
                                                "optimizer", "hardware", "model", "dataset", "preset")},
 }
@@ -80,7 +83,7 @@ PLACES: Dict[str, Sequence[str]] = {
     "card-repeats-fp16": ("docs/results/index.md",),
     "h100-card-table": ("docs/results/attention-backends.md",),
     "h100-triton-compile": ("docs/results/attention-backends.md",),
-    "grid-command": ("docs/concepts.md", "docs/results/index.md"),
+    "grid-command": ("docs/concepts.md",),
     "grid-effects": ("docs/results/index.md", "docs/report.md"),
     "grid-fused-speedup": ("docs/results/index.md", "docs/results/fused-encoder.md", "docs/first-report.md"),
     "grid-fused-spread": ("docs/first-report.md",),
@@ -90,6 +93,9 @@ PLACES: Dict[str, Sequence[str]] = {
     "grid-adan-pairs": ("docs/first-report.md",),
     "grid-batch8-speedup": ("docs/first-report.md",),
     "fp8-fused-harness": ("docs/accelerations.md",),
+    "fp8-fused-warmup": ("docs/accelerations.md",),
+    "fp8-table": ("docs/accelerations.md",),
+    "fp8-sentence": ("docs/accelerations.md",),
     **{f"options-{g}": ("docs/options.md",) for g in ("precision", "attention", "encoder", "compile", "freezing",
                                                        "optimizer", "hardware", "model", "dataset", "preset")},
 }
