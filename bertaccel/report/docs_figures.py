@@ -153,16 +153,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="exit 1 naming each stale or missing block")
     mode.add_argument("--write", action="store_true", help="rewrite every block from its source")
+    # The pages' checkout (the stores are always this package's): a copy of the pages can be checked.
+    ap.add_argument("--root", type=Path, default=s.ROOT, help="the folder holding README.md and docs/ "
+                    "(default: %(default)s)")
     a = ap.parse_args(argv)
-    texts = read_pages()
+    if not (a.root / "README.md").is_file() or not (a.root / "docs").is_dir():
+        print(f"error: --root {a.root}: no README.md and docs/ there; give the repository's folder", file=sys.stderr)
+        return 2
+    texts = read_pages(a.root)
     values = compute()
     if a.write:
         for page, text in texts.items():
             new = fill(text, values)
             if new != text:
-                (s.ROOT / page).write_text(new)
+                (a.root / page).write_text(new)
                 print(f"wrote {page}")
-        texts = read_pages()
+        texts = read_pages(a.root)
     found = problems(texts, values)
     for line in found:
         print(line, file=sys.stderr)
