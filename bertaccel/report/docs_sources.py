@@ -274,3 +274,10 @@ def fp8_sentence(src: Sources) -> str:
     return (f"FP8 costs no accuracy here ({e['accuracy (pts)'].split()[0]} points) and is {e['speed-up (geo. mean)']} "
             f"as fast, with {e['energy'].split()[0].lstrip('+')} % more GPU energy. Its warm-up stays about "
             f"{ratio:.0f}x bf16's with the compile cache warm ({span(fp8, '{:.0f}')} s against {span(bf16)} s)")
+
+
+def h100_triton_compile_each(src: Sources) -> str:
+    """Each precision's Triton compile on a cold cache, with where it was measured."""
+    each = [f"{r.compile_time_s:.1f} s ({r.choices.get('precision', '?')})"
+            for r in src.rows(H100_CARD) if "attention=triton" in r.name]
+    return f"{' and '.join(each)} ({src.device(H100_CARD)}, {src.dates(H100_CARD)}, store `{H100_CARD.path}`)"
