@@ -29,31 +29,40 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = "bertaccel"
 
 
+MANIFEST = ROOT / "docs" / "results" / "stores" / "manifest.yaml"
+
+
 @dataclass(frozen=True)
 class Store:
     path: str        # the .db.gz, relative to the repository root
     sweep: str
-    command: str     # the command that made it, as a user types it
-    baseline: Optional[str] = None  # the run the report's --baseline is given, if any
+
+    def entry(self) -> Dict[str, str]:
+        """Its entry in the stores' manifest: the command that made it, as a user types it (the
+        at-a-glance generator checks it there against the overrides the store recorded), and the
+        run the report's --baseline is given for it, if any."""
+        import yaml
+
+        for entry in yaml.safe_load(MANIFEST.read_text())["stores"]:
+            if entry["store"] == self.path and entry["sweep"] == self.sweep:
+                return entry
+        raise KeyError(f"{self.path} (sweep {self.sweep}) is not in {MANIFEST}")
+
+    @property
+    def command(self) -> str:
+        return " ".join(self.entry()["command"].split())
+
+    @property
+    def baseline(self) -> Optional[str]:
+        return self.entry().get("baseline")
 
 
-# The committed stores the pages quote. The commands are those of docs/results/stores/manifest.yaml
-# (checked there against each store's recorded overrides by the at-a-glance generator).
-CARD = Store("tests/data/h200_card_sweep.db.gz", "config-b32a167b41",
-             "python -m bertaccel.run -m precision=fp16,fp32 attention=xformers,triton")
-CARD_REPEATS = Store("docs/results/stores/h200-card-repeats.db.gz", "config-b32a167b41",
-                     "python -m bertaccel.run -m precision=fp16,fp32 attention=xformers,triton sweep.repeats=3")
-H100_CARD = Store("docs/results/stores/h100-card.db.gz", "config-b32a167b41",
-                  "python -m bertaccel.run -m precision=fp16,fp32 attention=xformers,triton")
-GRID = Store("docs/results/stores/h200-thesis-grid-repeats.db.gz", "thesis_grid-bf4de72724",
-             "python -m bertaccel.run -m --config-name thesis_grid model=minilm_l6 dataset=csv "
-             "dataset.train_path=imdb_small/train.csv.gz dataset.test_path=imdb_small/test.csv.gz "
-             "dataset.train_subset=2000 dataset.test_subset=1000 train.epochs=1 sweep.repeats=3")
-FP8_FUSED = Store("docs/results/stores/h200-fp8-fused-minilm-imdb.db.gz", "config-7abe5912d2",
-                  "python -m bertaccel.run -m precision=bf16,fp8_rowwise encoder=fused attention=sdpa compile=off "
-                  "compile.step_graph=true sweep.repeats=3 sweep.baseline=false dataset=csv "
-                  "dataset.train_path=.devdata/imdb_train8k.csv.gz dataset.test_path=.devdata/imdb_test4k.csv.gz "
-                  "dataset.max_length=256 train.epochs=2", baseline="precision=bf16")
+CARD = Store("tests/data/h200_card_sweep.db.gz", "config-b32a167b41")
+CARD_REPEATS = Store("docs/results/stores/h200-card-repeats.db.gz", "config-b32a167b41")
+H100_CARD = Store("docs/results/stores/h100-card.db.gz", "config-b32a167b41")
+GRID = Store("docs/results/stores/h200-thesis-grid-repeats.db.gz", "thesis_grid-bf4de72724")
+FP8_FUSED = Store("docs/results/stores/h200-fp8-fused-minilm-imdb.db.gz", "config-7abe5912d2")
+FP8 = Store("docs/results/stores/h200-fp8-minilm-imdb.db.gz", "config-5e884036e6")
 
 
 @dataclass
@@ -227,12 +236,6 @@ def fp8_fused_sentence(src: Sources) -> str:
             f"train time {fp8[1]:.1f} s against {bf16[1]:.1f} s ({e['speed-up (geo. mean)']}; "
             f"{src.device(FP8_FUSED)}, {src.dates(FP8_FUSED)})")
 
-
-FP8 = Store("docs/results/stores/h200-fp8-minilm-imdb.db.gz", "config-5e884036e6",
-            "python -m bertaccel.run -m precision=bf16,fp8 compile=default attention=sdpa sweep.repeats=3 "
-            "sweep.baseline=false dataset=csv dataset.train_path=.devdata/imdb_train8k.csv.gz "
-            "dataset.test_path=.devdata/imdb_test4k.csv.gz dataset.max_length=256 train.epochs=2",
-            baseline="precision=bf16")
 
 
 def fp8_fused_warmup(src: Sources) -> str:
