@@ -132,6 +132,7 @@ LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]*(?:\([^()\s]*\))?[
                   r"(?:\s+\"[^\"]*\")?\)")
 # Not the page's own words: HTML tags, attribute lists, URLs, and quotations ("A tie: ... leads
 # under every strategy": the report's or the console's words, quoted as they print).
+FIGURE_BLOCK = re.compile(r"<!-- figure: [^>]*-->.*?<!-- /figure -->", re.S)
 MASKED = re.compile(r"<[^>\n]+>|\{[:#][^}\n]*\}|https?://\S+|\"[^\"]{1,600}\"")
 
 
@@ -147,7 +148,10 @@ class Use:
 def term_uses(page: Path) -> Iterator[Use]:
     """Every use of a glossary term in a page's prose, and every link to a glossary entry, in
     the page's order."""
-    source = page.read_text(encoding="utf-8").splitlines()
+    # A generated figure block (bertaccel/report/docs_figures.py) is the code's text, rewritten on
+    # every regeneration: a link put in it by hand would be lost, so it is not a use.
+    text = FIGURE_BLOCK.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), page.read_text(encoding="utf-8"))
+    source = text.splitlines()
     lines, lost = dedent_containers(source)
     for block in prose_blocks(lines):
         text = "\n".join(lines[i] for i in block)
