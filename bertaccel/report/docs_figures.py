@@ -76,7 +76,7 @@ FIGURES: Dict[str, Callable[[s.Sources], str]] = {
 PLACES: Dict[str, Sequence[str]] = {
     "card-default-line": ("README.md", "docs/getting-started.md"),
     "card-sweep": ("README.md", "docs/getting-started.md"),
-    "card-report-best": ("docs/getting-started.md",),
+    "card-report-best": ("README.md", "docs/getting-started.md"),
     "card-plan": ("docs/getting-started.md",),
     "card-plan-range": ("README.md",),
     "card-fp16-xformers-repeats": ("README.md",),

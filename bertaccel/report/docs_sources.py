@@ -190,7 +190,7 @@ def card_sweep(src: Sources) -> str:
 
 def card_report_best(src: Sources) -> str:
     out = src.run(CARD, f"python -m bertaccel.report --sweep {CARD.sweep}").splitlines()
-    return fenced("\n".join(line for line in out if " best: " in line or line.startswith("report: ")))
+    return fenced("\n".join(line for line in out if line.strip()))
 
 
 PLAN = "python -m bertaccel.plan precision=fp16,fp32 attention=xformers,triton hardware=h200"

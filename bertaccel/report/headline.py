@@ -10,10 +10,14 @@ is said first; a winner slower than the baseline reads "1.89x slower", never "0.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Callable, List
 
 from .change import Change, effect_text, pct_text, pts_text, speed_text
 from .summary import TITLE, Answer, Winner
+
+
+WIDTH = 100  # the headline's lines on a console (the other lines are one fact each)
 
 
 def _quoted(names: List[str]) -> str:
@@ -143,21 +147,24 @@ def answer_table(ans: Answer, label: Callable[[str], str]) -> tuple:
 
 
 def console_lines(ans: Answer) -> List[str]:
-    """The answer as the console prints it (and the MLflow description and the glance page quote):
-    per line of strategies, 'best:' and the winner, then its change and how sure, indented."""
+    """The answer as the console prints it (and the MLflow description and the docs quote): per
+    line of strategies, 'best:' and the winner, then its change, runner-up and how sure, indented."""
     out = []
     for w in ans.winners:
         out.append(f"{w.label:18s} best: {winner_cell(w)}")
         if w.configuration is None:
+            out.append(f"    runner-up: {w.runner_up}")
             continue
         shown = w.shown
         against = f"against '{w.base_name}'" if w.base_name else "(no baseline)"
-        what = f"the alternative '{shown.name}': " if w.is_baseline and w.alternative is not None else ""
-        out.append(f"{'':18s}   {what}{effect_text(shown)} {against}; runner-up {w.runner_up}; {w.sure}")
+        what = f"switching to '{shown.name}': " if w.is_baseline and w.alternative is not None else ""
+        out += [f"    {what}{effect_text(shown)} {against}", f"    runner-up: {w.runner_up}", f"    how sure: {w.sure}"]
     return out
 
 
 def answer_text(ans: Answer) -> str:
     """The headline and the console lines: what the console prints, the report folder keeps as
     answer.txt, and the sweep's MLflow parent run shows as its description."""
-    return "\n".join([headline(ans)] + console_lines(ans))
+    # (a number keeps its unit on its line: "-7.7 %" is never split)
+    wrapped = textwrap.wrap(headline(ans).replace(" %", "\0%").replace(" pts", "\0pts"), WIDTH, break_on_hyphens=False)
+    return "\n".join([line.replace("\0", " ") for line in wrapped] + console_lines(ans))

@@ -88,10 +88,13 @@ def description(answer: str, artifact_uri: str) -> str:
         where += f" ({Path(local_file_uri_to_path(artifact_uri)) / html})"
     elif artifact_uri and "://" not in artifact_uri:  # a plain local path (a file store)
         where += f" ({Path(artifact_uri) / html})"
-    lines = [line.strip() for line in answer.strip().splitlines()]
-    # Markdown (the UI renders the description): the headline, then one bullet per strategy line.
-    text = "\n\n".join([lines[0], "\n".join(f"- {line}" if " best: " in line else f"  {line}" for line in lines[1:])]) \
-        if lines else "The report has no answer."
+    lines = answer.strip().splitlines()
+    # Markdown (the UI renders the description): the headline, then a bullet per line of strategies
+    # with its details under it.
+    head = [line for line in lines if " best: " not in line and not line.startswith(" ")]
+    rest = lines[len(head):]
+    text = "\n\n".join([" ".join(head), "\n".join(f"- {line.strip()}" if " best: " in line else f"  {line.strip()}"
+                                                   for line in rest)]) if lines else "The report has no answer."
     return f"{text[:DESCRIPTION_CHARS]}\n\n{where}."
 
 

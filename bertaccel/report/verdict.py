@@ -37,11 +37,12 @@ class Call:
 
 @dataclass(frozen=True)
 class Line:
-    """Strategies that share one call, as every surface prints them together."""
+    """Strategies with one winner and the same ties, as every surface prints them together; their
+    runner-ups may differ (each strategy's own is kept)."""
     label: str                           # 'balance', 'all 7 strategies' or 'balance, time_cost_energy'
     strategies: Tuple[str, ...]
-    call: Call
-    gaps_pct: Tuple[Optional[float], ...]  # each strategy's own runner-up gap, in order
+    call: Call                           # the first strategy's call (winner and ties are the line's)
+    calls: Tuple[Call, ...]              # each strategy's own call, in order (runner-up, gap)
 
 
 @dataclass
@@ -126,15 +127,15 @@ def _call(per_group: Sequence[Interval], eligible: Sequence[bool]) -> Call:
 
 
 def _lines(calls: Mapping[str, Call], asked: Sequence[str]) -> List[Line]:
-    """One line per distinct call among the asked strategies, in the strategies' order."""
+    """One line per winner and ties among the asked strategies, in the strategies' order."""
     by: Dict[Tuple, List[str]] = {}
     for s in asked:
         c = calls[s]
-        by.setdefault((c.winner, c.runner_up, c.tied, c.unjudged, c.winner_alone), []).append(s)
+        by.setdefault((c.winner, frozenset(c.tied), frozenset(c.unjudged), c.winner_alone), []).append(s)
     out = []
     for ss in by.values():
         label = f"all {len(ss)} strategies" if len(ss) == len(asked) and len(ss) > 1 else ", ".join(ss)
-        out.append(Line(label, tuple(ss), calls[ss[0]], tuple(calls[s].gap_pct for s in ss)))
+        out.append(Line(label, tuple(ss), calls[ss[0]], tuple(calls[s] for s in ss)))
     return out
 
 
@@ -150,9 +151,9 @@ def decide(rows: Sequence[Row], scored: Scored, floor: Optional[Floor]) -> Verdi
     return Verdict(stats, eligible, why, calls, _lines(calls, asked), floor, asked)
 
 
-def gap_text(line: Line) -> str:
-    """'+3.1 %', or the range over the line's strategies, '+2.0 to +3.1 %'."""
-    known = sorted(g for g in line.gaps_pct if g is not None)
+def _gap(gaps: Sequence[Optional[float]]) -> str:
+    """'+3.1 %', or the range over several strategies, '+2.0 to +3.1 %'."""
+    known = sorted(g for g in gaps if g is not None)
     if not known:
         return "gap null (the winner's score is 0)"
     lo, hi = known[0], known[-1]
@@ -160,13 +161,20 @@ def gap_text(line: Line) -> str:
 
 
 def runner_up_text(v: Verdict, line: Line) -> str:
-    """'name (score +3.1 %)', or why there is none: the runner-up column is never left empty."""
-    c = line.call
-    if c.winner is None:
+    """'name (score +3.1 %)', per runner-up where the line's strategies have different ones ('a
+    (score +7.7 %) under balance; b (score +11.1 %) under time_cost_energy'), or why there is none:
+    the runner-up column is never left empty."""
+    if line.call.winner is None:
         return "none: no configuration is eligible"
-    if c.runner_up is None:
-        return "none: no other configuration is eligible"
-    return f"{v.name(c.runner_up)} (score {gap_text(line)})"
+    by: Dict[Optional[int], List[int]] = {}
+    for n, c in enumerate(line.calls):
+        by.setdefault(c.runner_up, []).append(n)
+    parts = []
+    for k, ns in by.items():
+        who = "none: no other configuration is eligible" if k is None else \
+            f"{v.name(k)} (score {_gap([line.calls[n].gap_pct for n in ns])})"
+        parts.append(who + ("" if len(by) == 1 else " under " + ", ".join(line.strategies[n] for n in ns)))
+    return "; ".join(parts)
 
 
 def tie_text(v: Verdict, line: Line) -> str:
@@ -174,7 +182,7 @@ def tie_text(v: Verdict, line: Line) -> str:
     c = line.call
     if c.winner is None:
         return ""
-    if c.runner_up is None:
+    if all(x.runner_up is None for x in line.calls):
         return "alone: no other configuration is eligible"
     if c.winner_alone:
         return "not judged: the winner ran once (no interval); repeat the sweep with sweep.repeats=3"
