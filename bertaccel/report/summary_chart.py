@@ -37,7 +37,8 @@ def answer_chart(ans: Answer, rows: Sequence[Row]) -> Optional[Dict]:
         return None
     by_run: Dict[str, List[Winner]] = {}  # (by what the bars show: the winner, or the baseline's alternative)
     for w in ans.winners:
-        if w.index is not None:
+        # (a baseline that wins with no alternative eligible has nothing to compare: no bars of 0)
+        if w.index is not None and not (w.is_baseline and w.alternative is None):
             by_run.setdefault(w.shown.name, []).append(w)
     if not by_run:
         return None
