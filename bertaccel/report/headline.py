@@ -18,6 +18,7 @@ from .summary import TITLE, Answer, Winner
 
 
 WIDTH = 100  # the headline's lines on a console (the other lines are one fact each)
+MOST_NAMED = 3  # tied configurations the headline names before "and N more"
 
 
 def _quoted(names: List[str]) -> str:
@@ -33,7 +34,7 @@ def _alternative(w: Winner) -> str:
     alt = w.alternative
     if alt is None:
         return "no other configuration may win (see the floor)"
-    return f"switching to the best alternative, '{alt.name}', would mean {effect_text(alt)}"
+    return f"'{alt.name}' would mean {effect_text(alt)}"
 
 
 def _under(ans: Answer, ws: List[Winner]) -> str:
@@ -50,8 +51,10 @@ def _ties(ans: Answer, ws: List[Winner], also: str = "") -> str:
     if not tied:
         return ""
     under = "" if len(tied) == len(ws) else f" under {_under(ans, tied)}"
-    names = _quoted(list(dict.fromkeys(t for w in tied for t in w.tied_with)))
-    return f", tied{under} with {names}{also} (the repeats cannot tell them apart)"
+    names = list(dict.fromkeys(t for w in tied for t in w.tied_with))
+    # (the headline names the first few; the table's 'how sure' column names them all)
+    more = f" and {len(names) - MOST_NAMED} more" if len(names) > MOST_NAMED else ""
+    return f", tied{under} with {_quoted(names[:MOST_NAMED])}{more}{also} (the repeats cannot tell them apart)"
 
 
 def _phrase(ans: Answer, ws: List[Winner]) -> str:
@@ -84,7 +87,12 @@ def headline(ans: Answer) -> str:
     every = len(named) == len(ans.winners)
     phrases = [_phrase(ans, ws) for ws in _by_winner(named)]
     if every and all(w.keep for w in named):  # the user's baseline wins or ties everywhere
-        alts = list(dict.fromkeys(_alternative(w) for w in named if w.is_baseline))
+        by_alt: dict = {}
+        for w in named:
+            if w.is_baseline:
+                by_alt.setdefault(_alternative(w), []).append(w)
+        alts = [f"switching to the best alternative, {a}" if len(by_alt) == 1 else
+                f"under {_under(ans, ws)}, switching to the best alternative, {a}" for a, ws in by_alt.items()]
         if all(w.is_baseline for w in named):
             verb = "leads under" if any(w.tied_with for w in named) else "is best under"
             how = f"it {verb} {_under(ans, named)}{_ties(ans, named)}"
