@@ -188,6 +188,48 @@ def card_sweep(src: Sources) -> str:
     return fenced("\n".join([*head, "...", *out[out.index("== sweep summary =="):]]))
 
 
+def answer_of(store: Store, *args: str):
+    """The report's answer for a store as the console prints it (the headline and its lines, not
+    the report's path), with the report's own options (e.g. --accuracy-floor off); a source."""
+    def source(src: Sources) -> str:
+        out = src.run(store, " ".join(["python -m bertaccel.report --sweep", store.sweep, *args]))
+        return fenced("\n".join(line for line in out.splitlines() if line.strip() and not line.startswith("report: ")))
+    return source
+
+
+def _decided(src: Sources, store: Store):
+    """The report's decision for the store, its runs named as the report names them."""
+    import dataclasses
+
+    from .labels import relabel
+    from .summary import decided
+
+    rows = [dataclasses.replace(r) for r in src.rows(store)]  # (relabel renames in place: a copy)
+    labels = relabel(rows)
+    given = named_row(rows, store.baseline, labels.ids_of(store.baseline)) if store.baseline else None
+    return decided(time_view(rows), given)
+
+
+def map_share(store: Store, label: str):
+    """The share of weight space a configuration wins (the report's weight-sensitivity table); a source."""
+    def source(src: Sources) -> str:
+        from .weights import weight_map
+
+        scored, v, _ = _decided(src, store)
+        wm = weight_map(scored.normalized, [g.members for g in v.groups], [g.label for g in v.groups], v.why_out)
+        k = [g.label for g in v.groups].index(label)
+        return f"{wm.share(wm.won.get(k, 0)):.0%}".replace("%", " %")
+    return source
+
+
+def baseline_out(store: Store):
+    """Why the floor keeps the store's baseline configuration from winning, as the report says it; a source."""
+    def source(src: Sources) -> str:
+        _, v, ans = _decided(src, store)
+        return v.why_out[v.of_row(ans.baselines.indices[0])]
+    return source
+
+
 def card_report_best(src: Sources) -> str:
     out = src.run(CARD, f"python -m bertaccel.report --sweep {CARD.sweep}").splitlines()
     return fenced("\n".join(line for line in out if line.strip()))
