@@ -31,7 +31,8 @@ from .labels import relabel
 from .occupancy import DEFAULT_OCCUPANCY_METRIC, OCCUPANCY_METRICS, o_column, with_occupancy_metric
 from .plots import all_plots
 from .predicted import add_to_report as add_predicted
-from .render import build, to_html, to_markdown, unequal_work
+from .page import to_html, to_markdown
+from .render import build, unequal_work
 from .scoring import STRATEGIES
 from .headline import answer_text
 from .summary import decided

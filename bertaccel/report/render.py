@@ -1,11 +1,7 @@
-"""The report as Markdown and as one self-contained HTML file. It leads with the answer (summary.py):
-the winner per strategy against a baseline, the warnings that change it, its chart; then the
-tables, each figure under the table that discusses it (layout.py). In the HTML a figure with an
-SVG is inlined as SVG (hover tooltips, svg.py), else as a base64 PNG; the Markdown links PNGs."""
+"""The report's content: the answer (summary.py, headline.py) and the tables, as a Report that
+page.py writes as Markdown and as one self-contained HTML file, in layout.py's order."""
 from __future__ import annotations
 
-import base64
-import html
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
@@ -13,10 +9,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from .baseline import Baselines
 from .change import change, pts_text, speed_text
 from .effects import effects_tables
-from .layout import placed
+from .repeats import run_label
 from .scoring import METRICS, Row, Scored, full_weights
-from .summary import TITLE as ANSWER_TITLE
-from .html_table import CSS, html_table
 from .labels import Labels
 from .plots import single_price
 from .headline import answer_table, headline
@@ -68,7 +62,7 @@ def _measured_on(r: Row) -> str:
     return f"{epochs} ep x {rows}{full} rows"
 
 
-def projection_table(view: TimeView) -> Table:
+def projection_table(view: TimeView, repeated: bool = False) -> Table:
     n = view.basis.project_epochs
     cells = []
     for r, p in zip(view.measured, view.projections):
@@ -76,7 +70,7 @@ def projection_table(view: TimeView) -> Table:
         filled = [r.extra[c] for c in ("accumulation", "num_gpus") if "taken as" in r.extra.get(c, "")]
         # No time = no projection at all (one reason for the three columns); else what else is missing.
         why = [p.why["time_s"]] if "time_s" in p.why else [f"{c}: {w}" for c, w in p.why.items()]
-        cells.append([r.name, _measured_on(r), _f(r.time_s, ".2f"),
+        cells.append([run_label(r, repeated), _measured_on(r), _f(r.time_s, ".2f"),
                       "null" if r.train_rows_full is None else str(r.train_rows_full),
                       batch, "null" if p.steps is None else str(p.steps), _f(r.step_time_ms, ".2f"),
                       _f(p.time_s, ".2f"), _f(p.energy_kwh, ".5f"), _f(p.cost_usd, ".4g"), _f(r.accuracy, ".4f"),
@@ -208,16 +202,16 @@ def build(rows: Sequence[Row], scored: Scored, ans: Answer, source: str, plots: 
     rep.lead_warnings = ans.warnings
     chart = answer_chart(ans, rows)
     if view is not None and view.basis.projected:
-        rep.tables.append(projection_table(view))
+        rep.tables.append(projection_table(view, verdict.repeated))
     rep.tables.append(scores_table(rows, scored, verdict, lab, sfx, rank_warning))
     rep.tables.append(best_table(ans, lab, own, rank_warning))
     if verdict.repeated:
         rep.tables.append(run_scores_table(rows, scored, verdict, lab, sfx, rank_warning))
-    rep.tables.append(_raw_table(rows, lab, sfx, o_label, carbon))
-    rep.tables.append(_normalized_table(rows, scored, metrics, sfx, carbon))
+    rep.tables.append(_raw_table(rows, lab, sfx, o_label, carbon, verdict.repeated))
+    rep.tables.append(_normalized_table(rows, scored, metrics, sfx, carbon, verdict.repeated))
     rep.tables.append(_weights_table(scored, metrics, carbon))
     if scored.affected:
-        rep.tables.append(_fewer_metrics_table(rows, scored, own))
+        rep.tables.append(_fewer_metrics_table(rows, scored, own, verdict.repeated))
     if bases.indices:  # every run against its group's baseline
         rep.tables.append(baseline_table(rows, bases, verdict, lab, sfx))
     if view is not None and view.break_even:
@@ -230,8 +224,7 @@ def build(rows: Sequence[Row], scored: Scored, ans: Answer, source: str, plots: 
         rep.notes.append(f"cost = time x one price ({rate * 3600:.4g} USD/h) for every run: no time-vs-cost plot, "
                          "and cost vs accuracy is the Pareto plot's time vs accuracy")
     if view is not None and view.unpaired:
-        rep.notes.append(f"{len(view.unpaired)} compiled run(s) without an uncompiled run of the same configuration, "
-                         "so no break-even: " + ", ".join(view.measured[i].name for i in view.unpaired[:5]))
+        rep.notes.append(_unpaired_note(view, verdict))
     rep.plots = ([chart] if chart is not None else []) + list(plots)
     return rep
 
@@ -249,19 +242,32 @@ def _null_notes(rows: Sequence[Row], metrics: Sequence[str]) -> List[str]:
             for (k, reasons), cols in null_notes.items()]
 
 
-def _raw_table(rows: Sequence[Row], lab: Any, sfx: str, o_label: str, carbon: bool) -> Table:
+def _unpaired_note(view: TimeView, v: Verdict) -> str:
+    """The compiled runs no uncompiled run of their configuration prices: each configuration once,
+    with its count of runs ('bf16 (3 runs), fp8 (3 runs)')."""
+    by: Dict[str, int] = {}
+    for i in view.unpaired:
+        k = v.of_row(i)
+        by[v.groups[k].label] = by.get(v.groups[k].label, 0) + 1
+    named = [f"{label} ({n} runs)" if n > 1 else label for label, n in by.items()]
+    return (f"{len(view.unpaired)} compiled run(s) without an uncompiled run of the same configuration, so no "
+            "break-even: " + ", ".join(named[:8]) + (f" and {len(named) - 8} more" if len(named) > 8 else ""))
+
+
+def _raw_table(rows: Sequence[Row], lab: Any, sfx: str, o_label: str, carbon: bool, repeated: bool) -> Table:
     return (f"Raw metrics (thesis Table 5.1 form{sfx})", "# = the point labels in the plots",
             ["#", "run", "hardware", "precision", lab("time_s"), lab("cost_usd"), lab("energy_kwh"),
              o_label, lab("accuracy")] + (["co2e_kg"] if carbon else []),
-            [[str(i), r.name, r.hardware, r.precision, _f(r.time_s, ".2f"), _f(r.cost_usd, ".4g"),
+            [[str(i), run_label(r, repeated), r.hardware, r.precision, _f(r.time_s, ".2f"), _f(r.cost_usd, ".4g"),
               _f(r.energy_kwh, ".5f"), _f(r.occupancy_pct, ".2f"), _f(r.accuracy, ".4f")]
              + ([_f(r.co2e_kg, ".3g")] if carbon else []) for i, r in enumerate(rows)])
 
 
-def _normalized_table(rows: Sequence[Row], scored: Scored, metrics: Sequence[str], sfx: str, carbon: bool) -> Table:
+def _normalized_table(rows: Sequence[Row], scored: Scored, metrics: Sequence[str], sfx: str, carbon: bool,
+                      repeated: bool) -> Table:
     return (f"Max-normalized (thesis Table 5.2 form{sfx})", "each column divided by its maximum",
             ["run", "time", "cost", "energy", "occupancy"] + (["carbon"] if carbon else []),
-            [[r.name] + [_f(scored.normalized[i][m]) for m in metrics] for i, r in enumerate(rows)])
+            [[run_label(r, repeated)] + [_f(scored.normalized[i][m]) for m in metrics] for i, r in enumerate(rows)])
 
 
 def _weights_table(scored: Scored, metrics: Sequence[str], carbon: bool) -> Table:
@@ -274,7 +280,7 @@ def _weights_table(scored: Scored, metrics: Sequence[str], carbon: bool) -> Tabl
             weights)
 
 
-def _fewer_metrics_table(rows: Sequence[Row], scored: Scored, own: str) -> Table:
+def _fewer_metrics_table(rows: Sequence[Row], scored: Scored, own: str, repeated: bool) -> Table:
     """The rows scored without some metric (scored.affected), and why."""
     n = len(rows)
     # Rows left short of the same metrics for the same reasons share one line.
@@ -286,86 +292,5 @@ def _fewer_metrics_table(rows: Sequence[Row], scored: Scored, own: str) -> Table
             "weights of the present metrics scaled up to the "
             "strategy's total; a missing metric is never taken as 0",
             ["runs", "left out", "why"],
-            [[f"all {n} runs" if len(idx) == n else ", ".join(rows[i].name for i in idx), ms, why]
+            [[f"all {n} runs" if len(idx) == n else ", ".join(run_label(rows[i], repeated) for i in idx), ms, why]
              for (ms, why), idx in groups.items()])
-
-
-def _notes_after(sections: Sequence) -> int:
-    """The section the notes follow: the answer, or the effect of each axis right after it (the
-    answer's reading: what each axis buys), so the two stay together on the first screens."""
-    from .effects import TITLE as EFFECTS
-
-    return 1 if len(sections) > 1 and str(sections[1][0][0]).startswith(EFFECTS) else 0
-
-
-def _left(p: Dict) -> str:
-    return f" ({p['left_out']} run(s) without both values left out)" if p["left_out"] else ""
-
-
-def _md_table(table: Table) -> List[str]:
-    title, note, headers, rows = table
-    out = [f"## {title}", ""] + ([note, ""] if note else [])
-    out.append("| " + " | ".join(headers) + " |")
-    out.append("|" + "---|" * len(headers))
-    out += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in rows]
-    return out + [""]
-
-
-def to_markdown(rep: Report, plot_dir: str = "plots") -> str:
-    out = [f"# {rep.title}", "", f"Source: {rep.source}", ""]
-    sections, rest = placed(rep.tables, rep.plots)
-    for k, (table, plots) in enumerate(sections):
-        lead = table[0] == ANSWER_TITLE
-        if lead:
-            # (the labels' line in the lead's paragraph: the sweep's MLflow description quotes that paragraph)
-            out += [f"## {table[0]}", ""] + [f"**{rep.lead[0]}** " + " ".join(rep.lead[1:] + [rep.labels.line()]).strip(),
-                                               ""]
-            out += _md_table(table)[2:]
-            out += [f"> {w}\n>" for w in rep.lead_warnings] + ([""] if rep.lead_warnings else [])
-        else:
-            out += _md_table(table)
-        out += [line for p in plots for line in (f"![{p['title']}]({plot_dir}/{p['stem']}.png){_left(p)}", "")]
-        if k == _notes_after(sections) and rep.notes:  # the notes on the data follow the answer (and its effects)
-            out += ["## Notes on these runs", ""] + [f"- {n}" for n in rep.notes] + [""]
-    if rest:
-        out += ["## Other plots", ""]
-        out += [line for p in rest for line in (f"![{p['title']}]({plot_dir}/{p['stem']}.png){_left(p)}", "")]
-    return "\n".join(out)
-
-
-def _html_figure(p: Dict) -> str:
-    """An inline SVG (tooltips on hover) where the figure has one, else its PNG as base64."""
-    e = html.escape
-    caption = f"<figcaption>{e(p['title'] + _left(p))}</figcaption>"
-    if p.get("svg"):
-        return f"<figure class='chart' id='figure-{e(p['stem'])}'>{p['svg']}{caption}</figure>"
-    data = base64.b64encode(p["png"]).decode()
-    return f"<figure id='figure-{e(p['stem'])}'><img alt='{e(p['title'])}' src='data:image/png;base64,{data}'>{caption}</figure>"
-
-
-def to_html(rep: Report) -> str:
-    e = html.escape
-    out = ["<!doctype html><html><head><meta charset='utf-8'>", f"<title>{e(rep.title)}</title>",
-           f"<style>{CSS}</style></head><body>", f"<h1>{e(rep.title)}</h1><p>Source: {e(rep.source)}</p>"]
-    sections, rest = placed(rep.tables, rep.plots)
-    titles = rep.labels.titles()
-    for k, (table, plots) in enumerate(sections):
-        lead = table[0] == ANSWER_TITLE
-        out.append(f"<section id='{'answer' if lead else f'section-{k}'}'><h2>{e(table[0])}</h2>")
-        if lead:
-            out.append(f"<p class='lead'><b>{e(rep.lead[0])}</b> " + e(" ".join(rep.lead[1:])) + "</p>")
-            if rep.labels.line():
-                out.append(f"<p class='labels'>{e(rep.labels.line())}</p>")
-        out += html_table(table, titles)
-        if lead:
-            out += [f"<p class='warning'>{e(w)}</p>" for w in rep.lead_warnings]
-        out += [_html_figure(p) for p in plots]
-        out.append("</section>")
-        if k == _notes_after(sections) and rep.notes:
-            out.append("<section id='notes'><h2>Notes on these runs</h2><ul>"
-                       + "".join(f"<li>{e(n)}</li>" for n in rep.notes) + "</ul></section>")
-    if rest:
-        out.append("<section id='other-plots'><h2>Other plots</h2>" + "".join(_html_figure(p) for p in rest)
-                   + "</section>")
-    out.append("</body></html>")
-    return "\n".join(out)

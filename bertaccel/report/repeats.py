@@ -71,6 +71,12 @@ class Group:
     seeds: List[str]
 
 
+def run_label(r: Row, repeated: bool) -> str:
+    """A single run's name in a table of runs: with repeats its label with its seed, since the
+    label alone names its configuration's every run ('fp32 / triton (seed 43)')."""
+    return f"{r.name} (seed {r.seed})" if repeated and r.seed else r.name
+
+
 def group_label(names: Sequence[str]) -> str:
     """The runs' common name without its train.seed=N item (a sweep's run names are its swept
     overrides), e.g. 'accumulation=2,train.seed=1' -> 'accumulation=2'."""

@@ -7,7 +7,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .gate import with_warning
 from .pareto import OBJECTIVES, pareto, row_points
-from .repeats import GROUP_METRICS, LEVEL, Interval, RepeatStats, t_interval
+from .repeats import GROUP_METRICS, LEVEL, Interval, RepeatStats, run_label, t_interval
 from .scoring import Row
 from .verdict import Verdict
 from .target import Reach
@@ -56,7 +56,7 @@ def repeat_tables(rows: Sequence[Row], st: RepeatStats, lab: Callable[[str], str
 
 def pareto_tables(rows: Sequence[Row], st: RepeatStats, lab: Callable[[str], str]) -> List[Table]:
     points, why = row_points(rows)
-    sets = [("runs", [r.name for r in rows], points, why, rows)]
+    sets = [("runs", [run_label(r, st.repeated) for r in rows], points, why, rows)]
     if st.repeated:
         gp = [{c: st.metrics[c][k].mean for c, _ in OBJECTIVES} for k in range(len(st.groups))]
         gwhy = [{c: st.metrics[c][k].why for c, _ in OBJECTIVES} for k in range(len(st.groups))]
@@ -69,7 +69,8 @@ def pareto_tables(rows: Sequence[Row], st: RepeatStats, lab: Callable[[str], str
             if i in front.left_out:
                 verdict = f"left out: {front.left_out[i]}"
             elif i in front.dominated_by:
-                verdict = "no: beaten by " + ", ".join(names[j] for j in front.dominated_by[i][:4])
+                verdict = "no: beaten by " + ", ".join(_beaten_by(names, ranked, what, i, j)
+                                                       for j in front.dominated_by[i][:4])
             else:
                 verdict = "**yes**"
             cells.append([name] + [_f(p[c], SPECS[c]) for c, _ in OBJECTIVES] + [verdict])
@@ -81,6 +82,13 @@ def pareto_tables(rows: Sequence[Row], st: RepeatStats, lab: Callable[[str], str
         out.append((f"Pareto front over time, cost, energy and accuracy ({what})", with_warning(note, ranked),
                     [what.split(",")[0]] + [lab(c) for c, _ in OBJECTIVES] + ["on the front"], cells))
     return out
+
+
+def _beaten_by(names: Sequence[str], rows: Sequence[Row], what: str, i: int, j: int) -> str:
+    """Who beat point i: with repeats, a run of its own configuration is said to be one."""
+    if what == "runs" and rows[i].group and rows[i].group == rows[j].group:
+        return f"{names[j]}, another repeat of its configuration"
+    return names[j]
 
 
 def hardware_table(rows: Sequence[Row], v: Verdict) -> Optional[Table]:
@@ -142,7 +150,7 @@ def target_tables(rows: Sequence[Row], reaches: Sequence[Reach], target: float, 
         verdict = "yes" if x.reached else "no" if x.reached is False else "unknown"
         note = x.how if x.reached is not None else x.why["time_s"]
         extra = [_null(c, w) for c, w in x.why.items() if c not in shared] if x.reached else []
-        cells.append([r.name, verdict, "" if x.epoch is None else str(x.epoch), _f(x.time_s, ".2f"),
+        cells.append([run_label(r, st.repeated), verdict, "" if x.epoch is None else str(x.epoch), _f(x.time_s, ".2f"),
                       _f(x.energy_kwh, ".5f"), _f(x.cost_usd, ".4g"), "; ".join([note] + extra)])
     out = [(f"Time to accuracy {target} (MLPerf-style time to train)",
             with_warning("time_s = training-window seconds until the accuracy first reached the target (evaluation "
