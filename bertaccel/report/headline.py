@@ -40,9 +40,11 @@ def _alternative(w: Winner) -> str:
 def _under(ans: Answer, ws: List[Winner]) -> str:
     """The strategies of ws as a phrase: 'every strategy' when they are all of the answer's."""
     strategies = [x for w in ws for x in w.strategies]
-    if len(strategies) == sum(len(w.strategies) for w in ans.winners) and len(strategies) > 1:
+    total = sum(len(w.strategies) for w in ans.winners)
+    if len(strategies) == total and len(strategies) > 1:
         return "every strategy"
-    return ", ".join(strategies)
+    # (more than two: counted; the table names them)
+    return ", ".join(strategies) if len(strategies) <= 2 else f"{len(strategies)} of the {total} strategies"
 
 
 def _ties(ans: Answer, ws: List[Winner], also: str = "") -> str:
