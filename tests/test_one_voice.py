@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from bertaccel.record.relocate import relocate
 from bertaccel.record.sweep import SweepContext
 from bertaccel.report.glance import MANIFEST, PAGE, ROOT, load_manifest
 from bertaccel.report.scoring import STRATEGIES
@@ -113,14 +113,12 @@ def _report(uri: str, sweep: str, out: Path, baseline=None) -> Tuple[str, str]:
 
 
 def _store_copy(entry, tmp_path: Path) -> str:
-    """The committed store unpacked, its artifacts pointed into tmp_path (they name the measuring
-    machine's folders), as a user opening it would have them."""
+    """The committed store unpacked, its artifacts pointed beside it (they name the measuring
+    machine's folders), as a user opening it would have them (record/relocate.py)."""
     db = tmp_path / "store.db"
     with gzip.open(ROOT / entry.store) as src, db.open("wb") as dst:
         shutil.copyfileobj(src, dst)
-    with sqlite3.connect(db) as con:
-        con.execute("update runs set artifact_uri = ? || run_uuid || '/artifacts'",
-                    ((tmp_path / "mlartifacts").as_uri() + "/",))
+    relocate(db, everything=True)
     return f"sqlite:///{db}"
 
 

@@ -261,6 +261,9 @@ def _section(t: Table) -> List[str]:
            f"- Full report: `gunzip -k {t.entry.store}`, then `python -m bertaccel.report --uri "
            f"sqlite:///{t.entry.store[:-3]} --sweep {t.entry.sweep}"
            + (f" --baseline {t.entry.baseline}`" if t.entry.baseline else "`"),
+           f"- In the MLflow UI, with the report on the sweep's parent run: `python -m bertaccel.report.open_store "
+           f"{t.entry.store} --to {Path(t.entry.store).name.removesuffix('.db.gz')}`, then the `mlflow ui` command "
+           "it prints",
            f"- Each setting against: {refs}", ""]
     if t.answer is not None:
         out += answer_section(t.answer)
