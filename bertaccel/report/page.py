@@ -21,7 +21,7 @@ OTHER_PLOTS = "Other plots"
 OPEN_TARGET = ("<script>function openTarget(){var t=document.getElementById(location.hash.slice(1));"
                "if(!t)return;var d=t.tagName==='DETAILS'?t:t.querySelector('details');if(d)d.open=true;"
                "t.scrollIntoView();}window.addEventListener('hashchange',openTarget);openTarget();</script>")
-PAGE_CSS = ("nav.toc{background:#f6f6f6;padding:6px 14px;margin:1em 0}nav.toc ol{margin:4px 0;columns:2}"
+PAGE_CSS = ("nav.toc{background:#f6f6f6;padding:6px 14px;margin:1em 0;font-size:13px}nav.toc>ol{margin:4px 0;columns:3}"
             "summary{cursor:pointer}summary h2{display:inline}details{margin:0.8em 0}")
 
 
