@@ -5,7 +5,9 @@ finds them; and the real MLflow UI shows the report in the parent's Artifacts ta
 Artifacts Recorded". The stores recorded the measuring machine's paths (file:///tmp/w3/...)."""
 from __future__ import annotations
 
+import gzip
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,11 @@ STORES = sorted({e.store for e in load_manifest(MANIFEST)})
 def _open(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bertaccel.report.open_store", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=600)
+
+
+def _rows(db: Path, table: str):
+    with sqlite3.connect(db) as con:
+        return sorted(con.execute(f"select * from {table}").fetchall(), key=repr)
 
 
 def _reports(db: Path):
@@ -48,6 +55,11 @@ def test_a_committed_store_opens_with_its_reports_and_moves_with_them(store, tmp
     assert "open it: mlflow ui --backend-store-uri sqlite:///" in p.stdout and "attached to the parent run" in p.stdout
     found = _reports(tmp_path / "opened" / "mlflow.db")
     assert found
+    # The runs' measurements are untouched: params, metrics and the runs' own rows as committed.
+    with gzip.open(ROOT / store) as src, (tmp_path / "as-committed.db").open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    for table in ("params", "metrics", "latest_metrics", "inputs"):
+        assert _rows(tmp_path / "as-committed.db", table) == _rows(tmp_path / "opened" / "mlflow.db", table), table
     for _, listed, files in found:
         assert "report/report.html" in listed and "report/report.md" in listed, listed
         assert all(f.exists() and str(f).startswith(str(tmp_path / "opened" / "mlartifacts")) for f in files), files

@@ -82,6 +82,24 @@ def _rewrite(con: sqlite3.Connection, table: str, key: str, column: str, root: P
     return changed
 
 
+def repoint_experiment(db: Path, experiment_id: int, old: str, new: str) -> None:
+    """One experiment moved from location `old` to `new`, its runs with it, in one transaction
+    (record/tracking.py, when a run is made in a store moved with its mlartifacts/: the caller
+    holds the store's lock). Raises sqlite3.Error where the store cannot be written."""
+    old = old.rstrip("/")
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        with con:
+            con.execute("update experiments set artifact_location = ? where experiment_id = ? and artifact_location = ?",
+                        (new, experiment_id, old))
+            con.execute("update experiments set artifact_location = ? where experiment_id = ? and artifact_location = ?",
+                        (new, experiment_id, old + "/"))
+            con.execute("update runs set artifact_uri = ? || substr(artifact_uri, ?) where experiment_id = ? "
+                        "and substr(artifact_uri, 1, ?) = ?", (new, len(old) + 1, experiment_id, len(old) + 1, old + "/"))
+    finally:
+        con.close()
+
+
 def counts(db: Path) -> Tuple[int, int]:
     """(experiments, runs) in the store: what relocate looked at."""
     with sqlite3.connect(db) as con:

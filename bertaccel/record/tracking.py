@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.file_utils import local_file_uri_to_path
 from mlflow.utils.time import get_current_time_millis
 
+from bertaccel.record.relocate import repoint_experiment
 from bertaccel.store import store_lock
 from bertaccel.store_file import sqlite_file
 from bertaccel.store_keep import check_kept
@@ -180,20 +181,12 @@ def _follow_moved_store(uri: str, exp: Any) -> None:
     if here is None:
         return
     old, new = exp.artifact_location.rstrip("/"), here.as_uri()
-    con = sqlite3.connect(sqlite_file(uri), timeout=30)
-    try:
-        with con:  # one transaction: the experiment and its runs move together
-            con.execute("update experiments set artifact_location = ? where experiment_id = ? "
-                        "and artifact_location = ?", (new, int(exp.experiment_id), exp.artifact_location))
-            con.execute("update runs set artifact_uri = ? || substr(artifact_uri, ?) where experiment_id = ? "
-                        "and substr(artifact_uri, 1, ?) = ?", (new, len(old) + 1, int(exp.experiment_id),
-                                                               len(old) + 1, old + "/"))
+    try:  # (the one place that rewrites artifact locations: record/relocate.py)
+        repoint_experiment(sqlite_file(uri), int(exp.experiment_id), exp.artifact_location, new)
     except sqlite3.Error as e:  # a store that cannot be written fails on the run's own first write
         logging.getLogger("bertaccel").warning(f"experiment {exp.name!r}: its artifacts folder is gone and the store "
                                                f"cannot be pointed at {here} ({e})")
         return
-    finally:
-        con.close()
     logging.getLogger("bertaccel").info(f"experiment {exp.name!r}: its artifacts folder {local_file_uri_to_path(old)} is gone; the store's "
              f"own {here} is used instead (the store was moved): its runs now point there")
 
