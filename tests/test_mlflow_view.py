@@ -110,9 +110,11 @@ def test_the_parent_run_describes_the_answer_and_where_the_report_is(sweep):
     client = MlflowClient(tracking_uri=sweep["store"])
     parent = sweep["parent"]
     md = Path(client.download_artifacts(parent.info.run_id, "report/report.md", str(sweep["dir"]))).read_text()
-    headline = next(line for line in md.splitlines() if line.startswith("**"))  # the answer's first line
+    headline = next(line for line in md.splitlines() if line.startswith("**")).split("**")[1]  # the answer's
     about = parent.data.tags["mlflow.note.content"]
-    assert about.startswith(headline)
+    assert about.startswith(headline)  # the same headline, then the answer's lines (headline.answer_text)
+    lines = [line for line in about.splitlines() if line.startswith("- ") and " best: " in line]
+    assert lines and all(line.split(" best: ")[1] in md for line in lines), about
     assert "`report/report.html`" in about
     local = about.rsplit("(", 1)[1].split(")", 1)[0]
     html = Path(client.download_artifacts(parent.info.run_id, "report/report.html", str(sweep["dir"]))).read_text()

@@ -154,12 +154,13 @@ def test_three_identical_sweeps_at_once_one_killed_and_rerun_count_each_configur
                             cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-3000:]
     md = (tmp_path / "rep" / "report.md").read_text()
-    raw = md.split("## Raw metrics", 1)[1].split("\n## ", 1)[0]
+    # (with repeats the tables of single runs are in the appendix, under ### headings)
+    raw = re.split(r"\n#{2,3} ", md.split("# Raw metrics", 1)[1], maxsplit=1)[0]
     rows = [line for line in raw.splitlines() if re.match(r"^\| \d+ \|", line)]
     assert len(rows) == 6, raw
     # Runs are labelled by their varying values, the seed aside (its repeats: report/labels.py): the
     # Runs table maps the 6 rows to 6 distinct MLflow runs, one per configuration.
-    runs_table = md.split("## Runs: each label's MLflow run name and id", 1)[1].split("\n## ", 1)[0]
+    runs_table = re.split(r"\n#{2,3} ", md.split("# Runs: each label's MLflow run name and id", 1)[1], maxsplit=1)[0]
     names = [line.split("|")[2].strip() for line in runs_table.splitlines() if re.match(r"^\| \d \| train\.seed=", line)]
     assert sorted(names) == sorted(f"train.seed={s},accumulation={a}" for s in (1, 2, 3) for a in (1, 2)), runs_table
 
