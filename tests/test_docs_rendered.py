@@ -15,14 +15,12 @@ Two checks of one rule:
 from __future__ import annotations
 
 import html.parser
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator, List, Tuple
 
 import pytest
+from docs_build import build_site
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -232,14 +230,7 @@ def test_literal_markdown_found_in_sample_html() -> None:
 @pytest.fixture(scope="module")
 def built_site(tmp_path_factory) -> Path:
     """The site built strictly once for this module, into a temporary folder."""
-    pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
-    out = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
-                           "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
-    return out
+    return build_site(tmp_path_factory)
 
 
 def built_pages(site: Path) -> List[Tuple[str, str]]:

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +17,7 @@ from typing import Iterator, List
 from urllib.parse import urlsplit
 
 import pytest
+from docs_build import build_site
 from browser import browser  # noqa: F401  (the headless Chromium fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,14 +30,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """The site built as .ci/run builds it (strict), into a temporary folder."""
-    pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
-    out = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
-                           "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
-    return out
+    return build_site(tmp_path_factory)
 
 
 @pytest.fixture
