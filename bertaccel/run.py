@@ -22,6 +22,29 @@ import sys
 if __name__ == "__main__":
     import gc
 
+    _server: list = []  # the forkserver started below, if it was
+
+    # Ctrl-C or SIGTERM while the libraries import (seconds, before cli() installs the handlers
+    # of interrupt.py) is one line and the signal's exit status, not a KeyboardInterrupt
+    # traceback: nothing has been written yet. Installed first, before this package's own
+    # modules import (CI once saw the KeyboardInterrupt inside runs/bytecode.py's imports).
+    def _before_start(signum, frame):  # noqa: ANN001 - a signal handler's signature
+        name = signal.Signals(signum).name
+        print(f"\ninterrupted by {name} while starting: no run was started, nothing was written",
+              file=sys.stderr, flush=True)
+        if _server:  # (os._exit skips the exit handler that would stop it)
+            from bertaccel.runs.forkserver import stop as stop_server
+
+            for pid in _server:
+                stop_server(pid)
+        # os._exit, not SystemExit: the exception would rise inside whatever library is importing,
+        # and one that catches BaseException goes on half-initialized (seen: numpy under mlflow's
+        # import recursed to a RecursionError, exit 1). Nothing is written yet, so nothing to unwind.
+        os._exit(128 + signum)
+
+    for _s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_s, _before_start)
+
     from bertaccel.runs.bytecode import cache_bytecode
 
     # Before any heavy import, here and in the forkserver started below (runs/bytecode.py: on an
@@ -30,26 +53,8 @@ if __name__ == "__main__":
     from bertaccel.runs.interrupt import quiet_when_stdout_closes
 
     quiet_when_stdout_closes()  # `run ... | head -2`: the sweep goes on, its output nowhere
-    from bertaccel.runs.forkserver import start_early, stop
+    from bertaccel.runs.forkserver import start_early
 
-    _server: list = []  # the forkserver started below, if it was
-
-    # Ctrl-C or SIGTERM while the libraries import (seconds, before cli() installs the handlers
-    # of interrupt.py) is one line and the signal's exit status, not a KeyboardInterrupt
-    # traceback: nothing has been written yet.
-    def _before_start(signum, frame):  # noqa: ANN001 - a signal handler's signature
-        name = signal.Signals(signum).name
-        print(f"\ninterrupted by {name} while starting: no run was started, nothing was written",
-              file=sys.stderr, flush=True)
-        for pid in _server:  # (os._exit skips the exit handler that would stop it)
-            stop(pid)
-        # os._exit, not SystemExit: the exception would rise inside whatever library is importing,
-        # and one that catches BaseException goes on half-initialized (seen: numpy under mlflow's
-        # import recursed to a RecursionError, exit 1). Nothing is written yet, so nothing to unwind.
-        os._exit(128 + signum)
-
-    for _s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(_s, _before_start)
     # The run processes' server first, before this process's own imports: its preload (torch,
     # transformers, MLflow: the longest wait of a sweep's first run) then runs beside them, Hydra's
     # composition and the sweep's parent run, not after them (runs/forkserver.py).
