@@ -55,6 +55,7 @@ def test_backends_give_eager_logits_on_the_same_weights(backend):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_triton_swap_trains_with_dropout_and_gradients_flow():
     pytest.importorskip("triton")
     model = _model("eager")

@@ -47,6 +47,7 @@ def test_group_options_land_in_the_config(compose_cfg):
     assert compose_cfg(["compile=off"]).compile.mode == "off"
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_hardware_profiles_have_prices_and_datasheet_peaks(compose_cfg):
     for name in ("t4", "a10", "v100", "a100", "h100", "h200"):
         hw = compose_cfg([f"hardware={name}"]).hardware

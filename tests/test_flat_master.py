@@ -113,6 +113,7 @@ def test_fp32_parameters_have_no_master(name):
     assert all(MASTER_KEY not in opt.state[p] for p in ps)
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_updates_below_bf16_resolution_accumulate_in_the_master():
     """What the master is for: 100 AdamW steps of about lr = 1e-4 each on a weight of 1.0, whose
     bf16 spacing is 2**-7. Updated in bf16 (torch's AdamW on bf16 parameters) every step rounds

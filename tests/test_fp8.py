@@ -83,6 +83,7 @@ def test_the_rules_refuse_fp8_uncompiled_and_in_the_fused_encoder():
     assert refusals(composed("precision=bf16", "encoder=fused")) == []
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_fp8_in_the_fused_encoder_is_its_own_rowwise_path_needing_neither_compile_nor_torchao():
     # The fused layer's own FP8 GEMMs (encoder/fp8_ops.py): row-wise scales, eager is fine.
     assert refusals(composed("precision=fp8", "precision.fp8_recipe=rowwise", "encoder=fused")) == []

@@ -113,6 +113,7 @@ def test_fused_layer_matches_bert_layer_outputs_and_gradients(core, fused_kernel
         torch.testing.assert_close(ours.bias.grad, theirs.bias.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 @pytest.mark.parametrize("packed", [True, False])
 def test_fused_model_gives_hugging_faces_logits_and_gradients_on_padded_batches(packed):
     hf, fused = _models(fused_kernels=True, packed=packed)
@@ -233,6 +234,7 @@ def test_encoder_fused_on_a_cpu_is_skipped_with_its_reason(compose_cfg, monkeypa
     assert skip_reason(compose_cfg(["encoder=hf"]), cpu, probe()) is None
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_half_params_needs_fused_half_precision_and_a_master_weight_optimizer(compose_cfg):
     from bertaccel.encoder.option import half_params
     from bertaccel.options.optimizer import optimizer_class

@@ -241,6 +241,7 @@ def test_layernorm_rejects_bad_inputs(kwargs, message):
 
 # ---------------------------------------------------------------- torch.compile
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_custom_ops_compile_in_one_graph():
     """Under torch.compile the ops are the custom ops (one graph, fullgraph: no break) with their fake
     kernels and autograd formula, and give eager's output and gradients (same seed, same mask)."""

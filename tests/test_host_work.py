@@ -190,6 +190,7 @@ class _HookEveryModule(Callback):
             self.norms.append(out.detach().norm())
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 @pytest.mark.parametrize("added", [_SyncEveryStep, _HookEveryModule], ids=["sync", "hook"])
 def test_the_guard_fails_on_an_added_per_step_sync_or_hook(counted, frozen_bar_clock, added):
     ours = _ours(counted, extra=[added])

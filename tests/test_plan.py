@@ -58,6 +58,7 @@ def _predict(uri, params=None, profile=A100, gpus=1, precision="bf16"):
     return predict_one("cfg", "h", WORK, {**PARAMS, **(params or {})}, profile, PROFILES, refs, precision, gpus)
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_two_similar_runs_give_exact_predictions(tmp_path):
     # Pooled: (2e15 + 1e15) FLOPs over (10 + 6) s = 187.5 TFLOP/s; power (0.001 + 0.0004) kWh over 16 s = 315 W.
     uri, ids = _store(tmp_path, [
@@ -83,6 +84,7 @@ def test_two_similar_runs_give_exact_predictions(tmp_path):
     assert p2.energy_kwh == pytest.approx(p.energy_kwh)
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_keys_are_let_go_in_the_stated_order(tmp_path):
     uri, ids = _store(tmp_path, [
         ("other freezing", {"freezing": "layerwise"}, {"model_flops": 1e15, "train_time_s": 1.0}, "a100"),
@@ -117,6 +119,7 @@ def test_no_similar_run_falls_back_to_the_profile_and_says_so(tmp_path):
     assert refs == [] and "does not exist" in note and not (tmp_path / "none.db").exists()
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_hardware_repricing_scales_by_the_peak_ratio(tmp_path):
     uri, _ = _store(tmp_path, [("on a100", {"precision": "fp32"},
                                 {"model_flops": 1.95e15, "train_time_s": 200.0, "energy_kwh": 0.02}, "a100")])

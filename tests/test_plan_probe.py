@@ -235,6 +235,7 @@ def test_when_the_shared_probe_process_dies_each_is_probed_alone(compose_cfg, tm
     assert len(planner.walls.machine.later_process_s) == 2  # (one process each)
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_probes_sharing_a_process_read_their_data_once(compose_cfg, tmp_path):
     from bertaccel.plan.probe_process import _read_data
 

@@ -26,6 +26,7 @@ def test_which_command_lines_compile(argv, expected):
     assert compiles(argv) is expected
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml")))
 def test_a_preset_compiles_when_its_composed_config_does(preset):
     # The check reads the preset's file before Hydra runs; Hydra's composition is the truth.

@@ -36,6 +36,7 @@ def test_pretrained_default_run_records_the_built_shape_and_the_resolved_profile
     assert config["hardware"]["name"] == "cpu" and config["hardware"]["price_per_gpu_hour_usd"] == 0.0893
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_shape_fields_are_for_random_init_models_only(compose_cfg):
     assert {k: compose_cfg([]).model[k] for k in SHAPE} == dict.fromkeys(SHAPE)
     tiny = compose_cfg(["model=tiny"]).model

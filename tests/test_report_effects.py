@@ -114,6 +114,7 @@ def test_a_key_that_varies_only_with_another_is_named_beside_it_not_an_axis(tmp_
                                        "2.50x"]]
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_runs_equal_in_every_axis_but_of_two_configurations_are_averaged_with_a_warning(tmp_path):
     store = Store(tmp_path)
     _log(store, "fp32", 32, 10.0, None, 0.90)
@@ -128,6 +129,7 @@ def test_runs_equal_in_every_axis_but_of_two_configurations_are_averaged_with_a_
             "choices and names do not show it), averaged together: precision=fp16,train.batch_size=32 [") in note
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_a_default_that_pairs_with_nothing_gives_way_to_the_first_value(tmp_path):
     """The design card's sweep (precision fp16,bf16 x attention xformers,triton) with the defaults run
     beside it (fp32, eager): fp32 differs from every other run in two axes, so it cannot be the

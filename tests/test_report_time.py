@@ -184,6 +184,7 @@ def test_csv_without_accumulation_or_gpu_columns_projects_on_one_device(tmp_path
     assert p.steps == 2 * 63 and p.time_s == pytest.approx(126 * 0.020)
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_rows_from_a_real_mlflow_store_carry_the_timing_metrics(tmp_path):
     from mlflow import MlflowClient
 

@@ -181,6 +181,7 @@ def test_an_empty_or_broken_experiment_name_is_refused_before_the_store_is_read(
 
 # --- A number that is not finite is never scored, ranked or crowned ------------------------------
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_a_metric_logged_as_nan_or_inf_is_null_with_its_reason_and_never_crowned(tmp_path, capsys):
     from report_store import Store
 

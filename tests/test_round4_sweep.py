@@ -77,6 +77,7 @@ def test_a_sweep_past_max_runs_is_one_line_with_its_count_in_seconds_and_bounded
     assert f"sweep.max_runs={runs}" in line  # how to run it on purpose
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_sweep_max_runs_is_the_limit_and_raises_it(tmp_path):
     """In-process through plan's expansion (the same code as run -m's): 3 runs past max_runs=2 is
     refused with its count, max_runs=3 plans all three."""
@@ -130,6 +131,7 @@ def _counting_hashes(monkeypatch) -> List[int]:
     return calls
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_plan_hashes_each_configuration_once(tmp_path, monkeypatch):
     """plan/grid.py hashed every earlier configuration again for each new one: n(n+1)/2 hashes
     (21 for 6; 5050 for 100, 47.6 s). Now one per configuration (a repeat given twice included)."""
@@ -141,6 +143,7 @@ def test_plan_hashes_each_configuration_once(tmp_path, monkeypatch):
     assert calls[0] == 7
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_the_sweeps_own_plan_hashes_each_job_once(monkeypatch):
     """runs/sweep_plan.py, the plan run -m makes before its store: one hash per job too."""
     from hydra import initialize_config_dir

@@ -54,8 +54,10 @@ def small_blocks():
     TL._block_override = None
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("d", [32, 64])
+# float32 at d=32 in the inner loop; the other cases (seconds each under the Triton interpreter) in the full suite.
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow),
+                                   pytest.param(torch.float16, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("d", [32, pytest.param(64, marks=pytest.mark.slow)])
 def test_forward_and_gradients_match_eager(dtype, d):
     q, k, v, keep = _inputs(2, 2, 37, d, dtype, lengths=[37, 21])
     scale = 1 / math.sqrt(d)
@@ -136,6 +138,7 @@ def test_bad_shapes_are_refused():
         TA.fused_attention(q, q, q)
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 def test_custom_op_path_matches_the_eager_path():
     # torch.compile goes through the registered custom ops; eager mode through the autograd
     # Function: the same kernels, so the same numbers (and the op passes torch's opcheck).

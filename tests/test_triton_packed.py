@@ -85,6 +85,7 @@ def test_packed_forward_and_gradients_match_per_sequence_attention(dtype, layout
         assert _rel(a, b) < (TOL[dtype] if dtype == torch.float32 else 3 * TOL[dtype]), name
 
 
+@pytest.mark.slow  # several seconds on one core: the full suite runs it, the inner loop does not
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_packed_equals_padded_on_the_same_tokens(p):
     # With max_seqlen = the padded S the dropout counter is the padded one (sequence i = batch row
