@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, List, Tuple
+from typing import Callable, Iterable, List, Tuple
 
 ANCHOR = "papers-cited"  # the table's heading on the reference page, linked to from each citation
 
@@ -70,7 +70,7 @@ def link_citations(text: str) -> str:
     return text
 
 
-def papers_table(presets: Iterable[str], cell=lambda s: s) -> List[str]:
+def papers_table(presets: Iterable[str], cell: Callable[[str], str] = lambda s: s) -> List[str]:
     """The page's table of the papers: title, authors and year as the paper gives them, the number
     the tool's names use and the presets named after it, and what it found that the tool uses."""
     presets = list(presets)

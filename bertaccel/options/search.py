@@ -38,7 +38,7 @@ class TrialFailed(RuntimeError):
         self.outcome = outcome
 
 
-class Objectives(tuple):
+class Objectives(tuple[float, ...]):
     """The objective values, as the sweeper reads them (a tuple of floats), with the run's
     Outcome attached for the sweep's progress lines and summary (runs/progress.py)."""
     outcome: Any = None

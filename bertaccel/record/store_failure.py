@@ -45,15 +45,15 @@ class StoreFailed(BaseException):
 
     @property
     def reason(self) -> str:
-        return self.args[0]
+        return str(self.args[0])
 
     @property
     def left_open(self) -> Tuple[str, ...]:
-        return self.args[1]
+        return tuple(self.args[1])
 
     @property
     def kind(self) -> str:
-        return self.args[2]
+        return str(self.args[2])
 
     def __str__(self) -> str:
         return self.reason
@@ -112,7 +112,7 @@ def experiment_refusal(uri: str, name: str, while_sweeping: bool = False) -> Opt
 def refuse_deleted_experiment(uri: str, name: str) -> None:
     """A deleted experiment: bad input (ConfigError) before a run; in a sweep, which refused it
     before its start (exit_if_experiment_deleted), it went while the sweep ran: StoreFailed."""
-    from bertaccel.config import ConfigError
+    from bertaccel.option import ConfigError
     from bertaccel.record.sweep import context_from_env
 
     sweeping = context_from_env() is not None
@@ -129,8 +129,9 @@ def exit_if_experiment_deleted(uri: str, name: str) -> None:
         sys.exit(2)
 
 
-def _chain(e: BaseException) -> Iterator[BaseException]:
+def _chain(first: BaseException) -> Iterator[BaseException]:
     seen = set()
+    e: Optional[BaseException] = first
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         yield e
@@ -143,7 +144,7 @@ def _disk_full(x: BaseException, uri: str) -> str:
     enospc = isinstance(x, OSError) and x.errno == errno.ENOSPC
     cause = DISK_FULL[1] if enospc else next(c for c in DISK_FULL if c in str(x))
     on_store = db is not None and str(path).startswith(str(db.parent))
-    where, folder = ("the store's disk", db.parent) if on_store else ("that disk", Path(path).parent)
+    where, folder = ("the store's disk", db.parent) if on_store and db is not None else ("that disk", Path(path).parent)
     return (f"the disk holding {path} is full ({cause}): free space on {where} (`df -h {folder}`)"
             f"{' or give a tracking.uri= on another disk' if on_store else ''}, then run the same command again: it "
             "resumes")

@@ -93,7 +93,8 @@ def triton_check_without_cuda(capability: Optional[Callable[[], Optional[Tuple[i
     def get_device_capability(device: object = None) -> Tuple[int, int]:
         return cap
 
-    triton_utils.has_triton, torch.cuda.get_device_capability = has_triton, get_device_capability
+    # (has_triton is an lru_cache wrapper upstream; a plain function stands in for it here)
+    triton_utils.has_triton, torch.cuda.get_device_capability = has_triton, get_device_capability  # type: ignore[assignment]
     try:
         yield answer
     finally:

@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 STOP = threading.Event()
-_received: list = []  # the name of the signal that set STOP
+_received: list[str] = []  # the name of the signal that set STOP
 RESIGNAL_AFTER_S = 0.05  # a worker's SIGTERM swallowed by a finalizer is sent again after this
-_deferring: list = []  # open deferred() sections (nested): a signal inside is raised at their end
+_deferring: list[bool] = []  # open deferred() sections (nested): a signal inside is raised at their end
 
 
 class Interrupted(BaseException):
@@ -95,7 +95,7 @@ def _raise_when_back_in(frame: Any, name: str) -> None:
         frame.f_trace = None
         raise Interrupted(name)
 
-    def on_call(f: Any, event: str, arg: Any) -> Any:  # (tracing must be on for f_trace to run)
+    def on_call(f: Any, event: Any, arg: Any) -> Any:  # (tracing must be on for f_trace to run)
         if _package(f) in OURS:
             in_ours(f, event, arg)
         return before(f, event, arg) if before is not None else None
@@ -133,7 +133,7 @@ def check() -> None:
         raise Interrupted(_received[0] if _received else "SIGINT")
 
 
-_received_term: list = []  # a worker's SIGTERM, once received (this process's own: a worker runs one run)
+_received_term: list[int] = []  # a worker's SIGTERM, once received (this process's own: a worker runs one run)
 
 
 def _exit_quietly(signum: int, frame: Any) -> None:
@@ -195,7 +195,8 @@ class _ClosedPipeQuiet:
 
     def write(self, text: str) -> int:
         try:
-            return self._stream.write(text)
+            written: int = self._stream.write(text)
+            return written
         except BrokenPipeError:
             self._discard()
             return len(text)

@@ -58,15 +58,16 @@ def sweep_axes(overrides: List[str]) -> str:
     """What a sweep varies, as the parent run's name in the MLflow UI:
     `precision=fp16,fp32 x attention=xformers,triton` (the sweep overrides in command-line order;
     one Hydra cannot list, such as a search's interval(...), as typed). Empty when nothing varies."""
-    axes = []
+    axes: List[str] = []
     for o in OverridesParser.create().parse_overrides(overrides):
+        typed = o.input_line or o.get_key_element()  # (set for every override parsed from a string)
         if not o.is_sweep_override():
             continue
         try:  # (a long axis as typed: train.seed=range(0,10000), not ten thousand numbers in a name)
             long = (values_count(o) or 0) > LISTED_VALUES
-            axes.append(o.input_line if long else f"{o.get_key_element()}={','.join(o.sweep_string_iterator())}")
+            axes.append(typed if long else f"{o.get_key_element()}={','.join(o.sweep_string_iterator())}")
         except Exception:  # noqa: BLE001 - hydra raises its base exception for sweeps it cannot enumerate
-            axes.append(o.input_line)
+            axes.append(typed)
     return " x ".join(axes)
 
 

@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -77,8 +77,8 @@ def undo(before: Optional[Before]) -> None:
     for p, content in before.files.items():
         _quietly(lambda: p.unlink(missing_ok=True) if content is None else _put_back(p, content))
     if before.log is not None:
-        size = before.log_size
-        _quietly(lambda: before.log.unlink(missing_ok=True) if size is None else os.truncate(before.log, size))
+        log, size = before.log, before.log_size
+        _quietly(lambda: log.unlink(missing_ok=True) if size is None else os.truncate(log, size))
     for d in before.made:  # deepest first; rmdir: only while empty (a file of anyone else's stays)
         _quietly(d.rmdir)
 
@@ -88,7 +88,7 @@ def _put_back(p: Path, content: bytes) -> None:
         p.write_bytes(content)
 
 
-def _quietly(action) -> None:  # noqa: ANN001 - a thunk
+def _quietly(action: Callable[[], object]) -> None:
     """One step of the undo: a step that cannot be done leaves that file or directory as it is
     (never an error of its own in place of the run's one line)."""
     try:

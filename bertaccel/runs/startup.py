@@ -62,7 +62,7 @@ def process_started_at(pid: Optional[int] = None) -> float:
     except (OSError, AttributeError, ValueError, IndexError):  # not Linux: psutil's reading
         import psutil
 
-        return psutil.Process(pid).create_time()
+        return float(psutil.Process(pid).create_time())
 
 
 def fork_marks(started_at: float) -> List[Mark]:

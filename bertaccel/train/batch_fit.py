@@ -58,7 +58,7 @@ def cpu_refusal(device: torch.device) -> str:
 def is_out_of_memory(e: BaseException) -> bool:
     from accelerate.utils.memory import should_reduce_batch_size
 
-    return should_reduce_batch_size(e)
+    return bool(should_reduce_batch_size(e))
 
 
 def largest_fitting(step: Callable[[int], None], cap: int, release: Callable[[], None] = lambda: None) -> Fit:
@@ -103,8 +103,8 @@ def training_step(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
     precision = Precision(cfg.precision, device)
     precision.prepare(model)  # fp8: the layers the run trains (swapped once; loop.py's call then finds none)
     forward = Forward(model, precision, device, sdpa_backends(cfg), drop_full_mask=False)
-    vocab = int(model.config.vocab_size)
-    labels = int(model.config.num_labels)
+    shape: Any = model.config  # (a PreTrainedModel's config; torch types attributes as Tensor | Module)
+    vocab, labels = int(shape.vocab_size), int(shape.num_labels)
 
     def step(size: int) -> None:
         g = torch.Generator().manual_seed(size)
@@ -119,6 +119,12 @@ def training_step(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
             torch.cuda.synchronize(device)
 
     return step
+
+
+def _reset(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Between two tries: the gradients and the allocator's cache let go."""
+    optimizer.zero_grad(set_to_none=True)
+    release_device(device)
 
 
 def fit_batch(model: torch.nn.Module, cfg: RunConfig, device: torch.device, length: int, rows: int) -> Fit:
@@ -138,7 +144,7 @@ def fit_batch(model: torch.nn.Module, cfg: RunConfig, device: torch.device, leng
         optimizer = build_optimizer(model, cfg.optimizer)
         try:
             fit = largest_fitting(training_step(model, cfg, device, length, optimizer), cap,
-                                  lambda: (optimizer.zero_grad(set_to_none=True), release_device(device)))
+                                  lambda: _reset(optimizer, device))
         finally:
             del optimizer
             model.zero_grad(set_to_none=True)

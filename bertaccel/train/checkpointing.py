@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import types
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -27,12 +27,16 @@ def apply_checkpointing(model: torch.nn.Module, mode: str) -> None:
         return
     from bertaccel.encoder.swap import FusedEncoder
 
-    encoder = model.base_model.encoder
+    # (Any: the encoder's layers and forward are reached as attributes, which torch types as Tensor | Module)
+    base: Any = model.base_model
+    encoder: Any = base.encoder
     # encoder=fused's layers are ours, not Hugging Face's checkpointable layers: "every" is then
     # segments of one layer over its layer loop, the same checkpoints.
     fused = isinstance(encoder, FusedEncoder)
     if mode == "every" and not fused:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # (a PreTrainedModel's method; typed here as an nn.Module attribute)
+        model.gradient_checkpointing_enable(  # type: ignore[operator]
+            gradient_checkpointing_kwargs={"use_reentrant": False})
         return
     size = 1 if mode == "every" else max(1, round(math.sqrt(len(encoder.layer))))
     # The encoder's own forward loops over its layers; this one loops over segments. It keeps
@@ -45,15 +49,16 @@ def apply_checkpointing(model: torch.nn.Module, mode: str) -> None:
     encoder.forward = types.MethodType(_segmented_forward(size, type(encoder).forward), encoder)
 
 
-def _segmented_forward(size: int, original: Any):
-    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+def _segmented_forward(size: int, original: Callable[..., Any]) -> Callable[..., Any]:
+    def forward(self: Any, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                *args: Any, **kwargs: Any) -> Any:
         if not (self.training and torch.is_grad_enabled()) or args:
             return original(self, hidden_states, attention_mask, *args, **kwargs)
         layers = list(self.layer)
         extra = {k: v for k, v in kwargs.items() if k not in ("use_cache", "past_key_values", "output_hidden_states",
                                                               "output_attentions", "return_dict")}
 
-        def run(h, mask, segment):
+        def run(h: torch.Tensor, mask: Optional[torch.Tensor], segment: Any) -> torch.Tensor:
             for layer in segment:
                 out = layer(h, mask, **extra)
                 h = out[0] if isinstance(out, tuple) else out

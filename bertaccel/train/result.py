@@ -27,7 +27,7 @@ class EpochStats:
     window_unix: Tuple[float, float] = (0.0, 0.0)  # time.time() at the training window's edges
     step_ms: List[float] = field(default_factory=list)  # per optimizer step (step_clock.py)
     compiles_in_window: int = 0               # compile events counted inside the window (must be 0)
-    phase_ms: List[dict] = field(default_factory=list)  # per step {forward_ms, backward_ms, optimizer_ms}
+    phase_ms: List[Dict[str, float]] = field(default_factory=list)  # per step {forward_ms, backward_ms, optimizer_ms}
     compiles_in_eval: int = 0                 # compile events counted inside the evaluation (must be 0)
 
 

@@ -20,7 +20,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 import torch
 from torch import nn
@@ -77,7 +77,8 @@ def run_warmup(model: nn.Module, plan: WarmupPlan, train_micro: Callable[[Dict[s
     Leaves no trace: gradients cleared, train/eval mode and the RNG state (dropout draws)
     restored, no optimizer step taken."""
     was_training = model.training
-    vocab = model.config.vocab_size
+    shape: Any = model.config  # (a PreTrainedModel's config; torch types attributes as Tensor | Module)
+    vocab = int(shape.vocab_size)
     devices = [device] if device.type == "cuda" else []
     if device.type == "cuda":
         torch.cuda.synchronize(device)
