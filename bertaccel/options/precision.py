@@ -15,7 +15,7 @@ no torchao, compile=off; compile.step_graph=true replays them from CUDA graphs, 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, ContextManager, List, Optional, Tuple, Union
 
 import torch
 
@@ -160,7 +160,7 @@ class Precision:
         swapped = swap_to_fp8(model, self.fp8_recipe)
         return f"{len(swapped)} Linear layers swapped for torchao Float8Linear ({self.fp8_recipe})" if swapped else None
 
-    def autocast(self):
+    def autocast(self) -> ContextManager[object]:
         if self.dtype is None:
             return nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)

@@ -52,8 +52,9 @@ class SplitDataset(MetaDataset):
 def _local_source(path: str) -> DatasetSource:
     # MLflow registers its local-file source class twice (resolving a path by name warns that it
     # is ambiguous): the first class that calls itself "local" is taken.
-    cls = next(c for c in get_registered_sources() if c._get_source_type() == "local")
-    return cls(path)
+    cls: Any = next(c for c in get_registered_sources() if c._get_source_type() == "local")
+    source: DatasetSource = cls(path)  # (the registry's classes are typed as instances)
+    return source
 
 
 def _sources(ds_cfg: Any) -> Dict[str, DatasetSource]:

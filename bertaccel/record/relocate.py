@@ -17,7 +17,7 @@ import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
 from bertaccel.store import store_lock
@@ -67,7 +67,8 @@ def relocate(db: Path, everything: bool = False) -> Relocated:
     return Relocated(experiments, runs, root)
 
 
-def _rewrite(con: sqlite3.Connection, table: str, key: str, column: str, root: Path, tail, everything: bool) -> int:
+def _rewrite(con: sqlite3.Connection, table: str, key: str, column: str, root: Path,
+             tail: Optional[Callable[[Any], str]], everything: bool) -> int:
     changed = 0
     rows = con.execute(f"select {key}, {column}{', experiment_id' if table == 'runs' else ''} from {table}").fetchall()
     for row in rows:

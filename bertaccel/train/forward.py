@@ -10,7 +10,7 @@ callable that runs (the compiled model, DDP or the module), the module behind it
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, Dict, Optional, Union
+from typing import Any, Callable, ContextManager, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -21,9 +21,10 @@ from bertaccel.options.precision import Precision
 from bertaccel.train.warmup import IGNORE_INDEX
 
 Batch = Dict[str, Optional[torch.Tensor]]
+AttentionContext = Callable[[], ContextManager[object]]  # entered around every forward
 
 
-def sdpa_backends(cfg: RunConfig) -> Callable:
+def sdpa_backends(cfg: RunConfig) -> AttentionContext:
     """Context restricting torch SDPA to the configured backends (no-op when none are set)."""
     names = list(cfg.attention.sdpa_backends) if cfg.attention.hf_implementation == "sdpa" else []
     if not names:
@@ -68,15 +69,19 @@ class Forward:
     behind it (train/eval mode, parameters, config). drop_full_mask: model_inputs' mask policy.
     dynamic_length: compiled runs with one graph for every length (mark_length_dynamic)."""
 
-    def __init__(self, model: Callable, precision: Precision, device: torch.device,
-                 attention_ctx: Callable = nullcontext, drop_full_mask: bool = True, dynamic_length: bool = False,
-                 module: Optional[torch.nn.Module] = None):
+    def __init__(self, model: Callable[..., Any], precision: Precision, device: torch.device,
+                 attention_ctx: AttentionContext = nullcontext, drop_full_mask: bool = True,
+                 dynamic_length: bool = False, module: Optional[torch.nn.Module] = None) -> None:
         self.model, self.precision, self.device, self.attention_ctx = model, precision, device, attention_ctx
         self.drop_full_mask, self.dynamic_length = drop_full_mask, dynamic_length
-        self.module = module if module is not None else model
+        if module is None:  # (without module=, what runs is the nn.Module itself)
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError("Forward: give module= when model is not the nn.Module itself")
+            module = model
+        self.module: torch.nn.Module = module
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, module: torch.nn.Module, model: Callable, precision: Precision,
+    def for_run(cls, cfg: RunConfig, module: torch.nn.Module, model: Callable[..., Any], precision: Precision,
                 device: torch.device) -> "Forward":
         """The run's forward: compiled runs keep every mask (model_inputs says why); a compiled run
         without CUDA graphs marks the length dynamic when compile.dynamic_length asks."""
@@ -87,7 +92,7 @@ class Forward:
         return cls(model, precision, device, sdpa_backends(cfg), drop_full_mask=not compiled, dynamic_length=dynamic,
                    module=module)
 
-    def through(self, model: Callable) -> "Forward":
+    def through(self, model: Callable[..., Any]) -> "Forward":
         """The same forward run through another callable of the same module (layer timing: the
         eager model, whose hooks compile and CUDA graphs would not keep); no dynamic marking."""
         return Forward(model, self.precision, self.device, self.attention_ctx, self.drop_full_mask, False, self.module)
@@ -102,7 +107,9 @@ class Forward:
     def logits(self, batch: Batch) -> torch.Tensor:
         """The model's logits for a device batch, under the precision's autocast and the attention context."""
         with self.precision.autocast(), self.attention_ctx():
-            return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits: torch.Tensor = self.model(input_ids=batch["input_ids"],
+                                              attention_mask=batch["attention_mask"]).logits
+            return logits
 
     def loss(self, batch: Batch, n: Union[int, torch.Tensor]) -> torch.Tensor:
         """The cross entropy summed over the batch's data rows (filler rows, label IGNORE_INDEX,
@@ -112,6 +119,9 @@ class Forward:
         n: a number, or a device tensor holding it (a CUDA graph reads it per replay). CUDA divides
         a tensor by a Python number as a multiplication by the number's reciprocal; a device n is
         applied the same way, so a captured step computes the bits an eager one does."""
-        summed = F.cross_entropy(self.logits(batch).float(), batch["labels"], reduction="sum",
+        labels = batch["labels"]
+        if labels is None:  # (model_inputs keeps the labels; only the mask may be dropped)
+            raise ValueError("a training batch without labels")
+        summed = F.cross_entropy(self.logits(batch).float(), labels, reduction="sum",
                                  ignore_index=IGNORE_INDEX)
         return summed * torch.reciprocal(n) if isinstance(n, torch.Tensor) else summed / n

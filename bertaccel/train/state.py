@@ -93,8 +93,13 @@ class Window:
         return EpochStats(self.epoch, self.epoch_loss(), self.test_accuracy, self.trainable, self.train_time_s,
                           self.eval_time_s, self.steps, self.samples, self.tokens,
                           bert_train_flops(model, self.tokens), (self.start_unix, self.end_unix),
-                          self.clock.step_ms(), self.compiles_in_window, self.phases.per_step(),
+                          self.clock.step_ms(), self.compiles_in_window, self._phases().per_step(),
                           self.compiles_in_eval)
+
+    def _phases(self) -> PhaseClock:
+        if self.phases is None:  # (Step hands its clock over at every window's end)
+            raise RuntimeError("the window's phase clock was not handed over (Step.window_end)")
+        return self.phases
 
 
 @dataclass
@@ -171,16 +176,16 @@ class Events:
         self.window_hooks = [(o.window_start if _defines(o, "window_start") else None,
                               o.window_end if _defines(o, "window_end") else None) for o in self.objects]
 
-    def _call(self, hook: str, *args) -> None:
+    def _call(self, hook: str, *args: object) -> None:
         for call in self.hooks[hook]:
             call(*args)
 
-    def run_start(self, run): self._call("run_start", run)
-    def epoch_start(self, run, epoch): self._call("epoch_start", run, epoch)
-    def step_start(self, run, win): self._call("step_start", run, win)
-    def step_end(self, run, win): self._call("step_end", run, win)
-    def epoch_end(self, run, win): self._call("epoch_end", run, win)
-    def run_end(self, run): self._call("run_end", run)
+    def run_start(self, run: Run) -> None: self._call("run_start", run)
+    def epoch_start(self, run: Run, epoch: int) -> None: self._call("epoch_start", run, epoch)
+    def step_start(self, run: Run, win: Window) -> None: self._call("step_start", run, win)
+    def step_end(self, run: Run, win: Window) -> None: self._call("step_end", run, win)
+    def epoch_end(self, run: Run, win: Window) -> None: self._call("epoch_end", run, win)
+    def run_end(self, run: Run) -> None: self._call("run_end", run)
 
     @contextmanager
     def window(self, run: Run, win: Window) -> Iterator[None]:

@@ -21,7 +21,7 @@ back exactly as they were, so the capture leaves no trace on training.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -90,7 +90,8 @@ class StepGraphs:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         weights = [p.detach().clone() for p in self.params]
-        vocab = self.forward.module.config.vocab_size
+        shape: Any = self.forward.module.config  # (torch types a module's attributes as Tensor | Module)
+        vocab = int(shape.vocab_size)
         for length in lengths:
             for masked in self.mask_variants:
                 g = _MicroGraph(rows, length, masked, self.device)
@@ -129,6 +130,8 @@ class StepGraphs:
                                    f"(captured: {sorted(self.micro)})")
             g.load(batch)
             g.graph.replay()
+            if g.loss is None:  # (captured with the graph: set for every graph in self.micro)
+                raise RuntimeError(f"CUDA graph {key} has no loss output")
             total += g.loss
         self.update.replay()
         return total
