@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
-from bertaccel.config import not_count_or
+from bertaccel.option import not_count_or
 from bertaccel.option import Option, problems
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class GradVariance:
         self.params = params
         self.prev: Optional[List[torch.Tensor]] = None
         self.total: Optional[List[torch.Tensor]] = None
-        self.sq_norms = 0.0  # sum_j ||g_j||^2, accumulated on the device
+        self.sq_norms = torch.zeros(())  # sum_j ||g_j||^2, accumulated on the device (begin() puts it there)
         self.k = 0
 
     def begin(self) -> None:
@@ -72,6 +72,8 @@ class GradVariance:
 
     def after_backward(self, n_micro: int, n_window: int) -> None:
         """After micro-batch j's backward: its mean-loss gradient is (n/n_j) x the increment."""
+        if self.prev is None or self.total is None:
+            raise RuntimeError("adaptive accumulation: after_backward before begin()")
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         g = torch._foreach_sub(grads, self.prev)
         torch._foreach_mul_(g, n_window / max(n_micro, 1))
@@ -82,7 +84,7 @@ class GradVariance:
 
     def sigma2(self) -> Optional[float]:
         """Eq. 7 for the window just ended (None with one micro-batch: no spread to measure)."""
-        if self.k < 2:
+        if self.k < 2 or self.total is None:
             return None
         total_sq = torch.stack(torch._foreach_norm(self.total)).pow(2).sum()
         # sum_j ||g_j - mean||^2 = sum_j ||g_j||^2 - ||sum_j g_j||^2 / k

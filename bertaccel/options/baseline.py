@@ -22,8 +22,9 @@ from bertaccel.config import CONF_DIR, CONTEXT_GROUPS, GROUPS, TECHNIQUE_GROUPS
 LIKE_FOR_LIKE = CONTEXT_GROUPS + ("num_gpus",)
 
 
-def _config_yaml() -> dict:
-    return yaml.safe_load((CONF_DIR / "config.yaml").read_text())
+def _config_yaml() -> Dict[str, Any]:
+    loaded: Dict[str, Any] = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
+    return loaded
 
 
 def default_choices() -> Dict[str, str]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Optional
 
-from bertaccel.config import COMPILE_CACHES, COMPILE_MODES, CompileConfig, not_one_of
+from bertaccel.config import COMPILE_CACHES, COMPILE_MODES, CompileConfig
+from bertaccel.option import not_one_of
 from bertaccel.option import Option, problems
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def compile_unusable(c: Any, device: "torch.device", caps: Any) -> Optional[str]
         return f"compile={c.mode} on a GPU needs triton, which is not importable"
     import torch
 
-    if compiles(c) and not torch._dynamo.is_dynamo_supported():
+    if compiles(c) and not torch._dynamo.is_dynamo_supported():  # type: ignore[attr-defined]  # (public, not in __all__)
         return f"compile={c.mode}: torch.compile does not support this Python/platform"
     return None
 

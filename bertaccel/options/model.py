@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Optional
 
-from bertaccel.config import MODEL_SHAPE_FIELDS, MODEL_SOURCES, ModelConfig, not_one_of
+from bertaccel.config import MODEL_SHAPE_FIELDS, MODEL_SOURCES, ModelConfig
+from bertaccel.option import not_one_of
 from bertaccel.model import check_model
 from bertaccel.option import Option, problems
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List
 
-from bertaccel.config import DEVICES, GRADIENT_CHECKPOINTING, TrainConfig, not_count_or, not_one_of
+from bertaccel.config import DEVICES, GRADIENT_CHECKPOINTING, TrainConfig
+from bertaccel.option import not_count_or, not_one_of
 from bertaccel.option import Option, problems
 
 if TYPE_CHECKING:
