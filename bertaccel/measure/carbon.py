@@ -15,7 +15,7 @@ co2e_kg = energy_kwh x PUE x intensity_g_per_kwh / 1000
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple
 
 from bertaccel.config import CarbonConfig
 from bertaccel.measure.collectors import Reading

@@ -2,7 +2,7 @@
 shape), and that its package or local directory is there (bertaccel/model.py check_model)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, List
 
 from bertaccel.config import MODEL_SHAPE_FIELDS, MODEL_SOURCES, ModelConfig, not_one_of
 from bertaccel.model import check_model

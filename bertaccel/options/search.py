@@ -19,7 +19,7 @@ A trial Optuna samples again (a small categorical space) is not trained twice: w
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 from bertaccel.config import SearchConfig
 from bertaccel.option import Option
