@@ -162,7 +162,7 @@ class HardwareConfig:
     what_if: bool = False
     # Power usage effectiveness of the data centre (total facility energy / IT energy, >= 1):
     # co2e_kg counts energy_kwh x pue (bertaccel/measure/carbon.py). null: IT energy only, said in the tag.
-    pue: Optional[float] = None  # (its range, >= 1, is checked with the carbon block: carbon.check_carbon)
+    pue: Optional[float] = None  # (its range, >= 1, is checked by the hardware option: options/hardware.py)
     pue_source: str = ""  # Where the PUE comes from
 
 

@@ -99,12 +99,11 @@ class Option:
     - `later`: checks that build or reach out (an optimizer class, the tracking store), asked once
       its own section is sound (no unknown key, number out of range or own problem), and left to the run's own process where that is cheaper
       (`validate(leave=...)` names them `<section>.<function>`);
-    - `unusable(cfg, device, caps)`: why this machine cannot run it (a skip, not bad input), or None;
-    - `effect`: where the run applies it (module.function).
-    A combination of several sections is no option's: it is a row of options/rules.py's table."""
+    - `unusable(cfg, device, caps)`: why this machine cannot run it (a skip, not bad input), or None.
+    Each reads its own section only: a combination of several sections is no option's, it is a
+    row of options/rules.py's table (tests/test_typed_registry.py holds both)."""
     section: str = ""
     schema: Optional[type] = None
-    effect: str = ""
     # (cfg) -> one line or None each, asked when the section's own keys, numbers and `check` found nothing.
     later: Tuple[Callable[[Any], Optional[str]], ...] = ()
 

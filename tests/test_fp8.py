@@ -13,7 +13,7 @@ from bertaccel.config import CONF_DIR
 from bertaccel.options.checks import typed
 from bertaccel.options.precision import Precision, check_precision, fp8_unusable, load_option
 from bertaccel.options.reference import Composer
-from bertaccel.options.rules import RULES
+from bertaccel.options.rules import rules_at
 
 CPU = torch.device("cpu")
 GPU = torch.device("cuda")  # a device object only: the checks are given the capability
@@ -28,7 +28,7 @@ def composed(*overrides: str):
 
 
 def refusals(run) -> list:
-    return [line for rule in RULES for line in [rule.refusal(run)] if line]
+    return [line for rule in rules_at("check") for line in [rule.refusal(run)] if line]
 
 
 def test_fp8_composes_as_bf16_autocast_with_the_tensorwise_recipe():
@@ -111,7 +111,7 @@ def test_fp8_in_the_fused_encoder_is_its_own_rowwise_path_needing_neither_compil
     # a GPU before sm_89, it is the FP8 line as ever.
     assert fp8_unusable(p, GPU, capability=(9, 0), torchao=False) is None
     assert fp8_unusable(p, GPU, capability=(8, 0), torchao=False).startswith("precision=fp8 needs FP8 tensor cores")
-    assert precision_unusable(p, CPU, False, fused_encoder=True).startswith("precision=fp8 needs a CUDA GPU")
+    assert precision_unusable(p, CPU, False, torchao=False).startswith("precision=fp8 needs a CUDA GPU")
 
 
 def test_prepare_switches_a_fused_models_layers_to_fp8_once():

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from report_store import Store
 
 from bertaccel.report import sweep_report
+from bertaccel.config import DatasetConfig
 from bertaccel.data import RawData, RawSplit, load_raw, split_fingerprint
 from bertaccel.record.datasets import DIGEST_CHARS, dataset_inputs
 from bertaccel.runs.progress import sweep_axes
@@ -83,8 +84,8 @@ def test_a_reopened_parent_takes_the_axes_name_and_keeps_its_sweep_id(tmp_path):
 # --- 3. each run's dataset splits are MLflow inputs ---------------------------------------------
 
 def _dataset_cfg(name: str, **over):
-    cfg = OmegaConf.load(CONF / "dataset" / f"{name}.yaml")
-    cfg.subset_seed = 0
+    # (through the group's schema, as Hydra composes it: the file names only what differs from it)
+    cfg = OmegaConf.merge(OmegaConf.structured(DatasetConfig), OmegaConf.load(CONF / "dataset" / f"{name}.yaml"))
     for k, v in over.items():
         cfg[k] = v
     return cfg

@@ -53,7 +53,7 @@ def attention_unusable(a: Any, device: torch.device) -> Optional[str]:
 
 
 class AttentionOption(Option):
-    section, schema, effect = "attention", AttentionConfig, "bertaccel.model.build_model"
+    section, schema = "attention", AttentionConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses an hf_implementation Hugging Face does not build (eager, sdpa), a swap that is no

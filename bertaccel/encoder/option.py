@@ -32,26 +32,23 @@ def check_encoder(e: Any) -> List[str]:
             f"switch); drop it or use encoder=fused" for key, default in FUSED_ONLY.items() if getattr(e, key) != default]
 
 
-def encoder_unusable(cfg: Any, device: torch.device) -> Optional[str]:
-    """Why this machine cannot run the option (a skip, not bad input), or None."""
-    if cfg.encoder.layer != "fused":
+def encoder_unusable(e: Any, device: torch.device) -> Optional[str]:
+    """Why this machine cannot run the option (a skip, not bad input), or None. The attention core
+    it runs with is a rule between the two sections (options/rules.py fused_encoder_core)."""
+    if e.layer != "fused":
         return None
     import importlib.util
-
-    from bertaccel.encoder.attention import core_unusable
-    from bertaccel.encoder.swap import core_for
 
     if importlib.util.find_spec("triton") is None:
         return "encoder=fused needs the triton package (pip install triton)"
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return ("encoder=fused needs a CUDA GPU; on a CPU its Triton kernels only run in Triton's interpreter "
                 "(TRITON_INTERPRET=1), which is for correctness tests, not training")
-    why = core_unusable(core_for(cfg.attention), device)
-    return f"encoder=fused: {why}" if why else None
+    return None
 
 
 class EncoderOption(Option):
-    section, schema, effect = "encoder", EncoderConfig, "bertaccel.encoder.swap.fuse_encoder"
+    section, schema = "encoder", EncoderConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses a layer other than hf or fused, and a fused-only switch (packed, fused_kernels,
@@ -62,9 +59,9 @@ class EncoderOption(Option):
         return check_encoder(cfg.encoder)
 
     def unusable(self, cfg: "RunConfig", device: torch.device, caps: Any) -> Optional[str]:
-        """encoder=fused without triton, off a CUDA GPU (outside Triton's interpreter), or with an
-        attention core this machine cannot run."""
-        return encoder_unusable(cfg, device)
+        """encoder=fused without triton, or off a CUDA GPU (outside Triton's interpreter). With an
+        attention core this machine cannot run: a rule (options/rules.py fused_encoder_core)."""
+        return encoder_unusable(cfg.encoder, device)
 
 
 OPTION = EncoderOption()

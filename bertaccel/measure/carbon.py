@@ -15,7 +15,7 @@ co2e_kg = energy_kwh x PUE x intensity_g_per_kwh / 1000
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple
 
 from bertaccel.config import CarbonConfig
 from bertaccel.measure.collectors import Reading
@@ -43,30 +43,26 @@ REGIONS: Mapping[str, Intensity] = {
     "fr": Intensity(56.0, f"{_EMBER_2023}: France"),
     "uk": Intensity(237.6, f"{_EMBER_2023}: United Kingdom"),
 }
-DEFAULT_REGION = "world"
 
 
-def check_carbon(carbon: CarbonConfig, pue: Optional[float]) -> List[str]:
-    """Why the carbon block (or the profile's pue) cannot work, one line each."""
+def check_carbon(carbon: CarbonConfig) -> List[str]:
+    """Why the carbon block cannot work, one line each (the profile's pue: options/hardware.py)."""
     found = []
     if carbon.intensity_g_per_kwh is None and carbon.region not in REGIONS:
         found.append(f"carbon.region={carbon.region!r} is not in bertaccel/measure/carbon.py's table; choose one of "
                      f"{', '.join(REGIONS)}, or give carbon.intensity_g_per_kwh=<grams CO2e per kWh> for another grid")
     if carbon.intensity_g_per_kwh is not None and not carbon.intensity_g_per_kwh >= 0:
         found.append(f"carbon.intensity_g_per_kwh={carbon.intensity_g_per_kwh!r} must be >= 0 (grams CO2e per kWh)")
-    if pue is not None and not pue >= 1.0:
-        found.append(f"hardware.pue={pue!r} must be >= 1 (total facility energy / IT energy); leave it null "
-                     "to count the IT energy alone")
     return found
 
 
 class CarbonOption(Option):
-    section, schema, effect = "carbon", CarbonConfig, "bertaccel.measure.carbon.co2e"
+    section, schema = "carbon", CarbonConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
-        """Refuses a region not in REGIONS (unless intensity_g_per_kwh is given), a negative
-        intensity_g_per_kwh, and a hardware.pue below 1."""
-        return check_carbon(cfg.carbon, cfg.hardware.pue)
+        """Refuses a region not in REGIONS (unless intensity_g_per_kwh is given) and a negative
+        intensity_g_per_kwh (a hardware.pue below 1: the hardware option's, options/hardware.py)."""
+        return check_carbon(cfg.carbon)
 
 
 OPTION = CarbonOption()

@@ -35,7 +35,7 @@ EPS = 1e-12
 
 
 class AccumulationOption(Option):
-    section, schema, effect = "accumulation", None, "bertaccel.train.loop"
+    section, schema = "accumulation", None
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses an accumulation that is neither an integer >= 1 nor adaptive. Adaptive with

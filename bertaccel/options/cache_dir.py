@@ -31,7 +31,7 @@ def check_cache_dir(cfg: "RunConfig") -> Optional[str]:
 
 
 class CacheDirOption(Option):
-    section, schema, effect = "cache_dir", None, "bertaccel.data.cache"
+    section, schema = "cache_dir", None
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses a cache_dir whose nearest existing part is not a directory this user can write

@@ -9,7 +9,7 @@ once: a user who fixes what one refusal says is not refused again for something 
    values each section vouched for;
 5. the options' later checks, which build or reach out (the optimizer's class, the tracking
    store), of the sections that passed 1-3, unless `leave` names them: a sweep leaves them to
-   each run's own process.
+   each run's own process; then the later rules whose sections passed those too.
 What one stage relies on is a section's own values, so a problem holds back only the checks of
 its own section's later stages, never another section's."""
 from __future__ import annotations
@@ -174,7 +174,7 @@ def sound(run: RunConfig, failed: Collection[str] = ()) -> Tuple[List[str], Set[
     it relies on out of range (a division by a count refused as 0): it then leaves it to the line
     already said."""
     from bertaccel.options.registry import options
-    from bertaccel.options.rules import RULES
+    from bertaccel.options.rules import rules_at
 
     found, roots = [], set(failed)
     for option in options():
@@ -187,17 +187,30 @@ def sound(run: RunConfig, failed: Collection[str] = ()) -> Tuple[List[str], Set[
         if own:
             roots.add(option.section)
             found += own
-    return found + [why for rule in RULES if not any(_failed(roots, r) for r in rule.reads)
+    return found + [why for rule in rules_at("check") if not any(_failed(roots, r) for r in rule.reads)
                     for why in [rule.refusal(run)] if why], roots
 
 
 def later(run: RunConfig, leave: Collection[str], failed: Collection[str] = ()) -> List[str]:
     """The options' later checks (they build or reach out), but those `leave` names and those of
-    a section with a problem already (failed: the top-level keys that had one)."""
+    a section with a problem already (failed: the top-level keys that had one); then the later
+    rules (options/rules.py) whose sections all passed theirs. A section whose later checks are
+    left has not vouched for what they check: its later rules are left with them."""
     from bertaccel.options.registry import options
+    from bertaccel.options.rules import rules_at
 
-    return [why for option in options() if not _failed(set(failed), option.section) for check in option.later
-            if option.later_name(check) not in leave for why in [check(run)] if why]
+    found, unsure = [], set(failed)
+    for option in options():
+        if _failed(set(failed), option.section):
+            continue
+        for check in option.later:
+            why = None if option.later_name(check) in leave else check(run)
+            if why or option.later_name(check) in leave:
+                unsure.add(option.section)
+            if why:
+                found.append(why)
+    return found + [why for rule in rules_at("later") if not any(_failed(unsure, r) for r in rule.reads)
+                    for why in [rule.refusal(run)] if why]
 
 
 def validate(cfg: Any, leave: Collection[str] = ()) -> RunConfig:

@@ -36,7 +36,8 @@ def check_compile(c: Any) -> List[str]:
     """Why these compile settings cannot work anywhere, one line each."""
     found = problems(not_one_of("compile.mode", c.mode, COMPILE_MODES),
                      not_one_of("compile.cache", c.cache, COMPILE_CACHES))
-    if not found and c.step_graph and uses_cuda_graphs(c.mode):  # Inductor's own CUDA graphs
+    # (judged against a known mode only; an unknown cache does not hide it)
+    if c.mode in COMPILE_MODES and c.step_graph and uses_cuda_graphs(c.mode):  # Inductor's own CUDA graphs
         found.append(f"compile.step_graph=true with compile={c.mode} would capture CUDA graphs inside "
                      "CUDA graphs; use compile=default (or off) with compile.step_graph=true")
     return found
@@ -62,7 +63,7 @@ def compile_unusable(c: Any, device: "torch.device", caps: Any) -> Optional[str]
 
 
 class CompileOption(Option):
-    section, schema, effect = "compile", CompileConfig, "bertaccel.train.step.compile_model"
+    section, schema = "compile", CompileConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses an unknown mode or cache, and compile.step_graph=true with a mode that has CUDA

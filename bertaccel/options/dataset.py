@@ -30,7 +30,7 @@ def check_dataset(ds: Any) -> List[str]:
 
 
 class DatasetOption(Option):
-    section, schema, effect = "dataset", DatasetConfig, "bertaccel.data.read"
+    section, schema = "dataset", DatasetConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses an unknown source, hub without hub_id, csv without train_path and test_path, and

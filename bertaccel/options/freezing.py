@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class FreezingOption(Option):
-    section, schema, effect = "freezing", FreezingConfig, "bertaccel.options.freezing.apply_freezing"
+    section, schema = "freezing", FreezingConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses a strategy it does not know (FREEZINGS). With num_gpus > 1 or

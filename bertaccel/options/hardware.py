@@ -11,11 +11,15 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 import torch
 
-from bertaccel.config import CONF_DIR, ConfigError, first_line
+from bertaccel.config import CONF_DIR, ConfigError, HardwareConfig, first_line
+from bertaccel.option import Option, problems
+
+if TYPE_CHECKING:
+    from bertaccel.config import RunConfig
 
 PROFILES_DIR = CONF_DIR / "hardware"
 
@@ -112,6 +116,36 @@ def profile_mismatch(prof: Mapping[str, Any], name: str, device_type: str) -> Op
             f"price this run as {prof['name']} on purpose (recorded as a what-if)")
 
 
+def what_if_on_auto(hw: Any) -> Optional[str]:
+    """hardware.what_if=true with hardware=auto: auto always matches the device."""
+    if hw.name == "auto" and hw.what_if:
+        return ("hardware.what_if=true needs a named profile (hardware=h100 hardware.what_if=true): "
+                "hardware=auto always matches the device")
+    return None
+
+
+def check_hardware(hw: Any) -> List[str]:
+    """Why these hardware settings cannot work on any device, one line each."""
+    pue = None
+    if hw.pue is not None and not hw.pue >= 1.0:
+        pue = (f"hardware.pue={hw.pue!r} must be >= 1 (total facility energy / IT energy); leave it null "
+               "to count the IT energy alone")
+    return problems(what_if_on_auto(hw), pue)
+
+
+class HardwareOption(Option):
+    section, schema = "hardware", HardwareConfig
+
+    def check(self, cfg: "RunConfig") -> List[str]:
+        """Refuses hardware.what_if=true with hardware=auto (auto always matches the device: a
+        what-if needs a named profile) and a pue below 1. A named profile that does not describe
+        the device is refused when the run knows its device (resolve_profile)."""
+        return check_hardware(cfg.hardware)
+
+
+OPTION = HardwareOption()
+
+
 def resolve_profile(hw_cfg: Any, device: torch.device) -> tuple[Dict[str, Any], str]:
     """Returns the profile as a dict and a line saying how it was chosen. A named profile that
     does not match the device is a ConfigError, unless hardware.what_if=true. The dict's
@@ -126,9 +160,9 @@ def resolve_profile(hw_cfg: Any, device: torch.device) -> tuple[Dict[str, Any], 
         if not hw_cfg.what_if:
             raise ConfigError(why)
         return prof, f"hardware={hw_cfg.name} as a what-if (hardware.what_if=true) on {name!r}"
-    if hw_cfg.what_if:
-        raise ConfigError("hardware.what_if=true needs a named profile (hardware=h100 hardware.what_if=true): "
-                          "hardware=auto always matches the device")
+    why = what_if_on_auto(hw_cfg)  # (the plan resolves a profile without validate())
+    if why:
+        raise ConfigError(why)
     if device.type == "cpu":
         prof = next(p for p in load_profiles() if p["name"] == "cpu")
         return prof, f"hardware=auto: no GPU, using profile 'cpu' for {name}"
@@ -164,9 +198,12 @@ def probe() -> Capabilities:
 
 def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[str]:
     """Why this machine cannot run this combination, or None if it can: the first registered
-    option's machine check that finds a reason (options/registry.py)."""
+    option's machine check that finds a reason (options/registry.py), else the first machine rule
+    between sections that does (options/rules.py: asked once each section it reads runs here)."""
     from bertaccel.options.checks import typed
     from bertaccel.options.registry import options
+    from bertaccel.options.rules import rules_at
 
     run = typed(cfg)
-    return next((why for option in options() for why in [option.unusable(run, device, caps)] if why), None)
+    return next((why for option in options() for why in [option.unusable(run, device, caps)] if why),
+                next((why for rule in rules_at("machine") for why in [rule.refusal(run, device, caps)] if why), None))

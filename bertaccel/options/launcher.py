@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 class LauncherOption(Option):
-    section, schema, effect = "launcher", LauncherConfig, "bertaccel.runs.launch.launch"
+    section, schema = "launcher", LauncherConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses an unknown name or start_method, and launcher=inline with runs_at_once > 1, which

@@ -2,7 +2,7 @@
 shape), and that its package or local directory is there (bertaccel/model.py check_model)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, List
 
 from bertaccel.config import MODEL_SHAPE_FIELDS, MODEL_SOURCES, ModelConfig
 from bertaccel.option import not_one_of
@@ -14,19 +14,20 @@ if TYPE_CHECKING:
 
 
 def check_model_option(model: Any) -> List[str]:
-    """Why the model settings cannot work, one line each."""
+    """Why the model settings cannot work, one line each. Its source decides what else is asked:
+    an unknown one is said alone; the package or directory is looked for only once named."""
     why = not_one_of("model.source", model.source, MODEL_SOURCES)
     if why:
         return [why]
     if model.source in ("package", "hub") and not model.pretrained:
-        return [f"model={model.name} (source={model.source}) needs model.pretrained"]
+        return [f"model={model.name} (source={model.source}) needs model.pretrained", *_shape(model)]
     if model.source == "random_init" and not model.tokenizer_package:
-        return [f"model={model.name} (random_init) needs model.tokenizer_package"]
-    return problems(check_model(model), _shape(model))
+        return [f"model={model.name} (random_init) needs model.tokenizer_package", *_shape(model)]
+    return problems(check_model(model)) + _shape(model)
 
 
 class ModelOption(Option):
-    section, schema, effect = "model", ModelConfig, "bertaccel.model.build_model"
+    section, schema = "model", ModelConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses an unknown source; package or hub without pretrained; random_init without
@@ -38,21 +39,16 @@ class ModelOption(Option):
 OPTION = ModelOption()
 
 
-def _shape(model: Any) -> Optional[str]:
+def _shape(model: Any) -> List[str]:
     """A random-init model's shape is given in full and divides into its heads; a pretrained
-    model's weights fix its shape, so none is given."""
+    model's weights fix its shape, so none is given. One line per field."""
     if model.source != "random_init":
-        for k in MODEL_SHAPE_FIELDS:
-            if getattr(model, k) is not None:
-                return (f"model.{k}={getattr(model, k)}: model={model.name} is pretrained and its weights "
-                        f"fix the shape; drop model.{k}, or use a random_init model (model=tiny, "
-                        "model=bert_base_random)")
-        return None
-    for k in MODEL_SHAPE_FIELDS:
-        if getattr(model, k) is None:
-            return (f"model={model.name} (random_init) needs model.{k}: a random-init model's "
-                    "shape comes from the config")
-    if model.hidden_size % model.num_attention_heads:
-        return (f"model.hidden_size={model.hidden_size} must be divisible by "
-                f"model.num_attention_heads={model.num_attention_heads}")
-    return None
+        return [f"model.{k}={getattr(model, k)}: model={model.name} is pretrained and its weights "
+                f"fix the shape; drop model.{k}, or use a random_init model (model=tiny, "
+                "model=bert_base_random)" for k in MODEL_SHAPE_FIELDS if getattr(model, k) is not None]
+    missing = [f"model={model.name} (random_init) needs model.{k}: a random-init model's "
+               "shape comes from the config" for k in MODEL_SHAPE_FIELDS if getattr(model, k) is None]
+    if not missing and model.hidden_size % model.num_attention_heads:
+        return [f"model.hidden_size={model.hidden_size} must be divisible by "
+                f"model.num_attention_heads={model.num_attention_heads}"]
+    return missing

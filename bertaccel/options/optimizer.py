@@ -87,12 +87,10 @@ def check_optimizer(cfg: OptimizerConfig, capturable: bool) -> Optional[str]:
 
 def check_built(cfg: "RunConfig") -> Optional[str]:
     """Refuses settings the optimizer's class itself rejects (optimizer.impl built over one CPU
-    parameter); with compile.step_graph=true, also a class without the capturable mode the
-    captured step builds. (Building one imports torch._dynamo, seconds: a sweep's process asks
-    this check of a run it starts in a process of its own there, not here: runs/launch.py.)"""
-    opt = cfg.optimizer
-    return check_optimizer(opt, capturable=False) or (check_optimizer(opt, capturable=True) if cfg.compile.step_graph
-                                                      else None)
+    parameter). (Building one imports torch._dynamo, seconds: a sweep's process asks this check
+    of a run it starts in a process of its own there, not here: runs/launch.py.) A class without
+    the capturable mode compile.step_graph=true builds: a rule (options/rules.py step_graph_optimizer)."""
+    return check_optimizer(cfg.optimizer, capturable=False)
 
 
 def optimizer_unusable(cfg: OptimizerConfig, device: torch.device) -> Optional[str]:
@@ -107,7 +105,7 @@ def optimizer_unusable(cfg: OptimizerConfig, device: torch.device) -> Optional[s
 
 
 class OptimizerOption(Option):
-    section, schema, effect = "optimizer", OptimizerConfig, "bertaccel.options.optimizer.build_optimizer"
+    section, schema = "optimizer", OptimizerConfig
     later = (check_built,)  # (left to the run's own process by a sweep: runs/launch.py)
 
     def check(self, cfg: "RunConfig") -> List[str]:

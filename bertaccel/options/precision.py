@@ -48,7 +48,8 @@ def load_option(name: str) -> Any:
 def check_precision(p: Any) -> List[str]:
     """Why these settings cannot work anywhere, one line each, every one at once. A setting that
     needs a certain autocast dtype is judged only against a dtype that is itself valid (one that
-    is not is said once, not again as each setting's mismatch)."""
+    is not is said once, not again as each setting's mismatch); every fp8 recipe, known or not,
+    needs bfloat16."""
     found = []
     dtype_valid = True
     if p.autocast_dtype is not None and p.autocast_dtype not in AUTOCAST_DTYPES:
@@ -61,7 +62,7 @@ def check_precision(p: Any) -> List[str]:
     if p.fp8_recipe is not None and p.fp8_recipe not in FP8_RECIPES:
         found.append(f"precision {p.name}: fp8_recipe={p.fp8_recipe!r} is not one of {', '.join(FP8_RECIPES)} "
                      "(or null for no FP8)")
-    elif dtype_valid and p.fp8_recipe is not None and p.autocast_dtype != "bfloat16":
+    if dtype_valid and p.fp8_recipe is not None and p.autocast_dtype != "bfloat16":
         # torchao's float8 casts its gradients without a loss scale: fp16's GradScaler has no part
         # in it, and what is not FP8 (attention, LayerNorm, the head) runs in bf16 as torchao expects.
         found.append(f"precision {p.name}: fp8_recipe={p.fp8_recipe} needs autocast_dtype bfloat16 (the layers "
@@ -90,15 +91,21 @@ def fp8_unusable(p: Any, device: torch.device, capability: Optional[Tuple[int, i
         name = torch.cuda.get_device_name(device) if capability is None else "this GPU"
         return (f"precision={p.name} needs FP8 tensor cores (sm_89 or newer: Ada, Hopper); {name} is "
                 f"sm_{major}{minor}; use precision=bf16")
-    why = torchao_missing() if torchao else None
+    return torchao_unusable(p) if torchao else None
+
+
+def torchao_unusable(p: Any) -> Optional[str]:
+    """Why torchao's float8 training (which fp8 with encoder=hf swaps the Linear layers for) cannot
+    run here, or None."""
+    why = torchao_missing()
     return f"precision={p.name} needs torchao's float8 training ({why}): {FP8_PIP}" if why else None
 
 
-def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool, fused_encoder: bool = False) -> Optional[str]:
-    """Why this machine cannot run the precision (a skip, not bad input), or None. fused_encoder:
-    encoder=fused, whose FP8 GEMMs are its own (no torchao)."""
+def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool, torchao: bool = True) -> Optional[str]:
+    """Why this machine cannot run the precision (a skip, not bad input), or None. torchao: whether
+    fp8 needs torchao (encoder=hf; encoder=fused's FP8 GEMMs are its own)."""
     if p.fp8_recipe is not None:
-        return fp8_unusable(p, device, torchao=not fused_encoder)
+        return fp8_unusable(p, device, torchao=torchao)
     if device.type == "cpu":
         if p.autocast_dtype == "float16":
             return (f"precision={p.name} needs a CUDA GPU: fp16 autocast with GradScaler targets GPU "
@@ -112,7 +119,7 @@ def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool, fuse
 
 
 class PrecisionOption(Option):
-    section, schema, effect = "precision", PrecisionConfig, "bertaccel.options.precision.Precision"
+    section, schema = "precision", PrecisionConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses an autocast_dtype autocast cannot run in (AUTOCAST_DTYPES, or null for none), and
@@ -122,8 +129,9 @@ class PrecisionOption(Option):
 
     def unusable(self, cfg: "RunConfig", device: torch.device, caps: Any) -> Optional[str]:
         """fp16 on a CPU; bf16 on a CPU without native bf16, or on a GPU before Ampere; fp8 on a CPU,
-        on a GPU before sm_89 (no FP8 tensor cores), or without torchao (the `fp8` extra)."""
-        return precision_unusable(cfg.precision, device, caps.cpu_native_bf16, cfg.encoder.layer == "fused")
+        or on a GPU before sm_89 (no FP8 tensor cores). fp8 without torchao (the `fp8` extra), which
+        only encoder=hf needs, is a rule between the two sections (options/rules.py fp8_torchao)."""
+        return precision_unusable(cfg.precision, device, caps.cpu_native_bf16, torchao=False)
 
 
 OPTION = PrecisionOption()

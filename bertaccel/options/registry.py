@@ -18,7 +18,8 @@ from bertaccel.option import Option
 # asked: the first that finds one is the run's skip reason).
 OPTION_MODULES = ("bertaccel.options.precision", "bertaccel.options.compile", "bertaccel.attention.option",
                   "bertaccel.encoder.option", "bertaccel.options.accumulation", "bertaccel.options.freezing",
-                  "bertaccel.options.optimizer", "bertaccel.measure.carbon", "bertaccel.options.launcher",
+                  "bertaccel.options.optimizer", "bertaccel.measure.carbon", "bertaccel.options.hardware",
+                  "bertaccel.options.launcher",
                   "bertaccel.options.model", "bertaccel.options.dataset", "bertaccel.options.train",
                   "bertaccel.options.search", "bertaccel.options.cache_dir", "bertaccel.options.tracking")
 

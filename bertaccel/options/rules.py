@@ -2,22 +2,68 @@
 
 An option's own check (options/registry.py) reads its own section; a rule reads several, and is
 asked only when each section it reads passed its own check (a rule then compares values each
-section vouched for). validate() says every rule that refuses, one line each.
+section vouched for). validate() says every rule that refuses, one line each. Which sections a
+rule reads is read from its function's code (`cfg.<section>`), never declared beside it, so a rule
+cannot be asked about a section that failed because its list left that section out.
+
+A rule is asked at one of three stages, as an option's checks are:
+- "check": with the options' own checks (validate, options/checks.py);
+- "later": it builds or reaches out, asked with the options' later checks once each section it
+  reads passed those too (a sweep that leaves a section's later checks to the run's own process
+  leaves the rule there with them);
+- "machine": why this machine cannot run the combination (a skip, not bad input), asked by
+  skip_reason (options/hardware.py) when no option's own machine check found a reason.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+import ast
+import functools
+import inspect
+import textwrap
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 if TYPE_CHECKING:
     from bertaccel.config import RunConfig
+
+STAGES = ("check", "later", "machine")
+
+
+@functools.lru_cache(maxsize=None)
+def reads_of(refusal: Callable[..., Optional[str]]) -> Tuple[str, ...]:
+    """The sections (RunConfig's fields: groups, blocks, top-level settings) a rule's function
+    reads, in the order its code first names them: each `cfg.<section>` of its first argument.
+    A function that hands its config on whole (`f(cfg)`) could read anything: refused, so what is
+    derived here is all it reads."""
+    from bertaccel.config import RunConfig
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(refusal)))
+    func = tree.body[0]
+    assert isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
+    arg = func.args.args[0].arg
+    sections = {f.name for f in fields(RunConfig)}
+    named = [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == arg]
+    attrs = [n for n in ast.walk(func) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+             and n.value.id == arg]
+    if len(attrs) != len(named) or any(a.attr not in sections for a in attrs):
+        raise TypeError(f"rule {refusal.__name__}: read the config only as {arg}.<section> (a field of RunConfig), "
+                        "so the sections it reads can be derived from its code")
+    ordered = sorted(attrs, key=lambda a: (a.lineno, a.col_offset))
+    return tuple(dict.fromkeys(a.attr for a in ordered))
 
 
 @dataclass(frozen=True)
 class Rule:
     name: str
-    reads: Tuple[str, ...]  # the sections (groups, blocks, top-level settings) it reads
-    refusal: Callable[["RunConfig"], Optional[str]]  # its one line, or None when the combination runs
+    # its one line (a refusal; at stage "machine", the skip reason), or None when the combination runs:
+    # (cfg) -> line, or at stage "machine" (cfg, device, caps) -> line
+    refusal: Callable[..., Optional[str]]
+    stage: str = "check"  # one of STAGES
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        """The sections it reads, from its function's code (reads_of)."""
+        return reads_of(self.refusal)
 
     @property
     def says(self) -> str:
@@ -148,16 +194,60 @@ def _fp8_fused_encoder(cfg: "RunConfig") -> Optional[str]:
     return None
 
 
+# --- what the captured step builds (a later check: building an optimizer imports torch._dynamo) --
+
+def _step_graph_optimizer(cfg: "RunConfig") -> Optional[str]:
+    """compile.step_graph=true with an optimizer class that has no capturable mode, or refuses its
+    settings in it: the captured step builds the optimizer capturable."""
+    if not cfg.compile.step_graph:
+        return None
+    from bertaccel.options.optimizer import check_optimizer
+
+    return check_optimizer(cfg.optimizer, capturable=True)
+
+
+# --- what this machine cannot run together (skips, not bad input) ------------------------------
+
+def _fp8_torchao(cfg: "RunConfig", device: Any, caps: Any) -> Optional[str]:
+    """A skip: precision fp8 with encoder=hf where torchao's float8 training cannot be imported (it
+    swaps the Linear layers; encoder=fused runs FP8 GEMMs of its own)."""
+    if cfg.precision.fp8_recipe is None or cfg.encoder.layer == "fused":
+        return None
+    from bertaccel.options.precision import torchao_unusable
+
+    return torchao_unusable(cfg.precision)
+
+
+def _fused_encoder_core(cfg: "RunConfig", device: Any, caps: Any) -> Optional[str]:
+    """A skip: encoder=fused with an attention whose core the fused layer runs (encoder/attention.py)
+    but this machine cannot."""
+    if cfg.encoder.layer != "fused":
+        return None
+    from bertaccel.encoder.attention import core_unusable
+    from bertaccel.encoder.swap import core_for
+
+    why = core_unusable(core_for(cfg.attention), device)
+    return f"encoder=fused: {why}" if why else None
+
+
 RULES: Tuple[Rule, ...] = (
-    Rule("step_graph_fp16", ("compile", "precision"), _step_graph_fp16),
-    Rule("step_graph_freezing", ("compile", "freezing"), _step_graph_freezing),
-    Rule("step_graph_num_gpus", ("compile", "num_gpus"), _step_graph_num_gpus),
-    Rule("step_graph_eager_attention", ("compile", "attention", "encoder"), _step_graph_eager_attention),
-    Rule("adaptive_step_graph", ("accumulation", "compile"), _adaptive_step_graph),
-    Rule("adaptive_num_gpus", ("accumulation", "num_gpus"), _adaptive_num_gpus),
-    Rule("freezing_num_gpus", ("freezing", "num_gpus"), _freezing_num_gpus),
-    Rule("inline_num_gpus", ("launcher", "num_gpus"), _inline_num_gpus),
-    Rule("auto_batch_num_gpus", ("train", "num_gpus"), _auto_batch_num_gpus),
-    Rule("fp8_compile_off", ("precision", "compile"), _fp8_compile_off),
-    Rule("fp8_fused_encoder", ("precision", "encoder"), _fp8_fused_encoder),
+    Rule("step_graph_fp16", _step_graph_fp16),
+    Rule("step_graph_freezing", _step_graph_freezing),
+    Rule("step_graph_num_gpus", _step_graph_num_gpus),
+    Rule("step_graph_eager_attention", _step_graph_eager_attention),
+    Rule("adaptive_step_graph", _adaptive_step_graph),
+    Rule("adaptive_num_gpus", _adaptive_num_gpus),
+    Rule("freezing_num_gpus", _freezing_num_gpus),
+    Rule("inline_num_gpus", _inline_num_gpus),
+    Rule("auto_batch_num_gpus", _auto_batch_num_gpus),
+    Rule("fp8_compile_off", _fp8_compile_off),
+    Rule("fp8_fused_encoder", _fp8_fused_encoder),
+    Rule("step_graph_optimizer", _step_graph_optimizer, stage="later"),
+    Rule("fp8_torchao", _fp8_torchao, stage="machine"),
+    Rule("fused_encoder_core", _fused_encoder_core, stage="machine"),
 )
+
+
+def rules_at(stage: str) -> Tuple[Rule, ...]:
+    """The rules asked at one stage (STAGES), in the table's order."""
+    return tuple(rule for rule in RULES if rule.stage == stage)

@@ -19,10 +19,10 @@ A trial Optuna samples again (a small categorical space) is not trained twice: w
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 from bertaccel.config import SearchConfig
-from bertaccel.option import Option, problems
+from bertaccel.option import Option
 
 if TYPE_CHECKING:
     from bertaccel.config import RunConfig
@@ -44,28 +44,28 @@ class Objectives(tuple[float, ...]):
     outcome: Any = None
 
 
-def check_search(search: Any) -> Optional[str]:
+def check_search(search: Any) -> List[str]:
+    """Why the search block cannot work, one line each."""
     objectives, directions = list(search.objectives), list(search.directions)
+    found = []
     if not objectives:
-        return "search.objectives is empty: name at least one MLflow metric, e.g. [train_time_s,test_accuracy]"
-    if len(objectives) != len(directions):
-        return (f"search.objectives has {len(objectives)} metric(s) but search.directions {len(directions)}: give one "
-                "direction (minimize or maximize) per objective, in the same order")
-    bad = [d for d in directions if d not in DIRECTIONS]
-    if bad:
-        return f"search.directions: {bad[0]!r} is not one of {', '.join(DIRECTIONS)}"
+        found.append("search.objectives is empty: name at least one MLflow metric, e.g. [train_time_s,test_accuracy]")
+    elif len(objectives) != len(directions):
+        found.append(f"search.objectives has {len(objectives)} metric(s) but search.directions {len(directions)}: "
+                     "give one direction (minimize or maximize) per objective, in the same order")
+    found += [f"search.directions: {d!r} is not one of {', '.join(DIRECTIONS)}" for d in directions if d not in DIRECTIONS]
     if len(set(objectives)) != len(objectives):
-        return f"search.objectives={objectives}: an objective is named twice"
-    return None
+        found.append(f"search.objectives={objectives}: an objective is named twice")
+    return found
 
 
 class SearchOption(Option):
-    section, schema, effect = "search", SearchConfig, "bertaccel.options.search.trial_result"
+    section, schema = "search", SearchConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses no objectives, objectives and directions of different lengths, a direction other
         than minimize or maximize, and an objective named twice."""
-        return problems(check_search(cfg.search))
+        return check_search(cfg.search)
 
 
 OPTION = SearchOption()

@@ -30,7 +30,7 @@ def check_store(cfg: "RunConfig") -> Optional[str]:
 
 
 class TrackingOption(Option):
-    section, schema, effect = "tracking", TrackingConfig, "bertaccel.record.tracking"
+    section, schema = "tracking", TrackingConfig
     later = (check_store,)  # (left to each run's turn by a sweep: runs/sweep_plan.py)
 
     def check(self, cfg: "RunConfig") -> List[str]:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 class TrainOption(Option):
-    section, schema, effect = "train", TrainConfig, "bertaccel.train.loop"
+    section, schema = "train", TrainConfig
 
     def check(self, cfg: "RunConfig") -> List[str]:
         """Refuses a batch_size that is neither an integer >= 1 nor auto, an unknown device or

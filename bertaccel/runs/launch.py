@@ -193,7 +193,7 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
         # this was built on forbid), and plain ring/tree all-reduce is what the thesis measured.
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # this worker's own environment only
     if not torch.cuda.is_available():
-        share_the_cores(world * int(job.cfg.get("launcher", {}).get("runs_at_once", 1)))
+        share_the_cores(world * int(job.cfg["launcher"]["runs_at_once"]))
     from bertaccel.config import ConfigError
     from bertaccel.data import DataError
 

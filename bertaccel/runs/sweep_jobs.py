@@ -41,7 +41,6 @@ from bertaccel.options.baseline import LIKE_FOR_LIKE, defaults_wanted, on_defaul
 TECHNIQUE_ROOTS = TECHNIQUE_GROUPS + ("accumulation",)
 CONTEXT_ROOTS = LIKE_FOR_LIKE
 SEED = "train.seed"
-MAX_RUNS = next(f.default for f in fields(SweepConfig) if f.name == "max_runs")
 
 
 class SweepJobsRefused(ValueError):
@@ -113,7 +112,7 @@ def _seed_of(job: Sequence[str], default: int) -> int:
 
 def refuse_repeats_alone(cfg: Any) -> None:
     """sweep.repeats on a single run (no -m): refused, not run once as if it were not there."""
-    repeats = OmegaConf.select(cfg, "sweep.repeats", default=1)
+    repeats = OmegaConf.select(cfg, "sweep.repeats", default=SweepConfig.repeats)
     if isinstance(repeats, int) and repeats > 1:
         raise ConfigError(f"sweep.repeats={repeats} needs -m (a sweep): a single run runs once; add -m to run "
                           f"it {repeats} times with seeds {SEED}, +1, ...")
@@ -156,7 +155,7 @@ def refuse_oversized(config: Any, parsed: Sequence[Any], repeats: int = 1) -> No
     anything is listed: counted from the parsed overrides in constant time and memory."""
     axes = grid_axes(parsed)
     runs = math.prod(axes.values()) * repeats
-    limit = (config.get("sweep") or {}).get("max_runs", MAX_RUNS)
+    limit = (config.get("sweep") or {}).get("max_runs", SweepConfig.max_runs)
     if isinstance(limit, int) and runs <= limit:
         return
     said = [f"{key}: {n} values" for key, n in axes.items() if n > 1] or ["1 configuration"]
@@ -182,7 +181,7 @@ def sweep_jobs(config: Any, parsed: Sequence[Any]) -> SweepJobs:
     """config: the sweep's config (its `sweep` and `train.seed`); parsed: Hydra's parsed overrides,
     the sweeper's params first, as the basic sweeper reads them. Linear in the jobs."""
     settings: Dict[str, Any] = dict(config.get("sweep") or {})
-    repeats = settings.get("repeats", 1)
+    repeats = settings.get("repeats", SweepConfig.repeats)
     if not isinstance(repeats, int) or repeats < 1:
         raise SweepJobsRefused(f"sweep.repeats={repeats}: give the number of runs per configuration, 1 or more")
     refuse_oversized(config, parsed, repeats)  # (first: nothing below lists a sweep past the limit)
@@ -195,7 +194,7 @@ def sweep_jobs(config: Any, parsed: Sequence[Any]) -> SweepJobs:
     first_round = list(jobs)
     listed = {tuple(job) for job in jobs}  # (a set: the check below was a list scan per job)
     added: List[int] = []
-    if settings.get("baseline", True):
+    if settings.get("baseline", SweepConfig.baseline):
         # Per context (model, dataset, hardware, num_gpus): a job there on the defaults is the baseline.
         # (what a job's baseline takes off, at its defaults: a swept optimizer.lr too)
         wanted = defaults_wanted()  # (read once: per job it parsed conf/config.yaml twice, 40 s at 10,000 jobs)
