@@ -119,9 +119,12 @@ def build_model(model_cfg: ModelConfig, num_labels: int, attention: AttentionCon
         model, note = _build_hf(model_cfg, num_labels, attention.hf_implementation, vocab_size)
         if start_from is not None:  # (a copy: on a CPU, training changes the built tensors in place)
             start_from.update({name: t.detach().clone() for name, t in _tensors(model)})
-    if encoder is not None and encoder.layer == "fused":
+    from .attention.option import is_sdpa
+    from .encoder.option import is_fused
+
+    if encoder is not None and is_fused(encoder):
         return model, f"{note}; {fuse_encoder(model, encoder, attention)} for encoder={encoder.name}"
-    if attention.hf_implementation == "sdpa":
+    if is_sdpa(attention):
         # The [B, S] padding mask reaches sdpa as a [B, 1, 1, S] key-padding mask, not as Hugging
         # Face's [B, 1, S, S] expansion: under CUDA-graph capture that one had stride 0 on its last
         # dimension, which no fused kernel takes, so compile.step_graph ran sdpa's MATH backend in

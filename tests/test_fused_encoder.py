@@ -13,7 +13,8 @@ from transformers import BertConfig, BertForSequenceClassification
 from bertaccel.attention.packing import pack_exact
 from bertaccel.config import ConfigError
 from bertaccel.encoder.layer import FusedBertLayer
-from bertaccel.encoder.swap import FusedEncoder, core_for, fuse_encoder
+from bertaccel.attention.option import fused_core_name as core_for
+from bertaccel.encoder.swap import FusedEncoder, fuse_encoder
 from bertaccel.options.checks import validate
 
 pytest.importorskip("triton")

@@ -23,6 +23,31 @@ HF_IMPLEMENTATIONS = ("eager", "sdpa")
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 
 
+def is_sdpa(a: Any) -> bool:
+    """Hugging Face builds torch SDPA attention (its sdpa_backends then apply)."""
+    return bool(a.hf_implementation == "sdpa")
+
+
+def is_eager(a: Any) -> bool:
+    """Hugging Face's eager attention, with no kernel swapped in: the S x S scores are written."""
+    return bool(a.hf_implementation == "eager" and a.swap is None)
+
+
+def jit_compiles(a: Any) -> bool:
+    """Whether the swapped kernel is compiled per run (a warm-up compiles it before the first window)."""
+    from .kernels import BACKENDS
+
+    return a.swap is not None and BACKENDS[a.swap].jit_per_run
+
+
+def fused_core_name(a: Any) -> str:
+    """The attention core encoder=fused runs for this option: its swap kernel; torch's varlen
+    kernels for sdpa; ours (triton) for eager, which names no kernel."""
+    if a.swap is not None:
+        return str(a.swap)
+    return "sdpa" if is_sdpa(a) else "triton"
+
+
 def check_attention(a: Any) -> List[str]:
     """Why these settings cannot work anywhere, one line each."""
     from .kernels import BACKENDS

@@ -24,6 +24,11 @@ FUSED_ONLY = {"packed": EncoderConfig.packed, "fused_kernels": EncoderConfig.fus
               "half_params": EncoderConfig.half_params}
 
 
+def is_fused(e: Any) -> bool:
+    """encoder=fused's layer (ours), not Hugging Face's BertLayer."""
+    return bool(e.layer == "fused")
+
+
 def check_encoder(e: Any) -> List[str]:
     """Why these settings cannot work anywhere, one line each."""
     if e.layer != "hf":

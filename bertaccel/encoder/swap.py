@@ -18,14 +18,6 @@ from bertaccel.encoder.attention import prepare
 from bertaccel.encoder.layer import FusedBertLayer, unfusable
 
 
-def core_for(attention: Any) -> str:
-    """The attention core a fused layer runs for an attention option: its swap kernel (triton,
-    xformers); torch's varlen kernels for sdpa; ours (triton) for eager, which names no kernel."""
-    if attention.swap is not None:
-        return attention.swap
-    return "sdpa" if attention.hf_implementation == "sdpa" else "triton"
-
-
 def run_layers(encoder: nn.Module, hidden_states: torch.Tensor, packing: Packing, *args: Any, **kwargs: Any):
     """The layer loop, a plain function of the encoder (activation checkpointing replaces it, and
     DataParallel replicas run their own layers). The dropout seeds of every layer (attention and
@@ -103,7 +95,9 @@ def fuse_encoder(model: nn.Module, encoder: Any, attention: Any) -> str:
     if why:
         raise ValueError(why)
     base = model.base_model
-    core = core_for(attention)
+    from bertaccel.attention.option import fused_core_name
+
+    core = fused_core_name(attention)
     base.encoder = FusedEncoder(base.encoder, core, encoder.packed, encoder.fused_kernels)
     pass_masks_through(model)
     return f"{len(base.encoder.layer)} layers fused (attention core {core})"

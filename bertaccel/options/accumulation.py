@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 EPS = 1e-12
 
 
+def is_adaptive(accumulation: object) -> bool:
+    """accumulation=adaptive: k chosen per window from the gradients' variance (not a count)."""
+    return accumulation == "adaptive"
+
+
 class AccumulationOption(Option):
     section, schema = "accumulation", None
 

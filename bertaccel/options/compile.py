@@ -22,6 +22,11 @@ def compiles(compile_cfg: CompileConfig) -> bool:
     return compile_cfg.mode != "off"
 
 
+def torch_compile_mode(compile_cfg: CompileConfig) -> Optional[str]:
+    """The mode torch.compile is called with: None for compile=default (torch's own default)."""
+    return None if compile_cfg.mode == "default" else compile_cfg.mode
+
+
 def uses_cuda_graphs(mode: str) -> bool:
     """Whether this torch.compile mode replays CUDA graphs (reduce-overhead, max-autotune): read
     from Inductor's own table of modes, so a mode that gains or drops graphs is followed here."""

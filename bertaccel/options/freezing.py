@@ -28,6 +28,12 @@ class FreezingOption(Option):
 OPTION = FreezingOption()
 
 
+def freezes(freezing_cfg: Any) -> bool:
+    """Whether some parameters are frozen in some epoch (any strategy but none): the optimizer is
+    then rebuilt per epoch over what trains, and a step graph or DDP cannot hold it."""
+    return bool(freezing_cfg.name != "none")
+
+
 def layerwise_layer_index(epoch: int, num_layers: int) -> int:
     """0-based index of the encoder layer trainable in (0-based) epoch `epoch`.
 

@@ -118,6 +118,11 @@ def precision_unusable(p: Any, device: torch.device, cpu_native_bf16: bool, torc
     return None
 
 
+
+def scales_rowwise(p: Any) -> bool:
+    """precision=fp8_rowwise: each row's own FP8 scale (the recipe encoder=fused's FP8 GEMMs run)."""
+    return bool(p.fp8_recipe == "rowwise")
+
 class PrecisionOption(Option):
     section, schema = "precision", PrecisionConfig
 

@@ -83,7 +83,9 @@ def _step_graph_fp16(cfg: "RunConfig") -> Optional[str]:
 
 def _step_graph_freezing(cfg: "RunConfig") -> Optional[str]:
     """compile.step_graph=true with freezing other than none: the trained parameters change every epoch."""
-    if cfg.compile.step_graph and cfg.freezing.name != "none":
+    from bertaccel.options.freezing import freezes
+
+    if cfg.compile.step_graph and freezes(cfg.freezing):
         return ("compile.step_graph=true needs freezing=none: layer-wise freezing changes the trained "
                 "parameters every epoch, and with them every captured graph")
     return None
@@ -100,10 +102,12 @@ def _step_graph_num_gpus(cfg: "RunConfig") -> Optional[str]:
 def _step_graph_eager_attention(cfg: "RunConfig") -> Optional[str]:
     """compile.step_graph=true with Hugging Face's eager attention, uncompiled: its mask builder
     copies a host scalar to the GPU, which capture forbids."""
+    from bertaccel.attention.option import is_eager
+    from bertaccel.encoder.option import is_fused
     from bertaccel.options.compile import compiles
 
-    if (cfg.compile.step_graph and not compiles(cfg.compile) and cfg.attention.hf_implementation == "eager"
-            and cfg.attention.swap is None and cfg.encoder.layer == "hf"):
+    if (cfg.compile.step_graph and not compiles(cfg.compile) and is_eager(cfg.attention)
+            and not is_fused(cfg.encoder)):
         # Seen on an H100 (torch 2.11, transformers 5.17): "Cannot copy between CPU and CUDA tensors
         # during CUDA graph capture"; sdpa and our kernels get the [B, S] mask handed through instead.
         return (f"compile.step_graph=true with attention={cfg.attention.name}: Hugging Face's eager mask builder "
@@ -114,7 +118,9 @@ def _step_graph_eager_attention(cfg: "RunConfig") -> Optional[str]:
 
 def _adaptive_step_graph(cfg: "RunConfig") -> Optional[str]:
     """accumulation=adaptive with compile.step_graph=true: the captured step cannot read each micro-batch's gradient."""
-    if cfg.accumulation == "adaptive" and cfg.compile.step_graph:
+    from bertaccel.options.accumulation import is_adaptive
+
+    if is_adaptive(cfg.accumulation) and cfg.compile.step_graph:
         return ("accumulation=adaptive with compile.step_graph=true: the captured step cannot "
                 "read each micro-batch's gradient; use compile.step_graph=false")
     return None
@@ -124,7 +130,9 @@ def _adaptive_step_graph(cfg: "RunConfig") -> Optional[str]:
 
 def _adaptive_num_gpus(cfg: "RunConfig") -> Optional[str]:
     """accumulation=adaptive with num_gpus > 1: the ranks would measure different variances."""
-    if cfg.accumulation == "adaptive" and cfg.num_gpus > 1:
+    from bertaccel.options.accumulation import is_adaptive
+
+    if is_adaptive(cfg.accumulation) and cfg.num_gpus > 1:
         return ("accumulation=adaptive needs num_gpus=1: the ranks would measure different "
                 "variances, and DDP's all-reduce inside the last backward hides each micro-batch's gradient")
     return None
@@ -132,7 +140,9 @@ def _adaptive_num_gpus(cfg: "RunConfig") -> Optional[str]:
 
 def _freezing_num_gpus(cfg: "RunConfig") -> Optional[str]:
     """freezing other than none with num_gpus > 1: DDP registers its gradient hooks once."""
-    if cfg.num_gpus > 1 and cfg.freezing.name != "none":
+    from bertaccel.options.freezing import freezes
+
+    if cfg.num_gpus > 1 and freezes(cfg.freezing):
         return (f"num_gpus={cfg.num_gpus} with freezing={cfg.freezing.name}: DDP registers its gradient "
                 "hooks once, for the parameters trainable at the start; use num_gpus=1 or freezing=none")
     return None
@@ -148,7 +158,9 @@ def _inline_num_gpus(cfg: "RunConfig") -> Optional[str]:
 
 def _auto_batch_num_gpus(cfg: "RunConfig") -> Optional[str]:
     """train.batch_size=auto with num_gpus > 1: the search runs in one process."""
-    if cfg.train.batch_size == "auto" and cfg.num_gpus > 1:
+    from bertaccel.options.train import fits_batch
+
+    if fits_batch(cfg.train) and cfg.num_gpus > 1:
         return (f"train.batch_size=auto with num_gpus={cfg.num_gpus}: the search runs in one process; "
                 "use num_gpus=1, or give the batch found by a num_gpus=1 run (metric batch_size_used)")
     return None
@@ -159,9 +171,10 @@ def _auto_batch_num_gpus(cfg: "RunConfig") -> Optional[str]:
 
 def _fp8_compile_off(cfg: "RunConfig") -> Optional[str]:
     """precision fp8 (encoder=hf) with compile=off: torchao's float8 scaling and casts are fused only by torch.compile."""
+    from bertaccel.encoder.option import is_fused
     from bertaccel.options.compile import compiles
 
-    if cfg.precision.fp8_recipe is not None and cfg.encoder.layer != "fused" and not compiles(cfg.compile):
+    if cfg.precision.fp8_recipe is not None and not is_fused(cfg.encoder) and not compiles(cfg.compile):
         # torchao's docs and torchtitan's float8 guide: torch.compile is required for its speed-up.
         # Eagerly each Linear runs an amax, a scale and a cast per tensor as separate kernels.
         return (f"precision={cfg.precision.name} needs torch.compile (compile=default): torchao fuses its FP8 "
@@ -171,12 +184,15 @@ def _fp8_compile_off(cfg: "RunConfig") -> Optional[str]:
 
 def _fp8_fused_encoder(cfg: "RunConfig") -> Optional[str]:
     """precision fp8 with encoder=fused: its own FP8 GEMMs, which scale row-wise, need its fused kernels and compile=off."""
+    from bertaccel.encoder.option import is_fused
+    from bertaccel.options.precision import scales_rowwise
+
     p, e = cfg.precision, cfg.encoder
-    if p.fp8_recipe is None or e.layer != "fused":
+    if p.fp8_recipe is None or not is_fused(e):
         return None
     # The fused layer runs its GEMMs itself (torchao's Float8Linear would never be called): its own
     # FP8 path scales each token's row, which its LayerNorm and GELU kernels write (encoder/fp8_ops.py).
-    if p.fp8_recipe != "rowwise":
+    if not scales_rowwise(p):
         return (f"precision={p.name} with encoder={e.name}: the fused layer's FP8 GEMMs scale row-wise (each "
                 f"token's row from its LayerNorm or GELU kernel); use precision=fp8_rowwise, or encoder=hf for "
                 f"torchao's {p.fp8_recipe} recipe")
@@ -211,7 +227,9 @@ def _step_graph_optimizer(cfg: "RunConfig") -> Optional[str]:
 def _fp8_torchao(cfg: "RunConfig", device: Any, caps: Any) -> Optional[str]:
     """A skip: precision fp8 with encoder=hf where torchao's float8 training cannot be imported (it
     swaps the Linear layers; encoder=fused runs FP8 GEMMs of its own)."""
-    if cfg.precision.fp8_recipe is None or cfg.encoder.layer == "fused":
+    from bertaccel.encoder.option import is_fused
+
+    if cfg.precision.fp8_recipe is None or is_fused(cfg.encoder):
         return None
     from bertaccel.options.precision import torchao_unusable
 
@@ -221,12 +239,14 @@ def _fp8_torchao(cfg: "RunConfig", device: Any, caps: Any) -> Optional[str]:
 def _fused_encoder_core(cfg: "RunConfig", device: Any, caps: Any) -> Optional[str]:
     """A skip: encoder=fused with an attention whose core the fused layer runs (encoder/attention.py)
     but this machine cannot."""
-    if cfg.encoder.layer != "fused":
-        return None
-    from bertaccel.encoder.attention import core_unusable
-    from bertaccel.encoder.swap import core_for
+    from bertaccel.encoder.option import is_fused
 
-    why = core_unusable(core_for(cfg.attention), device)
+    if not is_fused(cfg.encoder):
+        return None
+    from bertaccel.attention.option import fused_core_name
+    from bertaccel.encoder.attention import core_unusable
+
+    why = core_unusable(fused_core_name(cfg.attention), device)
     return f"encoder=fused: {why}" if why else None
 
 

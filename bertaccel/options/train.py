@@ -12,6 +12,11 @@ if TYPE_CHECKING:
     from bertaccel.config import RunConfig
 
 
+def fits_batch(train_cfg: TrainConfig) -> bool:
+    """train.batch_size=auto: the batch is found by trying on the GPU (train/batch_fit.py)."""
+    return bool(train_cfg.batch_size == "auto")
+
+
 class TrainOption(Option):
     section, schema = "train", TrainConfig
 

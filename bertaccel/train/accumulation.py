@@ -6,7 +6,7 @@ from typing import Any, List, Optional
 import torch
 
 from bertaccel.config import RunConfig
-from bertaccel.options.accumulation import GradVariance, next_k
+from bertaccel.options.accumulation import GradVariance, is_adaptive, next_k
 from bertaccel.options.precision import Precision
 from bertaccel.train.result import TrainResult
 
@@ -16,7 +16,7 @@ class Accumulation:
     accumulation_max and each later one what eq. 6 says after the step before it."""
 
     def __init__(self, cfg: RunConfig):
-        self.adaptive = cfg.accumulation == "adaptive"
+        self.adaptive = is_adaptive(cfg.accumulation)
         self.first = cfg.accumulation_max if self.adaptive else cfg.accumulation
         self.next = self.first
         self.target_variance, self.k_max = cfg.accumulation_target_variance, cfg.accumulation_max

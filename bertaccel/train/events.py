@@ -21,7 +21,9 @@ from bertaccel.measure.collectors import CollectorSet
 from bertaccel.measure.flops import TokenCounts
 from bertaccel.measure.profiling import profile_steps
 from bertaccel.options.compile import compiles, uses_cuda_graphs
-from bertaccel.options.freezing import apply_freezing
+from bertaccel.attention.option import jit_compiles
+from bertaccel.encoder.option import is_fused
+from bertaccel.options.freezing import apply_freezing, freezes
 from bertaccel.options.optimizer import lr_factor, set_lr
 from bertaccel.train.forward import real_rows
 from bertaccel.train.state import Callback, Run, Window, sync
@@ -80,7 +82,7 @@ class CompileWarmup(Callback):
                                           f"grown to the longest batch, per-shape kernel choices): {eager.describe()}")
         else:
             result.compile_time_source = (f"nothing compiled (compile=off, attention={cfg.attention.name}"
-                                          f"{' on CPU: interpreter' if cfg.attention.swap == 'triton' or cfg.encoder.layer == 'fused' else ''})")
+                                          f"{' on CPU: interpreter' if jit_compiles(cfg.attention) or is_fused(cfg.encoder) else ''})")
 
     def epoch_start(self, run: Run, epoch: int) -> None:
         step = run.step
@@ -116,7 +118,7 @@ class FreezingSchedule(Callback):
     def epoch_start(self, run: Run, epoch: int) -> None:
         cfg = run.cfg
         apply_freezing(run.model, cfg.freezing.name, epoch)
-        if run.step.optimizer is None or cfg.freezing.name != "none":
+        if run.step.optimizer is None or freezes(cfg.freezing):
             # Rebuilt over the parameters trainable this epoch (seed 000, section 3.2).
             run.step.renew_optimizer()
 

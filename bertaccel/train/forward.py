@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from bertaccel.config import RunConfig
+from bertaccel.attention.option import is_sdpa
 from bertaccel.options.compile import compiles, uses_cuda_graphs
 from bertaccel.options.precision import Precision
 from bertaccel.train.warmup import IGNORE_INDEX
@@ -26,7 +27,7 @@ AttentionContext = Callable[[], ContextManager[object]]  # entered around every 
 
 def sdpa_backends(cfg: RunConfig) -> AttentionContext:
     """Context restricting torch SDPA to the configured backends (no-op when none are set)."""
-    names = list(cfg.attention.sdpa_backends) if cfg.attention.hf_implementation == "sdpa" else []
+    names = list(cfg.attention.sdpa_backends) if is_sdpa(cfg.attention) else []
     if not names:
         return nullcontext
     from torch.nn.attention import SDPBackend, sdpa_kernel

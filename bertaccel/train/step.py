@@ -15,7 +15,9 @@ import torch
 
 from bertaccel import distributed
 from bertaccel.config import RunConfig
-from bertaccel.options.compile import compiles, uses_cuda_graphs
+from bertaccel.attention.option import jit_compiles
+from bertaccel.encoder.option import is_fused
+from bertaccel.options.compile import compiles, torch_compile_mode, uses_cuda_graphs
 from bertaccel.measure.step_clock import PhaseClock
 from bertaccel.options.accumulation import GradVariance
 from bertaccel.options.optimizer import build_optimizer
@@ -195,7 +197,7 @@ def uses_fixed_shapes(cfg: RunConfig) -> bool:
 
 def uses_triton(cfg: RunConfig, device_type: str) -> bool:
     """Our Triton kernels JIT-compile (or load) per run: attention=triton's, and encoder=fused's."""
-    return (cfg.attention.swap == "triton" or cfg.encoder.layer == "fused") and device_type == "cuda"
+    return (jit_compiles(cfg.attention) or is_fused(cfg.encoder)) and device_type == "cuda"
 
 
 def compiles_anything(cfg: RunConfig, device_type: str) -> bool:
@@ -206,7 +208,7 @@ def compiles_anything(cfg: RunConfig, device_type: str) -> bool:
 def compile_model(model: torch.nn.Module, cfg: RunConfig) -> Callable:
     if not compiles(cfg.compile):
         return model
-    return torch.compile(model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
+    return torch.compile(model, mode=torch_compile_mode(cfg.compile))
 
 
 def data_parallel(model: torch.nn.Module, device: torch.device) -> Optional[torch.nn.Module]:

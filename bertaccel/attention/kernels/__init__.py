@@ -26,7 +26,8 @@ class Backend:
     """One attention kernel, everything the package asks of it. dense_core: q/k/v [B, S, H, D], no
     padding -> [B, S, H, D]. packed_core: q/k/v [T, H, D] of the Packing's sequences -> [T, H, D].
     prepare: the kernel's per-batch object, built once per batch by PackedEncoder (not per layer).
-    unusable: why this machine cannot run it (a skip), or None. fused_core: our fused layer's core,
+    unusable: why this machine cannot run it (a skip), or None. jit_per_run: compiled per run (a
+    warm-up before the first window). fused_core: our fused layer's core,
     qkv [T, 3, H, D] -> [T, H, D] (encoder/attention.py core()). order: where the kernel stands in
     the lists that name the kernels (a refusal's "one of ...", the config reference); kernels of
     one order by name."""
@@ -36,6 +37,9 @@ class Backend:
     unusable: Callable[[torch.device], Optional[str]]
     fused_core: Callable[..., torch.Tensor]
     order: int = 100
+    # Compiled per run (a JIT kernel, loaded from or written to the run's compile cache): the
+    # run then has a warm-up that compiles it before its first timed window (train/step.py).
+    jit_per_run: bool = False
 
 
 def no_prepare(packing: Packing) -> None:

@@ -54,4 +54,5 @@ def triton_unusable(device: torch.device) -> Optional[str]:
 
 # Listed after xformers (order 1): the order the kernels were added, which refusals and the
 # config reference keep.
-BACKEND = Backend(_triton_dense, _triton_packed, no_prepare, triton_unusable, _triton_fused, order=1)
+BACKEND = Backend(_triton_dense, _triton_packed, no_prepare, triton_unusable, _triton_fused, order=1,
+                  jit_per_run=True)
