@@ -8,7 +8,6 @@ anything is written, so the caller can decide between "one line and exit" and "r
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import tempfile
@@ -29,15 +28,14 @@ from bertaccel.measure.collectors import Reading, build_collectors
 from bertaccel.measure.memory import PeakMemory
 from bertaccel.measure.profiling import write_report
 from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tokenizer
-from bertaccel.options.checks import validate
+from bertaccel.options.checks import ask_later
 from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from bertaccel.plan.hook import log_prediction
 from bertaccel.runs.cuda_free_imports import run_process_cuda_check
 from bertaccel.record.datasets import dataset_inputs
-from bertaccel.runs import interrupt
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.record.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
-from bertaccel.record.run_record import Outcome, RankTracker, open_tracker, restated_tags, resumed
+from bertaccel.record.run_record import Outcome, RankTracker, logged_config, open_tracker, restated_tags, resumed
 from bertaccel.runs.startup import Mark, startup_phases
 from bertaccel.record.store_failure import close_or_name, failed
 from bertaccel.record.tracking import RunTracker
@@ -63,20 +61,22 @@ def job_devices(device: torch.device, world_size: int) -> List[torch.device]:
     return [torch.device("cuda", r) for r in range(world_size)]
 
 
-def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
+def execute(run: RunConfig, choices: Mapping[str, str], run_name: str,
             started_at: float, started_source: str, rank: Optional[distributed.Rank] = None,
-            launch_tags: Optional[Mapping[str, str]] = None, startup: Sequence[Mark] = ()) -> Outcome:
-    """started_at: wall time the run's overhead counts from (see run.py). rank: this process's
+            launch_tags: Optional[Mapping[str, str]] = None, startup: Sequence[Mark] = (),
+            later: Sequence[str] = ()) -> Outcome:
+    """run: the config launch.py typed (validated once, there or by the sweep's plan).
+    started_at: wall time the run's overhead counts from (see run.py). rank: this process's
     place in a data-parallel job (launch.py), None for a single process. launch_tags: tags the
     launcher finds the run by if its process dies. startup: the marks from started_at to this
-    call (runs/startup.py: the main process, the launch, the run's process)."""
+    call (runs/startup.py: the main process, the launch, the run's process). later: the later
+    checks validate() left to this process (launch.RUN_PROCESS_CHECKS), asked here alone."""
     marks = {"entered": time.time()}  # where the start-up goes: startup.startup_phases()
     # Bad input first, before anything is written (raises ConfigError / DataError).
-    # From here on two views of one config: `run`, the schema's typed objects, is what the data,
-    # model, training and measurement read; `cfg`, the composed DictConfig, is what the record
-    # reads (params, config_hash and the choices are built from it: record/), and the profile.
-    with interrupt.deferred():  # (OmegaConf's conversion: a signal raised inside it was lost)
-        run = validate(cfg)
+    ask_later(run, later)
+    # `run` is what everything reads; `cfg`, the DictConfig the record writes (params, config.yaml,
+    # config_hash) and the profile is read from, is derived from it (record/run_record.py).
+    cfg = logged_config(run)
     device = resolve_device(run.train.device)
     check_gpu_count(run.num_gpus, device)
     if device.type == "cuda" and (why := run_process_cuda_check()):
@@ -140,8 +140,7 @@ def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, s
             model, weights_note = _build_model(run, raw, tokenizer, tracker, marks)
             if run.train.batch_size == "auto":  # before the prediction and loaders, which read the batch
                 run = fitted_batch(run, model, device, data, tracker)
-                cfg = copy.deepcopy(cfg)  # the prediction and the record's metrics read the batch found
-                cfg.train.batch_size = run.train.batch_size
+                cfg = logged_config(run)  # the prediction and the record's metrics read the batch found
                 marks["batch fitted"] = time.time()
             # This run's own prediction, from the store as it stood before it (bertaccel/plan/hook.py).
             log_prediction(cfg, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)

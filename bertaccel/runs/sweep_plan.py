@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from yaml import YAMLError
 
+from bertaccel.config import RunConfig
 from bertaccel.runs import interrupt
 from bertaccel.runs.sweep_jobs import SweepJobs, SweepJobsRefused, refuse_oversized, sweep_jobs
 
@@ -68,6 +69,9 @@ class PlannedJob:
     config: Optional[DictConfig]  # the job's sweep config (hydra node included) for the launcher; None: compose it again
     config_hash: str
     refusal: Optional[str] = None  # bad input: the reason
+    # The config typed (validate(leave=LEFT_TO_THE_RUNS)): what the launcher hands the run, which
+    # converts nothing again (runs/launch.py). None: refused, or a repeat.
+    run: Optional[RunConfig] = None
     repeat_of: Optional[int] = None  # the job of the same configuration that runs instead
 
 
@@ -145,8 +149,8 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
                 job.repeat_of = None
                 try:
                     with interrupt.deferred():  # (OmegaConf's conversion: a signal inside it was lost)
-                        run = validate(task_cfg, leave=LEFT_TO_THE_RUNS)
-                    job.refusal = _machine_refusal(run) if local else None
+                        job.run = validate(task_cfg, leave=LEFT_TO_THE_RUNS)
+                    job.refusal = _machine_refusal(job.run) if local else None
                 except ConfigError as e:
                     job.refusal = str(e)
             if idx not in plan.baseline and (job.repeat_of is not None or idx >= KEPT_CONFIGS):
@@ -175,7 +179,7 @@ def _refuse_if_nothing_to_run(plan: SweepPlan) -> None:
     raise SweepRefused(why)
 
 
-def _machine_refusal(run: Any) -> Optional[str]:
+def _machine_refusal(run: RunConfig) -> Optional[str]:
     """What the run's own checks on this machine refuse before it trains (runs/launch.py,
     runs/job.py): a device that is not here, more GPUs than are visible, train.batch_size=auto off
     a GPU. Asked only where the sweep's runs run on this machine (not a cluster's launcher)."""
