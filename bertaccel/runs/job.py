@@ -143,7 +143,7 @@ def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, s
                 cfg = logged_config(run)  # the prediction and the record's metrics read the batch found
                 marks["batch fitted"] = time.time()
             # This run's own prediction, from the store as it stood before it (bertaccel/plan/hook.py).
-            log_prediction(cfg, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)
+            log_prediction(run, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)
             marks["predicted"] = time.time()
             trained = _train_and_measure(run, model, tokenizer, data, device, profile, world, ccache,
                                          Path(prof_dir), marks)
