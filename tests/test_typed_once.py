@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from bertaccel.options.checks import validate
 from bertaccel.record.run_record import logged_config
-from bertaccel.runs.sweep_plan import LEFT_TO_THE_RUNS
+from bertaccel.runs.checked import LEFT_TO_THE_RUNS
 from conftest import TINY
 
 # The real CLI in a process of its own, with checks.validate and checks.typed's conversions (of a

@@ -132,7 +132,7 @@ def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, s
         reason = unavailable or skip_reason(run, device, probe())
         if reason:
             return _end(tracker, outcome, "skipped", reason)
-        tracker.log_inputs(dataset_inputs(cfg.dataset, raw))  # the UI's Dataset column (record/datasets.py)
+        tracker.log_inputs(dataset_inputs(run.dataset, raw))  # the UI's Dataset column (record/datasets.py)
         with isolated_run(run.train.seed, shared_process=run.launcher.name == "inline"), \
                 tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
                 compile_caches(run.cache_dir, run.compile.cache, device) as ccache:

@@ -64,10 +64,6 @@ STRAGGLER_GRACE_S = 60.0  # how long the other ranks may take to exit once rank 
 LAUNCH_TAG = "launch_id"
 TERMINATE_GRACE_S = 10.0  # an interrupted run's workers get this long to exit before SIGKILL
 WATCH_S = 0.5  # how often a worker looks whether its launching process is still there
-# The later checks (options/checks.py) a run of its own process asks there, not in the launching
-# process: building the optimizer imports torch._dynamo (3.4 s on an H100 host), the longest part
-# of a sweep's first-run start-up once the forkserver preloads beside it.
-RUN_PROCESS_CHECKS = ("optimizer.check_built",)
 
 
 @dataclass
@@ -97,8 +93,7 @@ class Job:
     launcher_started_at: float = 0.0
     # Where the start-up went so far (runs/startup.py); the worker adds its own marks.
     startup: List[Mark] = field(default_factory=list)
-    # The later checks this job's process asks (RUN_PROCESS_CHECKS): validate() left them.
-    later: Tuple[str, ...] = ()
+    later: Tuple[str, ...] = ()  # the later checks this job's process asks (runs/checked.py)
 
 
 def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
@@ -108,8 +103,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
     (ConfigError, DataError) is raised here, in the caller's process, before anything starts.
     devices: the GPUs the job's processes may see (the sweep launcher's share for this run).
     startup: the job's start-up marks so far (runs/startup.py).
-    typed: cfg as the sweep's plan typed it (runs/sweep_plan.py: validate(leave=LEFT_TO_THE_RUNS));
-    None: typed here. Either way the config is converted once, and the typed one is what runs."""
+    typed: cfg as the sweep's plan typed it, or None: typed here, once either way (runs/checked.py)."""
     quiet_store_errors()
     try:
         return _launch(cfg, choices, run_name, started_at, started_source, devices, startup, typed)
@@ -120,19 +114,6 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
         raise stop from None
 
 
-def _typed(cfg: DictConfig, typed: Optional[RunConfig], own: Sequence[str]) -> RunConfig:
-    """The config typed, every check asked but `own` (the run's process asks them): converted
-    here, or (typed) by the sweep's plan, whose left checks are then asked alone."""
-    from bertaccel.options.checks import ask_later, validate
-    from bertaccel.runs.sweep_plan import LEFT_TO_THE_RUNS
-
-    with interrupt.deferred():  # (OmegaConf's conversion: a signal raised inside it was lost)
-        if typed is None:
-            return validate(cfg, leave=own)
-        ask_later(typed, [name for name in LEFT_TO_THE_RUNS if name not in own])
-        return typed
-
-
 def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
             started_source: str, devices: Optional[Sequence[str]], startup: Sequence[Mark],
             typed: Optional[RunConfig]) -> Any:
@@ -141,13 +122,11 @@ def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_
     from bertaccel.options.hardware import check_gpu_count, resolve_device
     from bertaccel.runs.hub import hub_skip_reason
     from bertaccel.record.run_record import logged_config, record_skipped, resumed
+    from bertaccel.runs.checked import typed_once
     from bertaccel.store import repair_store
 
-    # A run of its own process asks the checks left to it there (job.execute), and their refusal
-    # comes back here as the same bad input (_in_processes).
-    own = () if cfg.launcher.name == "inline" else RUN_PROCESS_CHECKS
     try:
-        run = _typed(cfg, typed, own)
+        run, own = typed_once(cfg, typed)  # (own: asked in the run's process; a refusal comes back as bad input)
         cfg = logged_config(run)  # (what the record reads from here on: derived from the typed config)
         check_gpu_count(run.num_gpus, resolve_device(run.train.device))
         refuse_deleted_experiment(run.tracking.uri, run.tracking.experiment)

@@ -15,9 +15,10 @@ on_multirun_start asks plan_sweep, before the parent run):
 
 The checks asked here are checks.validate's, less the two that are slow or not the input's own
 (the optimizer's build, which imports torch's compiler, and the store's, which the sweep asks
-next, once); each run asks them all again at its turn. The sweep configs composed here (as
-Hydra's launchers compose them: config_loader.load_sweep_config) are handed to bertaccel's
-launchers, which skip the repeats and compose nothing again. A search (hydra/sweeper=optuna_*)
+next, once); each run asks those two alone at its turn. The sweep configs composed here (as
+Hydra's launchers compose them: config_loader.load_sweep_config), and typed here (the one
+conversion of each: runs/checked.py), are handed to bertaccel's launchers, which skip the repeats
+and compose nothing again. A search (hydra/sweeper=optuna_*)
 makes its trials one by one: nothing is planned for it.
 """
 from __future__ import annotations
@@ -39,12 +40,11 @@ from yaml import YAMLError
 
 from bertaccel.config import RunConfig
 from bertaccel.runs import interrupt
+from bertaccel.runs.checked import LEFT_TO_THE_RUNS
 from bertaccel.runs.sweep_jobs import SweepJobs, SweepJobsRefused, refuse_oversized, sweep_jobs
 
 BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
 BERTACCEL_SWEEPER = "hydra_plugins.bertaccel_sweeper.bertaccel_sweeper.BertaccelSweeper"
-# Not asked before the sweep (see the module's docstring): each run asks them at its turn.
-LEFT_TO_THE_RUNS = ("optimizer.check_built", "tracking.check_store")
 # The launchers that run a sweep's runs on this machine: its devices are theirs (_machine_refusal).
 LOCAL_LAUNCHERS = ("BertaccelLauncher", "BasicLauncher")
 KEPT_CONFIGS = 100     # the composed configs held for the launcher: the first jobs' (~0.3 MB each)

@@ -113,7 +113,7 @@ class _BertaccelSubmitit:
         are asked alone, nothing converted again."""
         from bertaccel.config import ConfigError
         from bertaccel.options.checks import ask_later, validate
-        from bertaccel.runs.sweep_plan import LEFT_TO_THE_RUNS
+        from bertaccel.runs.checked import LEFT_TO_THE_RUNS
         from bertaccel.run import job_info
         from bertaccel.record.run_record import record_bad_input, resumed
         from bertaccel.runs.sweep_plan import task_config
