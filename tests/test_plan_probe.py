@@ -137,7 +137,8 @@ def test_configurations_that_compile_nothing_are_probed_together_in_one_process(
 
     class Planned:
         def __init__(self, overrides, name):
-            self.cfg = _typed(compose_cfg([*TINY[:-1], *overrides, f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"]))
+            self.cfg = self.run = _typed(compose_cfg([*TINY[:-1], *overrides, f"cache_dir={tmp_path / 'cache'}",
+                                                      "train.epochs=1"]))
             self.name, self.config_hash, self.invalid = name, name, None
             self.choices = {g: str(getattr(self.cfg, g).name) for g in ("precision", "attention")}
 

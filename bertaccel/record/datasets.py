@@ -11,6 +11,7 @@ run starts, as cheaply as the run's own read: the parse cache keyed by the files
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any, Dict, List, Mapping, Optional, Union
@@ -120,6 +121,6 @@ def dataset_inputs(ds_cfg: DatasetConfig, raw: RawData) -> List[DatasetInput]:
     digests = data_digests(raw)
     for split, source in _sources(ds_cfg).items():
         rows = getattr(raw, split)
-        ds = SplitDataset(source, dataset_label(ds_cfg), digests[split], len(rows.texts))
+        ds = SplitDataset(source, dataset_label(dataclasses.asdict(ds_cfg)), digests[split], len(rows.texts))
         inputs.append(DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(CONTEXT_TAG, split)]))
     return inputs

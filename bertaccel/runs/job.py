@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
-from omegaconf import DictConfig
 
 from bertaccel import distributed
 from bertaccel.config import ConfigError, RunConfig, first_line
@@ -74,8 +73,8 @@ def execute(run: RunConfig, choices: Mapping[str, str], run_name: str,
     marks = {"entered": time.time()}  # where the start-up goes: startup.startup_phases()
     # Bad input first, before anything is written (raises ConfigError / DataError).
     ask_later(run, later)
-    # `run` is what everything reads; `cfg`, the DictConfig the record writes (params, config.yaml,
-    # config_hash) and the profile is read from, is derived from it (record/run_record.py).
+    # `run` is what everything reads; `cfg`, the DictConfig the record writes when it opens the run
+    # (params, config.yaml, config_hash) and the profile is read from, is derived from it (record/).
     cfg = logged_config(run)
     device = resolve_device(run.train.device)
     check_gpu_count(run.num_gpus, device)
@@ -121,11 +120,11 @@ def execute(run: RunConfig, choices: Mapping[str, str], run_name: str,
     marks["run opened"] = time.time()
     outcome = Outcome("running", run_name, run_id=tracker.run_id)
     with distributed.process_group(rank, device.type):
-        return _run(cfg, run, run_name, (started_at, started_source, list(startup)), device, profile, raw, unavailable,
+        return _run(run, run_name, (started_at, started_source, list(startup)), device, profile, raw, unavailable,
                     tracker, outcome, world, marks)
 
 
-def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, str, List[Mark]], device: torch.device,
+def _run(run: RunConfig, run_name: str, started: Tuple[float, str, List[Mark]], device: torch.device,
          profile: Mapping[str, Any], raw: Any, unavailable: Optional[str], tracker: Any, outcome: Outcome,
          world: int, marks: Dict[str, float]) -> Outcome:
     try:
@@ -139,8 +138,7 @@ def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, s
             tokenizer, data = _prepare_data(run, raw, marks)
             model, weights_note = _build_model(run, raw, tokenizer, tracker, marks)
             if run.train.batch_size == "auto":  # before the prediction and loaders, which read the batch
-                run = fitted_batch(run, model, device, data, tracker)
-                cfg = logged_config(run)  # the prediction and the record's metrics read the batch found
+                run = fitted_batch(run, model, device, data, tracker)  # the prediction and the metrics read it
                 marks["batch fitted"] = time.time()
             # This run's own prediction, from the store as it stood before it (bertaccel/plan/hook.py).
             log_prediction(run, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)
@@ -151,7 +149,7 @@ def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, s
                 write_report(trained.result.profile, Path(prof_dir))
                 tracker.log_artifacts(prof_dir, "profile")
         # (after the with: the isolation, the profile directory and the compile caches are closed)
-        outcome.metrics = _fill_record(cfg, tracker, trained, data, raw, weights_note, ccache, device, profile,
+        outcome.metrics = _fill_record(run, tracker, trained, data, raw, weights_note, ccache, device, profile,
                                        marks, started)
         return _end(tracker, outcome, "finished")
     except ModelUnavailable as e:
@@ -161,9 +159,9 @@ def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, s
         e.run_id, e.run_name = outcome.run_id, run_name
         raise
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the sweep goes on
-        store = failed(e, cfg.tracking.uri, cfg.tracking.experiment)
+        store = failed(e, run.tracking.uri, run.tracking.experiment)
         if store is not None:  # not the run's own: the store or the disk, the sweep stops (record/store_failure.py)
-            raise store.leaving(close_or_name(cfg.tracking.uri, [(outcome.run_id, run_name)], store.reason)) from None
+            raise store.leaving(close_or_name(run.tracking.uri, [(outcome.run_id, run_name)], store.reason)) from None
         log.error(f"run {run_name} failed:\n{traceback.format_exc()}")
         return _end(tracker, outcome, "failed", _first_line(e))
 
@@ -242,7 +240,7 @@ def _train_and_measure(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, d
     return _Trained(result, peak_gib, peak_source, cache_state, measured)
 
 
-def _fill_record(cfg: DictConfig, tracker: Any, trained: _Trained, data: Any, raw: Any, weights_note: str,
+def _fill_record(cfg: RunConfig, tracker: Any, trained: _Trained, data: Any, raw: Any, weights_note: str,
                  ccache: Any, device: torch.device, profile: Mapping[str, Any], marks: Mapping[str, float],
                  started: Tuple[float, str, List[Mark]]) -> Dict[str, Any]:
     """The finished run's metrics, series and tags (each metric with its _source); returns the
