@@ -69,7 +69,7 @@ def execute(run: RunConfig, choices: Mapping[str, str], run_name: str,
     place in a data-parallel job (launch.py), None for a single process. launch_tags: tags the
     launcher finds the run by if its process dies. startup: the marks from started_at to this
     call (runs/startup.py: the main process, the launch, the run's process). later: the later
-    checks validate() left to this process (launch.RUN_PROCESS_CHECKS), asked here alone."""
+    checks validate() left to this process (runs/checked.py RUN_PROCESS_CHECKS), asked here alone."""
     marks = {"entered": time.time()}  # where the start-up goes: startup.startup_phases()
     # Bad input first, before anything is written (raises ConfigError / DataError).
     ask_later(run, later)
