@@ -78,7 +78,7 @@ from omegaconf import DictConfig
 from yaml import YAMLError
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from bertaccel.config import CONF_DIR, GROUPS, ConfigError, first_line, register_configs
+from bertaccel.config import CONF_DIR, GROUPS, ConfigError, RunConfig, first_line, register_configs
 from bertaccel.data import DataError
 from bertaccel.options.checks import unknown_setting
 from bertaccel.options.search import trial_result, uses_search
@@ -128,14 +128,16 @@ def job_info(hc: DictConfig) -> JobInfo:
     return JobInfo(multirun, name, choices, started_at, started_source, job_marks(started_at, first))
 
 
-def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = None):
+def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = None,
+            typed: Optional[RunConfig] = None):
     """One configuration, recorded; returns its Outcome. devices: the GPUs (as CUDA_VISIBLE_DEVICES
-    names) the run's processes may see, when the sweep launcher hands each run its own."""
+    names) the run's processes may see, when the sweep launcher hands each run its own. typed: cfg
+    as the sweep's plan typed it (runs/sweep_plan.py), not converted again (runs/launch.py)."""
     try:
         if not info.multirun:
             refuse_repeats_alone(cfg)
         outcome = launch(cfg, info.choices, info.name, info.started_at, info.started_source, devices=devices,
-                         startup=info.startup)
+                         startup=info.startup, typed=typed)
     except (ConfigError, DataError) as e:
         if not info.multirun:
             print(said("error: ", e), file=sys.stderr)

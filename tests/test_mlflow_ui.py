@@ -84,11 +84,14 @@ def test_a_reopened_parent_takes_the_axes_name_and_keeps_its_sweep_id(tmp_path):
 # --- 3. each run's dataset splits are MLflow inputs ---------------------------------------------
 
 def _dataset_cfg(name: str, **over):
-    # (through the group's schema, as Hydra composes it: the file names only what differs from it)
+    """The dataset section as a run has it: the option's file through its schema, typed."""
+    from bertaccel.config import DatasetConfig
+
     cfg = OmegaConf.merge(OmegaConf.structured(DatasetConfig), OmegaConf.load(CONF / "dataset" / f"{name}.yaml"))
+    cfg.subset_seed = 0
     for k, v in over.items():
         cfg[k] = v
-    return cfg
+    return OmegaConf.to_object(cfg)
 
 
 def test_dataset_inputs_carry_the_content_digest_rows_source_and_split(tmp_path):

@@ -15,6 +15,13 @@ from bertaccel.plan.work import Work
 
 from conftest import TINY
 
+
+def _typed(cfg):
+    """A composed config typed as the plan types it (plan/grid.py): what the plan's functions read."""
+    from bertaccel.options.checks import validate
+
+    return validate(cfg, leave=("tracking.check_store",))
+
 H100 = {"name": "h100", "price_per_gpu_hour_usd": 2.99, "tdp_w": 700.0, "peak_tflops_bf16": 989.4,
         "peak_tflops_fp16": 989.4, "peak_tflops_fp32": 66.9}
 
@@ -69,7 +76,7 @@ def test_a_probe_of_the_tiny_model_is_cached_by_configuration_and_by_machine(com
     from bertaccel.model import hf_config
     from bertaccel.plan.work import data_shape, work_of
 
-    cfg = compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"])
+    cfg = _typed(compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"]))
     data = data_shape(cfg)
     config = hf_config(cfg.model, data.num_labels, data.vocab_size)
     work = work_of(cfg, data, config)
@@ -87,7 +94,7 @@ def test_a_probe_of_the_tiny_model_is_cached_by_configuration_and_by_machine(com
     again, _ = Prober(enabled=True).get(cfg, data, config, work, profile, runs_machine=Machine())
     assert again.cached and again.fit == first.fit and again.measured_at == first.measured_at
     # Another batch is another key; another torch (the machine key) is another folder: both probe again
-    cfg32 = compose_cfg([*TINY[:-1], "train.batch_size=32", f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"])
+    cfg32 = _typed(compose_cfg([*TINY[:-1], "train.batch_size=32", f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"]))
     other, _ = Prober(enabled=True).get(cfg32, data, config, work_of(cfg32, data, config), profile, runs_machine=machine)
     real_key = probe_mod.machine_key
     monkeypatch.setattr(probe_mod, "machine_key", lambda device: {**real_key(device), "torch": "0.0-other"})
@@ -104,8 +111,9 @@ def test_a_probe_of_the_tiny_model_is_cached_by_configuration_and_by_machine(com
     class Planned:
         pass
     planned = Planned()
-    planned.cfg, planned.name, planned.config_hash, planned.invalid = cfg, "tiny", "h", None
-    planned.choices = {g: str(cfg[g].name) if "name" in cfg[g] else "" for g in ("precision", "attention")}
+    planned.cfg = planned.run = cfg
+    planned.name, planned.config_hash, planned.invalid = "tiny", "h", None
+    planned.choices = {g: str(getattr(cfg, g).name) for g in ("precision", "attention")}
     (pred,) = planner.predict(planned)
     assert pred.basis.startswith("cached probe of this configuration here")
     assert pred.train_time_s == pytest.approx(first.overhead_ms / 1e3 * work.optimizer_steps
@@ -129,9 +137,10 @@ def test_configurations_that_compile_nothing_are_probed_together_in_one_process(
 
     class Planned:
         def __init__(self, overrides, name):
-            self.cfg = compose_cfg([*TINY[:-1], *overrides, f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"])
+            self.cfg = self.run = _typed(compose_cfg([*TINY[:-1], *overrides, f"cache_dir={tmp_path / 'cache'}",
+                                                      "train.epochs=1"]))
             self.name, self.config_hash, self.invalid = name, name, None
-            self.choices = {g: str(self.cfg[g].name) for g in ("precision", "attention")}
+            self.choices = {g: str(getattr(self.cfg, g).name) for g in ("precision", "attention")}
 
     # The compiled one with compile.cache=fresh: still compiled (so left out of the shared process),
     # but with no persistent cache for probe_ahead to fill. A fill is an Inductor compile, 40-60 s
@@ -179,10 +188,11 @@ def test_compiled_configurations_caches_are_filled_side_by_side_then_each_probed
 
     class Planned:
         def __init__(self, overrides, name):
-            self.cfg = compose_cfg([*TINY[:-1], *overrides, "compile=default", f"cache_dir={tmp_path / 'cache'}",
-                                    "train.epochs=1", "dataset.max_length=32"])
+            self.cfg = self.run = _typed(compose_cfg([*TINY[:-1], *overrides, "compile=default",
+                                                      f"cache_dir={tmp_path / 'cache'}", "train.epochs=1",
+                                                      "dataset.max_length=32"]))
             self.name, self.config_hash, self.invalid = name, name, None
-            self.choices = {g: str(self.cfg[g].name) for g in ("precision", "attention")}
+            self.choices = {g: str(getattr(self.cfg, g).name) for g in ("precision", "attention")}
 
     monkeypatch.setattr(probe_mod, "fill_at_once", lambda: 2)  # (this box has 2 cores: one at a time)
     grid = [Planned(["train.batch_size=16"], "b16"), Planned(["train.batch_size=8"], "b8")]
@@ -220,10 +230,10 @@ def test_when_the_shared_probe_process_dies_each_is_probed_alone(compose_cfg, tm
 
     class Planned:
         def __init__(self, batch, name):
-            self.cfg = compose_cfg([*TINY[:-1], f"train.batch_size={batch}", f"cache_dir={tmp_path / 'cache'}",
-                                    "train.epochs=1"])
+            self.cfg = self.run = _typed(compose_cfg([*TINY[:-1], f"train.batch_size={batch}",
+                                                      f"cache_dir={tmp_path / 'cache'}", "train.epochs=1"]))
             self.name, self.config_hash, self.invalid = name, name, None
-            self.choices = {g: str(self.cfg[g].name) for g in ("precision", "attention")}
+            self.choices = {g: str(getattr(self.cfg, g).name) for g in ("precision", "attention")}
 
     grid = [Planned(16, "b16"), Planned(32, "b32")]
     planner = Planner()
@@ -239,7 +249,7 @@ def test_when_the_shared_probe_process_dies_each_is_probed_alone(compose_cfg, tm
 def test_probes_sharing_a_process_read_their_data_once(compose_cfg, tmp_path):
     from bertaccel.plan.probe_process import _read_data
 
-    cfg = compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}"])
+    cfg = _typed(compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}"]))
     read = {}
     tokenizer, first_s = _read_data(cfg, read)
     assert tokenizer.pad_token_id is not None and first_s > 0 and len(read) == 1
@@ -248,7 +258,7 @@ def test_probes_sharing_a_process_read_their_data_once(compose_cfg, tmp_path):
     again, again_s = _read_data(cfg, read)
     assert again is tokenizer and again_s == first_s and len(read) == 1
     # Other data (another subset): read and timed again
-    other = compose_cfg([*TINY[:3], "dataset.test_subset=32", TINY[4], f"cache_dir={tmp_path / 'cache'}"])
+    other = _typed(compose_cfg([*TINY[:3], "dataset.test_subset=32", TINY[4], f"cache_dir={tmp_path / 'cache'}"]))
     _, other_s = _read_data(other, read)
     assert len(read) == 2 and other_s != first_s
 
@@ -259,12 +269,12 @@ def test_without_a_gpu_the_probe_says_what_it_cannot_probe(compose_cfg, tmp_path
     from bertaccel.model import hf_config
     from bertaccel.plan.work import data_shape, work_of
 
-    cfg = compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}"])
+    cfg = _typed(compose_cfg([*TINY, f"cache_dir={tmp_path / 'cache'}"]))
     data = data_shape(cfg)
     config = hf_config(cfg.model, data.num_labels, data.vocab_size)
     probe, why = Prober(enabled=True).get(cfg, data, config, work_of(cfg, data, config), {**H100, "what_if": False})
     assert probe is None and why.startswith("not probed: the prediction is for 'h100', this machine has")
-    cfg_x = compose_cfg([*TINY, "attention=xformers", "train.device=auto", f"cache_dir={tmp_path / 'cache'}"])
+    cfg_x = _typed(compose_cfg([*TINY, "attention=xformers", "train.device=auto", f"cache_dir={tmp_path / 'cache'}"]))
     import torch
 
     if not torch.cuda.is_available():
@@ -286,10 +296,10 @@ def test_a_probe_on_one_gpu_predicts_another_through_the_roofline(compose_cfg, t
 
     profiles = {p["name"]: p for p in load_profiles()}
     planned = expand("config", [*TINY, "precision=bf16", f"cache_dir={tmp_path / 'cache'}"]).configs[0]
-    data = data_shape(planned.cfg)
-    config = hf_config(planned.cfg.model, data.num_labels, data.vocab_size)
-    work = work_of(planned.cfg, data, config)
-    params = run_params(planned.cfg, planned.choices, config)
+    data = data_shape(planned.run)
+    config = hf_config(planned.run.model, data.num_labels, data.vocab_size)
+    work = work_of(planned.run, data, config)
+    params = run_params(planned.run, planned.choices, config)
     # What a probe on the H200 predicted: 2 ms per step of overhead + 0.5 s of compute
     here = price("cfg", "h", work, Calibration(work.model_flops / 0.5 / 1e12, 500.0, "probe of this configuration here",
                                               "runs", [], 2.0), profiles["h200"], "bf16", 1)

@@ -195,10 +195,10 @@ def test_plan_cli_prices_h100_from_a_run_recorded_on_h200(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [*TINY, "train.epochs=1", f"tracking.uri={uri}", f"cache_dir={tmp_path / 'cache'}"]
     planned = expand("config", args).configs[0]
-    data = data_shape(planned.cfg)
-    config = hf_config(planned.cfg.model, data.num_labels, data.vocab_size)
-    work = work_of(planned.cfg, data, config)
-    params = run_params(planned.cfg, planned.choices, config)
+    data = data_shape(planned.run)
+    config = hf_config(planned.run.model, data.num_labels, data.vocab_size)
+    work = work_of(planned.run, data, config)
+    params = run_params(planned.run, planned.choices, config)
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("bertaccel", artifact_location=(tmp_path / "art").as_uri())
     run = client.create_run(exp, run_name="on h200", tags={"status": "finished", "hardware_profile": "h200"})

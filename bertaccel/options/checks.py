@@ -234,6 +234,13 @@ def validate(cfg: Any, leave: Collection[str] = ()) -> RunConfig:
     return run
 
 
+def ask_later(run: RunConfig, names: Collection[str]) -> None:
+    """The later checks `names` (those a validate(leave=...) left, e.g. to the run's own process)
+    asked of a config validate() typed already: those checks alone, no second conversion. Raises
+    ConfigError saying every problem, one line each."""
+    _refuse(later(run, [name for name in check_names() if name not in names]))
+
+
 def check_names() -> List[str]:
     """The names `leave` may give: every option's later checks."""
     from bertaccel.options.registry import options

@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence, Set
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from bertaccel.config import RunConfig
+
 
 class PlanInputError(ValueError):
     """Bad plan input; the message is the one line the user sees."""
@@ -29,6 +31,7 @@ class PlannedConfig:
     choices: Dict[str, str]          # config group -> option, as the run logs them
     config_hash: str
     invalid: Optional[str] = None    # why the project's validation refuses it (then nothing is predicted)
+    run: Optional[RunConfig] = None  # the config typed by that validation (None: invalid): what is predicted
 
 
 @dataclass
@@ -115,18 +118,18 @@ def expand(config_name: str = "config", overrides: Sequence[str] = (), config_di
                 with open_dict(cfg):
                     del cfg["hydra"]  # what the run's task function gets (Hydra's run_job drops it)
                 OmegaConf.set_readonly(cfg, False)
-                invalid = None
+                invalid, run = None, None
                 try:
                     # (not whether the store can be written: the plan only reads it, _check_store
                     # above, and a read-only store is the run's refusal at its turn, not the plan's)
-                    validate(cfg, leave=("tracking.check_store",))
+                    run = validate(cfg, leave=("tracking.check_store",))
                 except ConfigError as e:
                     invalid = str(e)
                 digest = cfg_hash(cfg)  # (once per configuration: the plan is linear in them)
                 if digest in seen:
                     continue  # (given twice, or the added baseline is a grid job: the sweep runs it once)
                 seen.add(digest)
-                grid.configs.append(PlannedConfig(number, name, job, cfg, choices, digest, invalid))
+                grid.configs.append(PlannedConfig(number, name, job, cfg, choices, digest, invalid, run))
     finally:
         GlobalHydra.instance().clear()
     return grid

@@ -20,13 +20,13 @@ from typing import Any, Mapping
 
 import torch
 
-from ..config import first_line
+from ..config import RunConfig, first_line
 from .pricing import PREDICTED, PREDICTED_WAIT
 
 log = logging.getLogger("bertaccel")
 
 
-def log_prediction(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: int, model_config: Any,
+def log_prediction(cfg: RunConfig, tracker: Any, lengths: torch.Tensor, num_labels: int, model_config: Any,
                    profile: Mapping[str, Any], run_name: str) -> None:
     """tracker: the run's RunTracker (rank 0); other ranks' trackers have no store: nothing to do."""
     if getattr(tracker, "client", None) is None:
@@ -41,7 +41,7 @@ def log_prediction(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: in
     log.info(f"prediction: {'not predicted: ' + why if why else 'logged'} ({time.perf_counter() - t0:.2f} s)")
 
 
-def _predict_and_log(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: int, model_config: Any,
+def _predict_and_log(cfg: RunConfig, tracker: Any, lengths: torch.Tensor, num_labels: int, model_config: Any,
                      profile: Mapping[str, Any], run_name: str) -> str:
     """Logs the prediction; returns why there is none ('' when there is)."""
     from bertaccel.options.hardware import load_profiles
@@ -83,7 +83,7 @@ def _predict_and_log(cfg: Any, tracker: Any, lengths: torch.Tensor, num_labels: 
     return ""
 
 
-def _planned(cfg: Any, config_hash: str) -> Any:
+def _planned(cfg: RunConfig, config_hash: str) -> Any:
     """The plan's saved prediction of this configuration for this sweep, or None."""
     from bertaccel.record.sweep import context_from_env
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
@@ -20,26 +20,26 @@ from .pricing import Prediction, price, unpredicted
 from .probe import Prober, ProbeResult
 from .roofline import parts_of
 from .wall import SweepWalls, compiles, graph_key
-from ..config import first_line
+from ..config import RunConfig, first_line
 from ..model import hf_config
 from .work import DataShape, Work, data_shape, meta_model, work_of
 
 SCRATCH_BESIDE_PROBES_CORES = 4  # cores from which the scratch store is timed beside the probes
 
 
-def run_params(cfg: Any, choices: Mapping[str, str], config: Any) -> Dict[str, str]:
+def run_params(cfg: RunConfig, choices: Mapping[str, str], config: Any) -> Dict[str, str]:
     """The params the run of this configuration logs (record.open_tracker), the model shape included."""
     from bertaccel.record.tracking import flatten
 
     from ..model import built_shape
 
-    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    params = flatten(asdict(cfg))
     params.update({f"model.{k}": str(v) for k, v in built_shape(meta_model(config)).items()})
     params.update(choices)
     return params
 
 
-def own_profile(cfg: Any) -> Tuple[Optional[Dict[str, Any]], str]:
+def own_profile(cfg: RunConfig) -> Tuple[Optional[Dict[str, Any]], str]:
     """(the profile the run would use, how it was chosen) or (None, why not). A named profile is
     used as it is (planning for hardware not at hand is the point); hardware=auto is resolved on
     this machine, as the run would resolve it here."""
@@ -47,10 +47,11 @@ def own_profile(cfg: Any) -> Tuple[Optional[Dict[str, Any]], str]:
 
     from ..config import ConfigError
 
-    if cfg.hardware.name != "auto":
-        return {k: cfg.hardware[k] for k in cfg.hardware}, f"hardware={cfg.hardware.name} (as configured)"
+    hardware = OmegaConf.structured(cfg.hardware)  # (the profile as a run reads it: record.logged_config's)
+    if hardware.name != "auto":
+        return {k: hardware[k] for k in hardware}, f"hardware={hardware.name} (as configured)"
     try:
-        return resolve_profile(cfg.hardware, resolve_device(cfg.train.device))
+        return resolve_profile(hardware, resolve_device(cfg.train.device))
     except ConfigError as e:
         return None, f"hardware=auto cannot be resolved here ({e}); name a profile (hardware=h100)"
 
@@ -97,7 +98,7 @@ class Planner:
         """The configuration's data, model config and work (once per configuration: probe_ahead
         and predict both ask)."""
         if planned.config_hash not in self.work_memo:
-            cfg = planned.cfg
+            cfg = planned.run
             data = data_shape(cfg, self.data_memo)
             config = hf_config(cfg.model, data.num_labels, data.vocab_size)
             self.work_memo[planned.config_hash] = (data, config, work_of(cfg, data, config))
@@ -124,8 +125,8 @@ class Planner:
             except Exception:  # noqa: BLE001 - predict says it, one line per row
                 continue
             first_work = first_work or work
-            profile, _ = own_profile(planned.cfg)
-            req = self.prober.request(planned.cfg, data, config, work, profile)[0] if profile is not None else None
+            profile, _ = own_profile(planned.run)
+            req = self.prober.request(planned.run, data, config, work, profile)[0] if profile is not None else None
             if req is not None:
                 reqs.append(req)
         # The scratch store's timing (1.3-1.5 s on the GPU hosts, after the forkserver's preload was
@@ -146,13 +147,14 @@ class Planner:
 
     def predict(self, planned: Any) -> List[Prediction]:
         """The configuration on its own hardware, then on each target profile."""
-        cfg = planned.cfg
-        precision, gpus = cfg.precision.mfu_peak, int(cfg.num_gpus)
+        composed = planned.cfg  # (as composed: an invalid configuration has no typed config)
+        precision, gpus = composed.precision.mfu_peak, int(composed.num_gpus)
         profiles = self.profiles()
         hw_rows = [("own", None)] + [(t, profiles[t]) for t in self.targets]
         if planned.invalid:
-            return [unpredicted(planned.name, planned.config_hash, cfg.hardware.name if n == "own" else n, precision,
-                                gpus, f"invalid: {'; '.join(planned.invalid.splitlines())}") for n, _ in hw_rows]
+            return [unpredicted(planned.name, planned.config_hash, composed.hardware.name if n == "own" else n,
+                                precision, gpus, f"invalid: {'; '.join(planned.invalid.splitlines())}") for n, _ in hw_rows]
+        cfg = planned.run
         try:
             data, config, work = self._inputs(planned)
             params = run_params(cfg, planned.choices, config)
@@ -188,7 +190,7 @@ class Planner:
             out.append(pred)
         return out
 
-    def _waits(self, cfg: Any, pred: Prediction, work: Work, probe: Optional[ProbeResult], refs: Sequence[Reference],
+    def _waits(self, cfg: RunConfig, pred: Prediction, work: Work, probe: Optional[ProbeResult], refs: Sequence[Reference],
                key: Mapping[str, str], data: DataShape) -> None:
         self.walls.fill(pred, work, probe, refs, key, graph_key(cfg), compiles(cfg),
                         cfg.compile.cache == "persistent", first=self.own_rows == 0)

@@ -38,9 +38,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from omegaconf import OmegaConf
 
-from ..config import first_line
+from ..config import RunConfig, first_line
 from ..option import user_path
 from .fit import fit_overhead
 from .probe_process import in_probe_process, probe_lengths
@@ -91,9 +90,9 @@ def machine_key(device: torch.device) -> Dict[str, str]:
     return parts
 
 
-def probe_key(cfg: Any, config: Any, lengths: Sequence[int], eval_shapes: Sequence[Tuple[int, int]]) -> Dict[str, Any]:
+def probe_key(cfg: RunConfig, config: Any, lengths: Sequence[int], eval_shapes: Sequence[Tuple[int, int]]) -> Dict[str, Any]:
     """The configuration as far as a step's time depends on it, and the shapes probed."""
-    c = OmegaConf.to_container(cfg, resolve=True)
+    c = asdict(cfg)
     return {
         "model": {k: getattr(config, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                   "intermediate_size", "vocab_size", "num_labels")},
@@ -133,7 +132,7 @@ def _write(path: Path, result: ProbeResult) -> None:
 @dataclass
 class Request:
     """One configuration to probe on this machine, and where its probe is cached."""
-    cfg: Any
+    cfg: RunConfig
     data: Any
     config: Any
     device: torch.device
@@ -143,7 +142,8 @@ class Request:
 
 
 def _job(req: Request, warm_only: bool = False) -> Dict[str, Any]:
-    return {"cfg": OmegaConf.to_container(req.cfg, resolve=True), "data": req.data, "config": req.config,
+    # (the typed config as it is: a dataclass pickles; the probe's process trains it as a run would)
+    return {"cfg": req.cfg, "data": req.data, "config": req.config,
             "device": str(req.device), "warm_only": warm_only}
 
 
@@ -203,7 +203,7 @@ class Prober:
     filled: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # compile caches this plan filled (fill)
     probe_s: float = 0.0   # measured this time (not cache hits)
 
-    def request(self, cfg: Any, data: Any, config: Any, work: Any, profile: Dict[str, Any],
+    def request(self, cfg: RunConfig, data: Any, config: Any, work: Any, profile: Dict[str, Any],
                 read_only: bool = False) -> Tuple[Optional[Request], str]:
         """What probing this configuration here takes, or (None, why it is not probed)."""
         from bertaccel.options.hardware import probe as machine_probe
@@ -235,7 +235,7 @@ class Prober:
         key = probe_key(cfg, config, [max(r) for r in probe_lengths(cfg, data.lengths)], work.eval_batches)
         return Request(cfg, data, config, device, key, machine, cache_path(cfg.cache_dir, machine, key)), ""
 
-    def get(self, cfg: Any, data: Any, config: Any, work: Any, profile: Dict[str, Any],
+    def get(self, cfg: RunConfig, data: Any, config: Any, work: Any, profile: Dict[str, Any],
             read_only: bool = False, runs_machine: Any = None) -> Tuple[Optional[ProbeResult], str]:
         """(the probe of this configuration, '' ) or (None, why there is none). read_only: from the
         cache only (a run's own prediction never probes)."""
@@ -352,7 +352,7 @@ def _device_label(device: torch.device) -> str:
     return device_name(device)
 
 
-def _short(cfg: Any) -> str:
+def _short(cfg: RunConfig) -> str:
     return (f"precision={cfg.precision.name} attention={cfg.attention.name} encoder={cfg.encoder.name} "
             f"compile={cfg.compile.mode} batch={cfg.train.batch_size}")
 

@@ -7,14 +7,15 @@ run's evaluation batches. It reports times; the fit and the cache are probe.py's
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 import logging
 import statistics
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-from omegaconf import OmegaConf
+
+from bertaccel.config import RunConfig
 
 log = logging.getLogger("bertaccel")
 
@@ -23,7 +24,7 @@ PROBE_STEPS = 6                    # rounds of optimizer steps over the lengths;
 PROBE_EVAL_BATCHES = 8
 
 
-def probe_lengths(cfg: Any, train_lengths: torch.Tensor) -> List[List[int]]:
+def probe_lengths(cfg: RunConfig, train_lengths: torch.Tensor) -> List[List[int]]:
     """Row lengths of the run's own rank-0 micro-batches at the PROBE_QUANTILES of their padded
     length (first epoch's order, the run's sampler and seed): what the probe feeds the loop."""
     from .work import _sampler
@@ -53,18 +54,13 @@ def _window_flops(model: torch.nn.Module, batch: Dict[str, torch.Tensor], k: int
     return k * bert_train_flops(model, counts)
 
 
-def _probe_cfg(cfg: Any) -> Any:
+def _probe_cfg(cfg: RunConfig) -> RunConfig:
     """The run's configuration with one epoch, no step cap, no profiler or layer timing."""
-    c = copy.deepcopy(cfg)
-    OmegaConf.set_struct(c, False)
-    c.train.epochs = 1
-    c.train.max_steps_per_epoch = None
-    c.profile = False
-    c.layer_timing = False
-    return c
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1, max_steps_per_epoch=None),
+                               profile=False, layer_timing=False)
 
 
-def _train_once(cfg: Any, num_labels: int, vocab: int, device: torch.device, train_batches: Any,
+def _train_once(cfg: RunConfig, num_labels: int, vocab: int, device: torch.device, train_batches: Any,
                 eval_batches: Any, plan: Any, shared: bool, start_from: Dict[str, Any]) -> Tuple[Any, float, str]:
     """One call of the run's train(): (result, model build s, compile cache state). shared: other
     probes run in this process too; start_from: model.build_model's (this model's tensors, filled
@@ -85,7 +81,7 @@ def _train_once(cfg: Any, num_labels: int, vocab: int, device: torch.device, tra
     return result, build_s, state
 
 
-def _loader(batches: List[List[int]], cfg: Any, rows: Optional[int], vocab: int, pad_id: int, generator: torch.Generator,
+def _loader(batches: List[List[int]], cfg: RunConfig, rows: Optional[int], vocab: int, pad_id: int, generator: torch.Generator,
             device: torch.device) -> Any:
     """A DataLoader as data.make_loader builds the run's (PadCollator, pinning, workers) over rows
     of these lengths (synthetic ids), yielding these batches in this order."""
@@ -111,7 +107,7 @@ def _loader(batches: List[List[int]], cfg: Any, rows: Optional[int], vocab: int,
                       **extra)
 
 
-def _read_data(cfg: Any, read: Dict[str, Tuple[Any, float]]) -> Tuple[Any, float]:
+def _read_data(cfg: RunConfig, read: Dict[str, Tuple[Any, float]]) -> Tuple[Any, float]:
     """(the tokenizer, seconds): the run's own data read and token cache (a hit: the plan
     tokenized this data already), as a fresh run process does it; read: this process's earlier
     reads, by data and tokenizer. A later probe of the same data in this process does not read it
@@ -130,7 +126,7 @@ def _read_data(cfg: Any, read: Dict[str, Tuple[Any, float]]) -> Tuple[Any, float
     return read[key]
 
 
-def _probe_here(cfg: Any, data: Any, config: Any, device: torch.device, warm_only: bool,
+def _probe_here(cfg: RunConfig, data: Any, config: Any, device: torch.device, warm_only: bool,
                 shared: bool = False, start_from: Optional[Dict[str, Any]] = None,
                 read: Optional[Dict[str, Tuple[Any, float]]] = None) -> Dict[str, Any]:
     """The body of a probe process: what a run does up to its windows, then the probe's steps
@@ -204,9 +200,9 @@ def _worker(jobs: List[Dict[str, Any]], results: Any) -> None:
     for i, job in enumerate(jobs):
         t0 = time.perf_counter()
         try:
-            model = repr((job["cfg"]["model"], job["data"].num_labels, job["config"].vocab_size))
+            model = repr((job["cfg"].model, job["data"].num_labels, job["config"].vocab_size))
             # The first runs as in a fresh run process (nothing to reset); each later one is reset first.
-            out = _probe_here(OmegaConf.create(job["cfg"]), job["data"], job["config"], torch.device(job["device"]),
+            out = _probe_here(job["cfg"], job["data"], job["config"], torch.device(job["device"]),
                               job["warm_only"], shared=i > 0, start_from=weights.setdefault(model, {}), read=read)
             out["build_s"] = builds.setdefault(model, out["build_s"])
             outs.append(("ok", {**out, "own_s": time.perf_counter() - t0}))

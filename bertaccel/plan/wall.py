@@ -25,9 +25,10 @@ import json
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ..config import RunConfig
 from .pricing import Prediction
 
 
@@ -248,7 +249,7 @@ class SweepWalls:
         return sum(walls) if walls and all(w is not None for w in walls) else None
 
 
-def compiles(cfg: Any) -> bool:
+def compiles(cfg: RunConfig) -> bool:
     """Whether the run has a warm-up to compile, as train/loop.py decides it on this machine."""
     from bertaccel.options.hardware import resolve_device
     from bertaccel.train.step import compiles_anything
@@ -256,12 +257,10 @@ def compiles(cfg: Any) -> bool:
     return compiles_anything(cfg, resolve_device(cfg.train.device).type)
 
 
-def graph_key(cfg: Any) -> str:
+def graph_key(cfg: RunConfig) -> str:
     """What the compiled graphs of a run depend on (its compile cache entries): two runs that
     differ only in the optimizer, the seed or the learning rate compile the same graphs."""
-    from omegaconf import OmegaConf
-
-    c = OmegaConf.to_container(cfg, resolve=True)
+    c = asdict(cfg)
     # (compile.step_graph captures the optimizer's update in the graph too)
     return json.dumps([c["model"], c["precision"], c["attention"], c["encoder"], c["compile"], c["freezing"],
                        c["optimizer"] if c["compile"].get("step_graph") else None,

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-from omegaconf import OmegaConf
 
+from bertaccel.config import RunConfig
 from bertaccel.measure.flops import TokenCounts, bert_train_flops
 
 from .roofline import Trained, trained
@@ -58,15 +58,14 @@ class DataShape:
     test_lengths: Optional[torch.Tensor] = None  # the test split's token lengths (its evaluation's shapes)
 
 
-def data_shape(cfg: Any, memo: Optional[Dict[str, DataShape]] = None) -> DataShape:
+def data_shape(cfg: RunConfig, memo: Optional[Dict[str, DataShape]] = None) -> DataShape:
     """Token lengths of the configuration's train split (data/: load_raw, the model's tokenizer,
     tokenize_cached under cfg.cache_dir). memo: configurations of one grid that share the data
     share one tokenization. Raises data.DataError / DatasetUnavailable / model.ModelUnavailable."""
     from ..data import load_raw, tokenize_cached
     from ..model import load_tokenizer
 
-    key = json.dumps([OmegaConf.to_container(cfg.dataset, resolve=True),
-                      OmegaConf.to_container(cfg.model, resolve=True), cfg.cache_dir], sort_keys=True, default=str)
+    key = json.dumps([asdict(cfg.dataset), asdict(cfg.model), cfg.cache_dir], sort_keys=True, default=str)
     if memo is not None and key in memo:
         return memo[key]
     raw = load_raw(cfg.dataset, cfg.cache_dir)
@@ -86,7 +85,7 @@ def meta_model(config: Any) -> torch.nn.Module:
         return AutoModelForSequenceClassification.from_config(config)
 
 
-def _sampler(lengths: torch.Tensor, cfg: Any, rank: int, world: int):
+def _sampler(lengths: torch.Tensor, cfg: RunConfig, rank: int, world: int):
     from ..data import LengthGroupedBatches, ShuffledBatches
 
     generator = torch.Generator().manual_seed(cfg.train.seed)  # make_loader's: one per loader, all epochs
@@ -109,7 +108,7 @@ def _batch_counts(lengths: torch.Tensor, batch: List[int], multiple: int, rows: 
                        + fillers * (1 + (s - 1) * (s - 1)))
 
 
-def epoch_batches(lengths: torch.Tensor, cfg: Any) -> Tuple[List[TokenCounts], List[int], List[int], int]:
+def epoch_batches(lengths: torch.Tensor, cfg: RunConfig) -> Tuple[List[TokenCounts], List[int], List[int], int]:
     """Per epoch: the tokens trained (all ranks), micro-batches (all ranks) and optimizer steps;
     and the rows trained in all (filler rows not counted),
     as train/loop.py's loop takes them (windows of `accumulation`, train.max_steps_per_epoch)."""
@@ -143,7 +142,7 @@ def epoch_batches(lengths: torch.Tensor, cfg: Any) -> Tuple[List[TokenCounts], L
     return tokens, micro, opt_steps, samples, rank0_lengths
 
 
-def eval_row_lengths(test_lengths: Optional[torch.Tensor], cfg: Any) -> List[List[int]]:
+def eval_row_lengths(test_lengths: Optional[torch.Tensor], cfg: RunConfig) -> List[List[int]]:
     """Rank 0's evaluation batches as row lengths, as data.make_loader cuts the test split (sorted
     by length when train.group_by_length, in order otherwise; every rank's share)."""
     from bertaccel.distributed import shard
@@ -156,7 +155,7 @@ def eval_row_lengths(test_lengths: Optional[torch.Tensor], cfg: Any) -> List[Lis
     return [test_lengths[b].tolist() for b in shard(batches, 0, int(cfg.num_gpus), equal=False)]
 
 
-def eval_batches(test_lengths: Optional[torch.Tensor], cfg: Any) -> List[Tuple[int, int]]:
+def eval_batches(test_lengths: Optional[torch.Tensor], cfg: RunConfig) -> List[Tuple[int, int]]:
     """Rank 0's evaluation batches as (rows, padded length), as PadCollator pads them."""
     from bertaccel.train.step import uses_fixed_shapes
 
@@ -165,7 +164,7 @@ def eval_batches(test_lengths: Optional[torch.Tensor], cfg: Any) -> List[Tuple[i
     return [(max(len(r), rows), -(-max(r) // multiple) * multiple) for r in eval_row_lengths(test_lengths, cfg)]
 
 
-def work_of(cfg: Any, data: DataShape, config: Any) -> Work:
+def work_of(cfg: RunConfig, data: DataShape, config: Any) -> Work:
     """The configuration's whole training: every epoch's tokens and FLOPs (freezing per epoch)."""
     from bertaccel.options.freezing import apply_freezing
 

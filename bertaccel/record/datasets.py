@@ -11,16 +11,19 @@ run starts, as cheaply as the run's own read: the parse cache keyed by the files
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 from mlflow.data.dataset_source import DatasetSource
 from mlflow.data.dataset_source_registry import get_registered_sources
 from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import DatasetInput, InputTag
+from omegaconf import DictConfig
 
+from bertaccel.config import DatasetConfig
 from bertaccel.data import DataError, RawData, load_raw, split_fingerprint, split_paths
 from bertaccel.options.dataset import label as dataset_label
 
@@ -57,7 +60,7 @@ def _local_source(path: str) -> DatasetSource:
     return source
 
 
-def _sources(ds_cfg: Any) -> Dict[str, DatasetSource]:
+def _sources(ds_cfg: DatasetConfig) -> Dict[str, DatasetSource]:
     if ds_cfg.source == "hub":
         return {split: HuggingFaceDatasetSource(ds_cfg.hub_id, split=split) for split in ("train", "test")}
     train_path, test_path = split_paths(ds_cfg)
@@ -69,11 +72,12 @@ def data_digests(raw: RawData) -> Dict[str, str]:
     return {split: split_fingerprint(getattr(raw, split))[:DIGEST_CHARS] for split in SPLITS}
 
 
-def current_digests(ds_cfg: Any, cache_dir: Optional[str]) -> Optional[Dict[str, str]]:
+def current_digests(ds_cfg: Union[DatasetConfig, DictConfig], cache_dir: Optional[str]) -> Optional[Dict[str, str]]:
     """The digests of the rows a run of this dataset config would read now, read as the run reads
     them (load_raw: subsets included, CSVs parsed once per content in cache_dir). None for a hub
     dataset: reading it means a download, and its hub id in the config names it (not compared).
-    Data that cannot be read: UNREADABLE per split, which no recorded digest equals."""
+    Data that cannot be read: UNREADABLE per split, which no recorded digest equals. ds_cfg: typed,
+    or as composed where validate() refused the config (record_bad_input records it)."""
     if ds_cfg.source == "hub":
         return None
     try:
@@ -111,13 +115,13 @@ def data_key(run: Any) -> str:
     return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:8]
 
 
-def dataset_inputs(ds_cfg: Any, raw: RawData) -> List[DatasetInput]:
+def dataset_inputs(ds_cfg: DatasetConfig, raw: RawData) -> List[DatasetInput]:
     """The train and test splits a run read, as MLflow dataset inputs (name: the dataset as a user
     reads it, `imdb (csv)`: options/dataset.py label)."""
     inputs = []
     digests = data_digests(raw)
     for split, source in _sources(ds_cfg).items():
         rows = getattr(raw, split)
-        ds = SplitDataset(source, dataset_label(ds_cfg), digests[split], len(rows.texts))
+        ds = SplitDataset(source, dataset_label(dataclasses.asdict(ds_cfg)), digests[split], len(rows.texts))
         inputs.append(DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(CONTEXT_TAG, split)]))
     return inputs

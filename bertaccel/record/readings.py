@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 import torch
-from omegaconf import DictConfig
 
+from bertaccel.config import RunConfig
 from bertaccel.measure.collectors import Reading
 from bertaccel.measure.flops import mfu, peak_tflops
 from bertaccel.measure.profiling import CATEGORIES
@@ -69,7 +69,7 @@ def derived(readings: Mapping[str, Reading], result: TrainResult, profile: Mappi
     return out
 
 
-def run_metrics(cfg: DictConfig, result: Any, data: Any, raw: Any, peak_gib: Optional[float],
+def run_metrics(cfg: RunConfig, result: Any, data: Any, raw: Any, peak_gib: Optional[float],
              price: Optional[float], started_at: float) -> Dict[str, Any]:
     """The run's metrics from train()'s result (the collectors' readings come apart)."""
     return {
@@ -100,7 +100,7 @@ def run_metrics(cfg: DictConfig, result: Any, data: Any, raw: Any, peak_gib: Opt
     }
 
 
-def run_metric_sources(cfg: DictConfig, result: Any, peak_source: str, price: Optional[float],
+def run_metric_sources(cfg: RunConfig, result: Any, peak_source: str, price: Optional[float],
                        profile: Mapping[str, Any], what_if_note: str, device: torch.device,
                     started_source: str) -> Dict[str, str]:
     """How each of run_metrics' values was measured (its `<metric>_source` tag)."""

@@ -9,7 +9,7 @@ from typing import Any, Collection, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from bertaccel.config import CONF_DIR, GROUP_SCHEMAS, MODEL_SHAPE_FIELDS
+from bertaccel.config import CONF_DIR, GROUP_SCHEMAS, MODEL_SHAPE_FIELDS, RunConfig
 from bertaccel.options.dataset import data_name
 from bertaccel.record.sweep import RUNNING_ELSEWHERE, adopt, context_from_env, previous_outcome, process_tags, scheduler_tags
 from bertaccel.record.tracking import (IDENTITY_VERSION, IDENTITY_VERSION_TAG, RunTracker, config_hash, flatten, git_sha,
@@ -25,6 +25,13 @@ class Outcome:
     reason: Optional[str] = None
     run_id: Optional[str] = None
     metrics: Dict[str, float] = field(default_factory=dict)
+
+
+def logged_config(run: RunConfig) -> DictConfig:
+    """The run's config as MLflow is to see it (params, config_hash, config.yaml: open_tracker;
+    the readings), derived from the typed one, never edited beside it: for a config validate()
+    accepted, the same keys, order and values as Hydra composed (tests/test_typed_once.py)."""
+    return OmegaConf.structured(run)
 
 
 def cfg_hash(cfg: DictConfig) -> str:

@@ -132,7 +132,7 @@ def every_problem(error: BaseException, config_name: str, config_dir: Optional[s
     from bertaccel.config import ConfigError
     from bertaccel.options.checks import validate
     # (what a refused command line leaves unasked, as a sweep's plan does: they build the optimizer or reach the store)
-    from bertaccel.runs.sweep_plan import LEFT_TO_THE_RUNS
+    from bertaccel.runs.checked import LEFT_TO_THE_RUNS
 
     lines = [word(error)]
     parser = OverridesParser.create()

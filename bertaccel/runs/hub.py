@@ -14,8 +14,10 @@ import os
 import socket
 import threading
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import List, Optional
 from urllib.parse import urlparse
+
+from bertaccel.config import RunConfig
 
 PROBE_TIMEOUT_S = 3.0
 ANSWER_ENV = "BERTACCEL_HUB_UNREACHABLE"  # "" reachable, else why not (set by the first probe)
@@ -70,7 +72,7 @@ def _cached(repo_id: str, kind: str) -> bool:
     return False
 
 
-def hub_skip_reason(cfg: Any) -> Optional[str]:
+def hub_skip_reason(cfg: RunConfig) -> Optional[str]:
     """Why this run cannot load what it needs from the hub, or None (nothing from the hub, the
     hub reachable, or all of it in the local cache)."""
     needs = []

@@ -8,7 +8,6 @@ anything is written, so the caller can decide between "one line and exit" and "r
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import tempfile
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
-from omegaconf import DictConfig
 
 from bertaccel import distributed
 from bertaccel.config import ConfigError, RunConfig, first_line
@@ -29,15 +27,14 @@ from bertaccel.measure.collectors import Reading, build_collectors
 from bertaccel.measure.memory import PeakMemory
 from bertaccel.measure.profiling import write_report
 from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tokenizer
-from bertaccel.options.checks import validate
+from bertaccel.options.checks import ask_later
 from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from bertaccel.plan.hook import log_prediction
 from bertaccel.runs.cuda_free_imports import run_process_cuda_check
 from bertaccel.record.datasets import dataset_inputs
-from bertaccel.runs import interrupt
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.record.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
-from bertaccel.record.run_record import Outcome, RankTracker, open_tracker, restated_tags, resumed
+from bertaccel.record.run_record import Outcome, RankTracker, logged_config, open_tracker, restated_tags, resumed
 from bertaccel.runs.startup import Mark, startup_phases
 from bertaccel.record.store_failure import close_or_name, failed
 from bertaccel.record.tracking import RunTracker
@@ -63,20 +60,22 @@ def job_devices(device: torch.device, world_size: int) -> List[torch.device]:
     return [torch.device("cuda", r) for r in range(world_size)]
 
 
-def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
+def execute(run: RunConfig, choices: Mapping[str, str], run_name: str,
             started_at: float, started_source: str, rank: Optional[distributed.Rank] = None,
-            launch_tags: Optional[Mapping[str, str]] = None, startup: Sequence[Mark] = ()) -> Outcome:
-    """started_at: wall time the run's overhead counts from (see run.py). rank: this process's
+            launch_tags: Optional[Mapping[str, str]] = None, startup: Sequence[Mark] = (),
+            later: Sequence[str] = ()) -> Outcome:
+    """run: the config launch.py typed (validated once, there or by the sweep's plan).
+    started_at: wall time the run's overhead counts from (see run.py). rank: this process's
     place in a data-parallel job (launch.py), None for a single process. launch_tags: tags the
     launcher finds the run by if its process dies. startup: the marks from started_at to this
-    call (runs/startup.py: the main process, the launch, the run's process)."""
+    call (runs/startup.py: the main process, the launch, the run's process). later: the later
+    checks validate() left to this process (runs/checked.py RUN_PROCESS_CHECKS), asked here alone."""
     marks = {"entered": time.time()}  # where the start-up goes: startup.startup_phases()
     # Bad input first, before anything is written (raises ConfigError / DataError).
-    # From here on two views of one config: `run`, the schema's typed objects, is what the data,
-    # model, training and measurement read; `cfg`, the composed DictConfig, is what the record
-    # reads (params, config_hash and the choices are built from it: record/), and the profile.
-    with interrupt.deferred():  # (OmegaConf's conversion: a signal raised inside it was lost)
-        run = validate(cfg)
+    ask_later(run, later)
+    # `run` is what everything reads; `cfg`, the DictConfig the record writes when it opens the run
+    # (params, config.yaml, config_hash) and the profile is read from, is derived from it (record/).
+    cfg = logged_config(run)
     device = resolve_device(run.train.device)
     check_gpu_count(run.num_gpus, device)
     if device.type == "cuda" and (why := run_process_cuda_check()):
@@ -121,30 +120,28 @@ def execute(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     marks["run opened"] = time.time()
     outcome = Outcome("running", run_name, run_id=tracker.run_id)
     with distributed.process_group(rank, device.type):
-        return _run(cfg, run, run_name, (started_at, started_source, list(startup)), device, profile, raw, unavailable,
+        return _run(run, run_name, (started_at, started_source, list(startup)), device, profile, raw, unavailable,
                     tracker, outcome, world, marks)
 
 
-def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, str, List[Mark]], device: torch.device,
+def _run(run: RunConfig, run_name: str, started: Tuple[float, str, List[Mark]], device: torch.device,
          profile: Mapping[str, Any], raw: Any, unavailable: Optional[str], tracker: Any, outcome: Outcome,
          world: int, marks: Dict[str, float]) -> Outcome:
     try:
         reason = unavailable or skip_reason(run, device, probe())
         if reason:
             return _end(tracker, outcome, "skipped", reason)
-        tracker.log_inputs(dataset_inputs(cfg.dataset, raw))  # the UI's Dataset column (record/datasets.py)
+        tracker.log_inputs(dataset_inputs(run.dataset, raw))  # the UI's Dataset column (record/datasets.py)
         with isolated_run(run.train.seed, shared_process=run.launcher.name == "inline"), \
                 tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
                 compile_caches(run.cache_dir, run.compile.cache, device) as ccache:
             tokenizer, data = _prepare_data(run, raw, marks)
             model, weights_note = _build_model(run, raw, tokenizer, tracker, marks)
             if run.train.batch_size == "auto":  # before the prediction and loaders, which read the batch
-                run = fitted_batch(run, model, device, data, tracker)
-                cfg = copy.deepcopy(cfg)  # the prediction and the record's metrics read the batch found
-                cfg.train.batch_size = run.train.batch_size
+                run = fitted_batch(run, model, device, data, tracker)  # the prediction and the metrics read it
                 marks["batch fitted"] = time.time()
             # This run's own prediction, from the store as it stood before it (bertaccel/plan/hook.py).
-            log_prediction(cfg, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)
+            log_prediction(run, tracker, data.train.lengths, raw.num_labels, model.config, profile, run_name)
             marks["predicted"] = time.time()
             trained = _train_and_measure(run, model, tokenizer, data, device, profile, world, ccache,
                                          Path(prof_dir), marks)
@@ -152,7 +149,7 @@ def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, s
                 write_report(trained.result.profile, Path(prof_dir))
                 tracker.log_artifacts(prof_dir, "profile")
         # (after the with: the isolation, the profile directory and the compile caches are closed)
-        outcome.metrics = _fill_record(cfg, tracker, trained, data, raw, weights_note, ccache, device, profile,
+        outcome.metrics = _fill_record(run, tracker, trained, data, raw, weights_note, ccache, device, profile,
                                        marks, started)
         return _end(tracker, outcome, "finished")
     except ModelUnavailable as e:
@@ -162,9 +159,9 @@ def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, s
         e.run_id, e.run_name = outcome.run_id, run_name
         raise
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the sweep goes on
-        store = failed(e, cfg.tracking.uri, cfg.tracking.experiment)
+        store = failed(e, run.tracking.uri, run.tracking.experiment)
         if store is not None:  # not the run's own: the store or the disk, the sweep stops (record/store_failure.py)
-            raise store.leaving(close_or_name(cfg.tracking.uri, [(outcome.run_id, run_name)], store.reason)) from None
+            raise store.leaving(close_or_name(run.tracking.uri, [(outcome.run_id, run_name)], store.reason)) from None
         log.error(f"run {run_name} failed:\n{traceback.format_exc()}")
         return _end(tracker, outcome, "failed", _first_line(e))
 
@@ -243,7 +240,7 @@ def _train_and_measure(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, d
     return _Trained(result, peak_gib, peak_source, cache_state, measured)
 
 
-def _fill_record(cfg: DictConfig, tracker: Any, trained: _Trained, data: Any, raw: Any, weights_note: str,
+def _fill_record(cfg: RunConfig, tracker: Any, trained: _Trained, data: Any, raw: Any, weights_note: str,
                  ccache: Any, device: torch.device, profile: Mapping[str, Any], marks: Mapping[str, float],
                  started: Tuple[float, str, List[Mark]]) -> Dict[str, Any]:
     """The finished run's metrics, series and tags (each metric with its _source); returns the

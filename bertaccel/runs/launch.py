@@ -40,11 +40,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import psutil
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from bertaccel.config import RunConfig
 from bertaccel.distributed import Rank
 from bertaccel.runs import interrupt
 from bertaccel.runs.claims import second_turn, wait_for_others
@@ -74,8 +75,8 @@ class BadInput:
 
 @dataclass
 class Job:
-    """Everything a worker needs, picklable: the resolved config as a plain dict."""
-    cfg: Dict[str, Any]
+    """Everything a worker needs, picklable: the typed config as it is (a dataclass pickles)."""
+    run: RunConfig
     choices: Dict[str, str]
     run_name: str
     started_at: float
@@ -92,17 +93,20 @@ class Job:
     launcher_started_at: float = 0.0
     # Where the start-up went so far (runs/startup.py); the worker adds its own marks.
     startup: List[Mark] = field(default_factory=list)
+    later: Tuple[str, ...] = ()  # the later checks this job's process asks (runs/checked.py)
 
 
 def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
-           started_source: str, devices: Optional[Sequence[str]] = None, startup: Sequence[Mark] = ()) -> Any:
+           started_source: str, devices: Optional[Sequence[str]] = None, startup: Sequence[Mark] = (),
+           typed: Optional[RunConfig] = None) -> Any:
     """Run one configuration where cfg.launcher says; returns its record.Outcome. Bad input
     (ConfigError, DataError) is raised here, in the caller's process, before anything starts.
     devices: the GPUs the job's processes may see (the sweep launcher's share for this run).
-    startup: the job's start-up marks so far (runs/startup.py)."""
+    startup: the job's start-up marks so far (runs/startup.py).
+    typed: cfg as the sweep's plan typed it, or None: typed here, once either way (runs/checked.py)."""
     quiet_store_errors()
     try:
-        return _launch(cfg, choices, run_name, started_at, started_source, devices, startup)
+        return _launch(cfg, choices, run_name, started_at, started_source, devices, startup, typed)
     except Exception as e:
         stop = failed(e, cfg.tracking.uri, cfg.tracking.experiment)
         if stop is None:
@@ -111,28 +115,25 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
 
 
 def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
-            started_source: str, devices: Optional[Sequence[str]], startup: Sequence[Mark]) -> Any:
+            started_source: str, devices: Optional[Sequence[str]], startup: Sequence[Mark],
+            typed: Optional[RunConfig]) -> Any:
     started_at, started_source, startup = second_turn(started_at, started_source, list(startup))
     startup = stamp(startup, LAUNCH_CHECKS)
-    from bertaccel.options.checks import validate
     from bertaccel.options.hardware import check_gpu_count, resolve_device
     from bertaccel.runs.hub import hub_skip_reason
-    from bertaccel.record.run_record import record_skipped, resumed
+    from bertaccel.record.run_record import logged_config, record_skipped, resumed
+    from bertaccel.runs.checked import typed_once
     from bertaccel.store import repair_store
 
     try:
-        # A run of its own process asks every check there first (job.execute), and its refusal
-        # comes back here as the same bad input (_in_processes): here it leaves the one that
-        # builds the optimizer, whose import of torch._dynamo (3.4 s on an H100 host) was the
-        # longest part of a sweep's first-run start-up once the forkserver preloads beside it.
-        with interrupt.deferred():  # (OmegaConf's conversion: a signal raised inside it was lost)
-            validate(cfg, leave=() if cfg.launcher.name == "inline" else ("optimizer.check_built",))
-        check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
-        refuse_deleted_experiment(cfg.tracking.uri, cfg.tracking.experiment)
-        repair_store(cfg.tracking.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
+        run, own = typed_once(cfg, typed)  # (own: asked in the run's process; a refusal comes back as bad input)
+        cfg = logged_config(run)  # (what the record reads from here on: derived from the typed config)
+        check_gpu_count(run.num_gpus, resolve_device(run.train.device))
+        refuse_deleted_experiment(run.tracking.uri, run.tracking.experiment)
+        repair_store(run.tracking.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
         # Needs the hub and it is unreachable (probed once per sweep): skipped now, not after
         # each run's process waited on connection retries.
-        hub_reason = hub_skip_reason(cfg)
+        hub_reason = hub_skip_reason(run)
     finally:
         resume_collector()  # (the main process's start-up is over: bertaccel.run paused the collector for it)
     if hub_reason is not None:
@@ -151,12 +152,12 @@ def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_
             # seconds the launching process of a launcher=process sweep has no use for)
             from bertaccel.runs.job import execute
 
-            outcome = execute(cfg, choices, run_name, started_at, started_source, startup=startup)
+            outcome = execute(run, choices, run_name, started_at, started_source, startup=startup)
         else:
             me = psutil.Process()
-            job = Job(OmegaConf.to_container(cfg, resolve=True), dict(choices), run_name, started_at,
-                      started_source, uuid.uuid4().hex, list(devices) if devices is not None else None,
-                      dict(os.environ), me.pid, me.create_time(), list(startup))
+            job = Job(run, dict(choices), run_name, started_at, started_source, uuid.uuid4().hex,
+                      list(devices) if devices is not None else None, dict(os.environ), me.pid, me.create_time(),
+                      list(startup), tuple(own))
             outcome = _in_processes(job, cfg)
         if outcome.status != RUNNING_ELSEWHERE:  # (else another sweep opened it between look-up and start)
             return outcome
@@ -193,7 +194,7 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
         # this was built on forbid), and plain ring/tree all-reduce is what the thesis measured.
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # this worker's own environment only
     if not torch.cuda.is_available():
-        share_the_cores(world * int(job.cfg["launcher"]["runs_at_once"]))
+        share_the_cores(world * job.run.launcher.runs_at_once)
     from bertaccel.config import ConfigError
     from bertaccel.data import DataError
 
@@ -202,8 +203,8 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     gc.freeze()
     rank = Rank(local_rank, world, init_method, timeout_s) if world > 1 else None
     try:
-        outcome = execute(OmegaConf.create(job.cfg), job.choices, job.run_name, job.started_at, job.started_source,
-                          rank=rank, launch_tags={LAUNCH_TAG: job.launch_id, **_device_tag(job)}, startup=startup)
+        outcome = execute(job.run, job.choices, job.run_name, job.started_at, job.started_source, rank=rank,
+                          launch_tags={LAUNCH_TAG: job.launch_id, **_device_tag(job)}, startup=startup, later=job.later)
     except (ConfigError, DataError) as e:
         # Bad input, found before anything was written (a malformed CSV): back to the caller,
         # who decides between "one line, exit 2" and "record it and go on", as inline.
@@ -211,7 +212,7 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
     except StoreFailed as e:  # the store failed under the run: the launcher stops the sweep
         outcome = e
     except Exception as e:
-        outcome = failed(e, job.cfg["tracking"]["uri"], job.cfg["tracking"]["experiment"])
+        outcome = failed(e, job.run.tracking.uri, job.run.tracking.experiment)
         if outcome is None:
             raise  # (a run's own failure that execute did not record: the launcher records it)
     results.put((local_rank, outcome))
@@ -224,8 +225,8 @@ def _die_with_launcher(job: Job) -> None:
     later sweep runs the configuration again instead of counting an orphan's result twice."""
     if not job.launcher_pid:
         return
-    uri = job.cfg["tracking"]["uri"]
-    experiment = job.cfg["tracking"]["experiment"]
+    uri = job.run.tracking.uri
+    experiment = job.run.tracking.experiment
 
     def watch() -> None:
         from bertaccel.record.sweep import process_alive

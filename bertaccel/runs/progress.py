@@ -135,16 +135,18 @@ def plan_of(hydra_context: Any) -> Optional[SweepPlan]:
 
 
 def planned_jobs(hydra_context: Any, job_overrides: Sequence[Sequence[str]],
-                 initial_job_idx: int) -> List[Tuple[int, List[str], Any]]:
+                 initial_job_idx: int) -> List[Tuple[int, List[str], Any, Any]]:
     """What a launcher launches of the sweeper's jobs: (index, overrides, the sweep config the
-    frame composed for it or None), the repeats of a configuration left out (runs/sweep_plan.py)."""
+    frame composed for it or None, its config as the frame typed it or None), the repeats of a
+    configuration left out (runs/sweep_plan.py)."""
     plan = plan_of(hydra_context)
     jobs = []
     for i, overrides in enumerate(job_overrides):
         idx = initial_job_idx + i
         planned = plan.planned(idx, overrides) if plan is not None else None
         if planned is None or planned.repeat_of is None:
-            jobs.append((idx, list(overrides), planned.config if planned is not None else None))
+            jobs.append((idx, list(overrides), planned.config if planned is not None else None,
+                         planned.run if planned is not None else None))
     return jobs
 
 

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.config import TECHNIQUE_GROUPS, ConfigError, SweepConfig, TrainConfig
 from bertaccel.options.baseline import LIKE_FOR_LIKE, defaults_wanted, on_defaults
@@ -110,8 +110,9 @@ def _seed_of(job: Sequence[str], default: int) -> int:
     return default
 
 
-def refuse_repeats_alone(cfg: Any) -> None:
-    """sweep.repeats on a single run (no -m): refused, not run once as if it were not there."""
+def refuse_repeats_alone(cfg: DictConfig) -> None:
+    """sweep.repeats on a single run (no -m): refused, not run once as if it were not there (asked
+    of the config as composed, before it is typed: runs/launch.py)."""
     repeats = OmegaConf.select(cfg, "sweep.repeats", default=SweepConfig.repeats)
     if isinstance(repeats, int) and repeats > 1:
         raise ConfigError(f"sweep.repeats={repeats} needs -m (a sweep): a single run runs once; add -m to run "

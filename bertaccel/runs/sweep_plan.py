@@ -15,9 +15,10 @@ on_multirun_start asks plan_sweep, before the parent run):
 
 The checks asked here are checks.validate's, less the two that are slow or not the input's own
 (the optimizer's build, which imports torch's compiler, and the store's, which the sweep asks
-next, once); each run asks them all again at its turn. The sweep configs composed here (as
-Hydra's launchers compose them: config_loader.load_sweep_config) are handed to bertaccel's
-launchers, which skip the repeats and compose nothing again. A search (hydra/sweeper=optuna_*)
+next, once); each run asks those two alone at its turn. The sweep configs composed here (as
+Hydra's launchers compose them: config_loader.load_sweep_config), and typed here (the one
+conversion of each: runs/checked.py), are handed to bertaccel's launchers, which skip the repeats
+and compose nothing again. A search (hydra/sweeper=optuna_*)
 makes its trials one by one: nothing is planned for it.
 """
 from __future__ import annotations
@@ -37,13 +38,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from yaml import YAMLError
 
+from bertaccel.config import RunConfig
 from bertaccel.runs import interrupt
+from bertaccel.runs.checked import LEFT_TO_THE_RUNS
 from bertaccel.runs.sweep_jobs import SweepJobs, SweepJobsRefused, refuse_oversized, sweep_jobs
 
 BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
 BERTACCEL_SWEEPER = "hydra_plugins.bertaccel_sweeper.bertaccel_sweeper.BertaccelSweeper"
-# Not asked before the sweep (see the module's docstring): each run asks them at its turn.
-LEFT_TO_THE_RUNS = ("optimizer.check_built", "tracking.check_store")
 # The launchers that run a sweep's runs on this machine: its devices are theirs (_machine_refusal).
 LOCAL_LAUNCHERS = ("BertaccelLauncher", "BasicLauncher")
 KEPT_CONFIGS = 100     # the composed configs held for the launcher: the first jobs' (~0.3 MB each)
@@ -68,6 +69,9 @@ class PlannedJob:
     config: Optional[DictConfig]  # the job's sweep config (hydra node included) for the launcher; None: compose it again
     config_hash: str
     refusal: Optional[str] = None  # bad input: the reason
+    # The config typed (validate(leave=LEFT_TO_THE_RUNS)): what the launcher hands the run, which
+    # converts nothing again (runs/launch.py). None: refused, or a repeat.
+    run: Optional[RunConfig] = None
     repeat_of: Optional[int] = None  # the job of the same configuration that runs instead
 
 
@@ -145,8 +149,8 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
                 job.repeat_of = None
                 try:
                     with interrupt.deferred():  # (OmegaConf's conversion: a signal inside it was lost)
-                        run = validate(task_cfg, leave=LEFT_TO_THE_RUNS)
-                    job.refusal = _machine_refusal(run) if local else None
+                        job.run = validate(task_cfg, leave=LEFT_TO_THE_RUNS)
+                    job.refusal = _machine_refusal(job.run) if local else None
                 except ConfigError as e:
                     job.refusal = str(e)
             if idx not in plan.baseline and (job.repeat_of is not None or idx >= KEPT_CONFIGS):
@@ -175,7 +179,7 @@ def _refuse_if_nothing_to_run(plan: SweepPlan) -> None:
     raise SweepRefused(why)
 
 
-def _machine_refusal(run: Any) -> Optional[str]:
+def _machine_refusal(run: RunConfig) -> Optional[str]:
     """What the run's own checks on this machine refuse before it trains (runs/launch.py,
     runs/job.py): a device that is not here, more GPUs than are visible, train.batch_size=auto off
     a GPU. Asked only where the sweep's runs run on this machine (not a cluster's launcher)."""

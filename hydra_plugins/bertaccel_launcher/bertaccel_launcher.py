@@ -86,6 +86,7 @@ class BertaccelLauncher(Launcher):
         self.task_function: Optional[TaskFunction] = None
         self.hydra_context: Optional[HydraContext] = None
         self._planned: Dict[int, DictConfig] = {}  # job index -> its sweep config, composed by the sweep's frame
+        self._typed: Dict[int, Any] = {}  # job index -> its config typed by the sweep's frame (a RunConfig)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
@@ -105,8 +106,10 @@ class BertaccelLauncher(Launcher):
         # A configuration given twice runs once; the sweep's frame composed each job's config
         # already (runs/sweep_plan.py): _sweep_config takes it instead of composing it again.
         planned = planned_jobs(self.hydra_context, job_overrides, initial_job_idx)
-        self._planned = {idx: cfg for idx, _, cfg in planned if cfg is not None}
-        jobs = [(idx, overrides) for idx, overrides, _ in planned]
+        self._planned = {idx: cfg for idx, _, cfg, _ in planned if cfg is not None}
+        # (kept for a job run again: the typed config is not changed by its run, unlike a DictConfig by Hydra's job)
+        self._typed = {idx: run for idx, _, _, run in planned if run is not None}
+        jobs = [(idx, overrides) for idx, overrides, _, _ in planned]
         if at_once <= 1:
             # A job whose configuration another live sweep runs now is put off in its first turn
             # and run after the others, waiting for that sweep if it must (runs/claims.py).
@@ -134,8 +137,21 @@ class BertaccelLauncher(Launcher):
             cfg.hydra.job.num = idx
         return cfg
 
+    def _task(self, idx: int, task: TaskFunction) -> TaskFunction:
+        """The job's task: bertaccel.run's, handed the config the sweep's frame typed, when it did
+        (a grid: runs/sweep_plan.py), so that the run converts it no second time (runs/launch.py)."""
+        run = self._typed.get(idx)
+        if run is None:
+            return task
+        from hydra.core.hydra_config import HydraConfig
+
+        from bertaccel.run import job_info, run_one
+
+        return lambda cfg: run_one(cfg, job_info(HydraConfig.get()), typed=run)
+
     def _run(self, idx: int, overrides: List[str], task: TaskFunction) -> JobReturn:
-        ret = run_job(hydra_context=self.hydra_context, task_function=task, config=self._sweep_config(idx, overrides),
+        ret = run_job(hydra_context=self.hydra_context, task_function=self._task(idx, task),
+                      config=self._sweep_config(idx, overrides),
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return ret
@@ -153,6 +169,7 @@ class BertaccelLauncher(Launcher):
                 sweep_cfg = self._sweep_config(idx, overrides)
                 info = job_info(sweep_cfg.hydra)
                 need = int(sweep_cfg.num_gpus)
+                typed = self._typed.get(idx)  # (the sweep's frame typed it: runs/sweep_plan.py)
 
                 def task(cfg: DictConfig) -> Any:
                     # Entered with hydra_side held (run_job's set-up); the run itself goes
@@ -162,10 +179,10 @@ class BertaccelLauncher(Launcher):
                         devices = None
                         if pool is not None:
                             if need > pool.size:
-                                return run_one(cfg, info)  # launch refuses it: one recorded line
+                                return run_one(cfg, info, typed=typed)  # launch refuses it: one recorded line
                             devices = pool.take(need)
                         try:
-                            return run_one(cfg, info, devices=devices)
+                            return run_one(cfg, info, devices=devices, typed=typed)
                         finally:
                             if devices is not None:
                                 pool.give_back(devices)

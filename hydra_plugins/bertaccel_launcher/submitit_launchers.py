@@ -72,11 +72,11 @@ class _BertaccelSubmitit:
         groups: Dict[str, List[Tuple[int, List[str], DictConfig, Dict[str, Any]]]] = {}
         from bertaccel.runs.progress import planned_jobs
 
-        for idx, overrides, _ in planned_jobs(self.hydra_context, job_overrides, initial_job_idx):  # (a repeat: once)
+        for idx, overrides, _, typed in planned_jobs(self.hydra_context, job_overrides, initial_job_idx):  # (a repeat: once)
             sweep_cfg = self._sweep_config(idx, overrides)
             params = OmegaConf.to_container(sweep_cfg.hydra.launcher, resolve=True)
             params.pop("_target_", None)
-            here = self._answer_here(sweep_cfg, params)
+            here = self._answer_here(sweep_cfg, params, typed)
             if here is not None:
                 returns[idx] = self._run_here(sweep_cfg, here)
             else:
@@ -106,10 +106,14 @@ class _BertaccelSubmitit:
             cfg.hydra.job.num = idx
         return cfg
 
-    def _answer_here(self, sweep_cfg: DictConfig, params: Dict[str, Any]) -> Optional[Callable[[Any], Any]]:
-        """A task that gives this configuration's outcome without submitting it, or None (submit)."""
+    def _answer_here(self, sweep_cfg: DictConfig, params: Dict[str, Any],
+                     typed: Any = None) -> Optional[Callable[[Any], Any]]:
+        """A task that gives this configuration's outcome without submitting it, or None (submit).
+        typed: its config as the sweep's frame typed it (runs/sweep_plan.py): the checks that left
+        are asked alone, nothing converted again."""
         from bertaccel.config import ConfigError
-        from bertaccel.options.checks import validate
+        from bertaccel.options.checks import ask_later, validate
+        from bertaccel.runs.checked import LEFT_TO_THE_RUNS
         from bertaccel.run import job_info
         from bertaccel.record.run_record import record_bad_input, resumed
         from bertaccel.runs.sweep_plan import task_config
@@ -117,7 +121,10 @@ class _BertaccelSubmitit:
         cfg = task_config(sweep_cfg)
         info = job_info(sweep_cfg.hydra)
         try:
-            validate(cfg)
+            if typed is None:
+                validate(cfg)
+            else:
+                ask_later(typed, LEFT_TO_THE_RUNS)
             problem = resources_problem(cfg, params)
         except ConfigError as e:
             problem = str(e)
