@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlparse
 
-from hydra.core.utils import env_override
-
 from bertaccel.config import ConfigError
+from bertaccel.hydra_adapter import env_override
 from bertaccel.store.file import LOCK_WAIT_S, hot_journal, journal, roll_back, sqlite_file, sqlite_state
 from bertaccel.store.keep import StoreLost
 from bertaccel.store.lock import lock_held, store_lock

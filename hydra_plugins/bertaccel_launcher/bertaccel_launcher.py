@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from bertaccel.hydra_adapter import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from bertaccel.option import user_path
 
 log = logging.getLogger(__name__)
