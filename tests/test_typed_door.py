@@ -56,3 +56,24 @@ def test_the_adapter_gives_each_name_it_lists():
         assert getattr(hydra_adapter, name).__name__ == name
     with pytest.raises(AttributeError):
         hydra_adapter.not_a_name  # noqa: B018
+
+
+def test_the_launcher_is_an_object_not_a_name_compared():
+    """Before: launcher.name compared with "inline"/"process" in runs/launch.py (twice),
+    runs/job.py and the sweep launcher plugin; now runs/launchers.py's object is asked
+    (shares_process, left_to_the_run). The two left in options/ (rules.py, launcher.py) sit below
+    runs/ and belong to the launcher option's own module (issue 61, item 2)."""
+    compared = re.compile(r"""launcher\.name\s*[!=]=\s*["']""")
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in _sources("bertaccel/runs", "bertaccel/record", "hydra_plugins")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if compared.search(line)]
+    assert found == [], "launcher.name compared with a string:\n" + "\n".join(found)
+
+
+def test_every_launcher_name_has_its_object():
+    from bertaccel.config import LAUNCHERS as NAMES
+    from bertaccel.runs.launchers import LAUNCHERS, launcher_for
+
+    assert sorted(LAUNCHERS) == sorted(NAMES)
+    assert launcher_for("inline").shares_process and launcher_for("inline").left_to_the_run == ()
+    assert not launcher_for("process").shares_process
+    assert launcher_for("process").left_to_the_run == ("optimizer.check_built",)

@@ -36,6 +36,7 @@ from bertaccel.runs.cuda_free_imports import run_process_cuda_check
 from bertaccel.record.datasets import dataset_inputs
 from bertaccel.runs import interrupt
 from bertaccel.runs.interrupt import Interrupted
+from bertaccel.runs.launchers import launcher_for
 from bertaccel.record.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
 from bertaccel.record.run_record import Outcome, RankTracker, open_tracker, restated_tags, resumed
 from bertaccel.runs.startup import Mark, startup_phases
@@ -133,7 +134,7 @@ def _run(cfg: DictConfig, run: RunConfig, run_name: str, started: Tuple[float, s
         if reason:
             return _end(tracker, outcome, "skipped", reason)
         tracker.log_inputs(dataset_inputs(cfg.dataset, raw))  # the UI's Dataset column (record/datasets.py)
-        with isolated_run(run.train.seed, shared_process=run.launcher.name == "inline"), \
+        with isolated_run(run.train.seed, shared_process=launcher_for(run.launcher.name).shares_process), \
                 tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
                 compile_caches(run.cache_dir, run.compile.cache, device) as ccache:
             tokenizer, data = _prepare_data(run, raw, marks)

@@ -50,6 +50,7 @@ from bertaccel.runs import interrupt
 from bertaccel.runs.claims import second_turn, wait_for_others
 from bertaccel.runs.cores import share_the_cores
 from bertaccel.runs.forkserver import start_forkserver
+from bertaccel.runs.launchers import launcher_for
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
                                     PROCESS_SPAWN, Mark, fork_marks, process_started_at, resume_collector, stamp)
 from bertaccel.record.store_failure import (StoreFailed, close_left_open, failed, quiet_store_errors,
@@ -120,13 +121,13 @@ def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_
     from bertaccel.record.run_record import record_skipped, resumed
     from bertaccel.store import repair_store
 
+    launcher = launcher_for(cfg.launcher.name)
     try:
         # A run of its own process asks every check there first (job.execute), and its refusal
-        # comes back here as the same bad input (_in_processes): here it leaves the one that
-        # builds the optimizer, whose import of torch._dynamo (3.4 s on an H100 host) was the
-        # longest part of a sweep's first-run start-up once the forkserver preloads beside it.
+        # comes back here as the same bad input (_in_processes): here it leaves those
+        # (runs/launchers.py left_to_the_run).
         with interrupt.deferred():  # (OmegaConf's conversion: a signal raised inside it was lost)
-            validate(cfg, leave=() if cfg.launcher.name == "inline" else ("optimizer.check_built",))
+            validate(cfg, leave=launcher.left_to_the_run)
         check_gpu_count(cfg.num_gpus, resolve_device(cfg.train.device))
         refuse_deleted_experiment(cfg.tracking.uri, cfg.tracking.experiment)
         repair_store(cfg.tracking.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
@@ -146,7 +147,7 @@ def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_
         earlier = wait_for_others(cfg, run_name, resumed)
         if earlier is not None:
             return earlier
-        if cfg.launcher.name == "inline":
+        if launcher.shares_process:
             # (imported here, not above: the run's own code imports transformers' model classes,
             # seconds the launching process of a launcher=process sweep has no use for)
             from bertaccel.runs.job import execute
