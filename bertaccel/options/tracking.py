@@ -1,5 +1,5 @@
 """The `tracking` block's checks: an MLflow tracking URI is given, and its store can be used
-(bertaccel/store.py)."""
+(bertaccel/store/check.py)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Optional
@@ -21,7 +21,7 @@ def check_tracking(tracking: Any) -> List[str]:
 
 
 def check_store(cfg: "RunConfig") -> Optional[str]:
-    """Refuses a store that cannot be used (bertaccel/store.py store_refusal). A later check (asked once the tracking block is sound), as it may wait on the
+    """Refuses a store that cannot be used (bertaccel/store/check.py store_refusal). A later check (asked once the tracking block is sound), as it may wait on the
     network (a few seconds at most): a tracking server that cannot be reached is bad input too, said before
     any work instead of after minutes of MLflow's retries."""
     from bertaccel.store import store_refusal  # (psutil, hydra: only when it is asked)

@@ -59,7 +59,7 @@ def _sweeper_jobs(master: DictConfig, arguments: Sequence[str], config_loader: A
     """The job override lists the sweep launches: its params first, the command line after (a key
     in both takes the command line's value at the params' place), crossed, with bertaccel's
     sweeper's baseline and repeats (runs/sweep_jobs.py)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from bertaccel.hydra_adapter import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from bertaccel.runs.sweep_jobs import SweepJobsRefused, refuse_oversized, sweep_jobs

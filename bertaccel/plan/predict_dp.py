@@ -61,11 +61,11 @@ def _steady_steps(client, run) -> List[float]:
 
 def predict(uri: str, run_id: str, bus_gb_s: float, gpus: List[int], latency_ms: float,
             check_run_id: Optional[str] = None) -> str:
-    from mlflow.tracking import MlflowClient
+    from bertaccel.record.access import reader
 
     if bus_gb_s <= 0:
         raise PredictError(f"--bus-bandwidth-gb-s={bus_gb_s} must be > 0")
-    client = MlflowClient(uri)
+    client = reader(uri)
     run = _run(client, run_id)
     table = _layers(client, run)
     if table["world_size"] != 1:

@@ -118,31 +118,11 @@ class Scratch:
         """A run's MLflow work on a scratch store: the look-up of an earlier run of its configuration,
         the run opened with its params and tags (record.open_tracker), and at its end the metrics, the
         lr series of `steps` values and the end (job._fill_record)."""
-        import tempfile
+        from bertaccel.record.access import scratch_run_costs
 
-        from mlflow import MlflowClient
-        from mlflow.entities import Metric, Param, RunTag
-
-        with tempfile.TemporaryDirectory(prefix="bertaccel-plan-scratch-") as d:
-            client = MlflowClient(tracking_uri=f"sqlite:///{d}/m.db")
-            exp = client.create_experiment("scratch", artifact_location=f"file://{d}/art")
-            client.create_run(exp)  # (the store's creation: a sweep's parent pays it, not a run)
-            t0 = time.perf_counter()
-            client.search_runs([exp], "tags.config_hash = 'x' and tags.status = 'finished'")
-            run = client.create_run(exp, tags={f"t{i}": "x" * 40 for i in range(20)})
-            client.log_batch(run.info.run_id, params=[Param(f"p{i}", "x" * 20) for i in range(params)])
-            t1 = time.perf_counter()
-            now = int(time.time() * 1000)
-            client.log_batch(run.info.run_id, metrics=[Metric(f"m{i}", 1.0, now, 0) for i in range(60)],
-                             tags=[RunTag(f"s{i}", "x" * 200) for i in range(60)])
-            for i in range(0, steps, 1000):  # the lr series, as RunTracker.log_series batches it
-                client.log_batch(run.info.run_id,
-                                 metrics=[Metric("lr", 1e-5, now, s) for s in range(i, min(steps, i + 1000))])
-            client.set_terminated(run.info.run_id)
-            t2 = time.perf_counter()
-        self.open_s, self.record_s = t1 - t0, t2 - t1
+        self.open_s, self.record_s = scratch_run_costs(steps, params)
         self.how = (f"a run's MLflow work timed on a scratch SQLite store: look-up and open with {params} params "
-                    f"{t1 - t0:.2f} s, the record with {steps} lr steps {t2 - t1:.2f} s")
+                    f"{self.open_s:.2f} s, the record with {steps} lr steps {self.record_s:.2f} s")
 
 
 @dataclass

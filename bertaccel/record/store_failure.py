@@ -6,7 +6,7 @@ sweep.previous_outcome marks a run whose process is gone, open_parent reopens it
 The failures: the experiment deleted in the MLflow UI (MLflow keeps it in its trash, and its runs
 with it: nothing can be written to them until it is restored); the disk full (SQLite's "database
 or disk is full", or ENOSPC writing an artifact or a cache file); the store file deleted or
-replaced while the sweep ran (store_keep.StoreLost); a store that became read-only. None of them is a
+replaced while the sweep ran (store/keep.py StoreLost); a store that became read-only. None of them is a
 run's own failure: every later run would meet it too, and a sweep that recorded one failed run
 after another (or could not even record them) told nothing. So the sweep stops: StoreFailed is a
 BaseException, as interrupt.Interrupted is, and passes through Hydra's job handling (which keeps
@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from bertaccel.store_file import sqlite_file
-from bertaccel.store_keep import StoreLost, check_kept
+from bertaccel.store.file import sqlite_file
+from bertaccel.store.keep import StoreLost, check_kept
 
 DISK_FULL = ("database or disk is full", "No space left on device")
 READ_ONLY = "attempt to write a readonly database"

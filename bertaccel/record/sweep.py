@@ -41,7 +41,7 @@ from mlflow.tracking import MlflowClient
 
 from bertaccel.record.tracking import LAUNCH_SETTINGS, experiment_id, search_runs
 from bertaccel.store import store_lock
-from bertaccel.store_keep import keep_store
+from bertaccel.store.keep import keep_store
 
 log = logging.getLogger("bertaccel")
 
@@ -289,4 +289,4 @@ def set_env(ctx: Optional[SweepContext]) -> None:
     else:
         os.environ[SWEEP_ENV] = json.dumps({"sweep_id": ctx.sweep_id, "parent_run_id": ctx.parent_run_id,
                                             "swept": sorted(ctx.swept), "uri": ctx.uri})
-    keep_store(None if ctx is None else ctx.uri)  # the sweep's store is not made again if it goes (store_keep.py)
+    keep_store(None if ctx is None else ctx.uri)  # the sweep's store is not made again if it goes (store/keep.py)

@@ -24,8 +24,8 @@ from mlflow.utils.time import get_current_time_millis
 
 from bertaccel.record.relocate import repoint_experiment
 from bertaccel.store import store_lock
-from bertaccel.store_file import sqlite_file
-from bertaccel.store_keep import check_kept
+from bertaccel.store.file import sqlite_file
+from bertaccel.store.keep import check_kept
 
 INPUT_ATTEMPTS = 3  # log_inputs: a clash on a dataset's key is retried (RunTracker.log_inputs)
 

@@ -347,9 +347,9 @@ def _configuration_runs(uri: str, experiment: str, sweep_id: Optional[str], flt:
 
 
 def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) -> List[Row]:
-    from mlflow import MlflowClient
+    from bertaccel.record.access import experiment_id, reader
 
-    if MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment) is None:
+    if experiment_id(uri, experiment) is None:
         raise ReportInputError(f"--experiment {experiment}: no such experiment in {uri}")
     runs = _configuration_runs(uri, experiment, sweep_id, "tags.status = 'finished'")
     if not runs:
@@ -360,7 +360,7 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
     from bertaccel.record.sweep import MEMBER_TAG
 
     rows = []
-    client = MlflowClient(tracking_uri=uri)
+    client = reader(uri)
     groups, _ = group_keys(runs)
     histories = accuracy_histories(client, [r.info.run_id for r in runs])
     for r, group in zip(runs, groups):

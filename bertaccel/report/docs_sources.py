@@ -103,11 +103,10 @@ class Sources:
 
     def dates(self, store: Store) -> str:
         """The days its runs started, from the store."""
-        from mlflow import MlflowClient
+        from bertaccel.record.access import start_times_ms
 
-        client = MlflowClient(tracking_uri=f"sqlite:///{self.folder(store) / 'mlflow.db'}")
-        days = sorted({datetime.fromtimestamp(client.get_run(r.run_id).info.start_time / 1000, tz=timezone.utc)
-                       .strftime("%Y-%m-%d") for r in self.rows(store)})
+        starts = start_times_ms(f"sqlite:///{self.folder(store) / 'mlflow.db'}", [r.run_id for r in self.rows(store)])
+        days = sorted({datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d") for ms in starts})
         return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
 
     def device(self, store: Store) -> str:

@@ -127,7 +127,7 @@ def _day(ms: int) -> str:
 
 
 def read(entry: Entry, root: Path = ROOT) -> Table:
-    from mlflow import MlflowClient
+    from bertaccel.record.access import start_times_ms, sweep_parents
 
     from . import load_rows
 
@@ -146,10 +146,8 @@ def read(entry: Entry, root: Path = ROOT) -> Table:
         labels = relabel(loaded)  # (the report's own names for the runs: the answer names them alike)
         view = time_view(loaded)
         rows = view.rows
-        client = MlflowClient(tracking_uri=uri)
-        starts = sorted(client.get_run(r.run_id).info.start_time for r in rows)
-        parents = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id],
-                                     f"tags.sweep_id = '{entry.sweep}' and tags.`bertaccel.role` = 'sweep'")
+        starts = sorted(start_times_ms(uri, [r.run_id for r in rows]))
+        parents = sweep_parents(uri, EXPERIMENT, entry.sweep)
     if not parents:
         raise ReportInputError(f"manifest entry {entry.store}: no parent run of sweep {entry.sweep} in it")
     check_command(entry, parents[0].data.params.get("sweep_overrides", ""))

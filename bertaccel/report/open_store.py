@@ -40,34 +40,17 @@ def _unpack(store: Path, to: Optional[str]) -> Path:
     return db
 
 
-def _has_report(client, run_id: str) -> bool:
-    from mlflow.utils.file_utils import local_file_uri_to_path
-
-    from .sweep_report import ARTIFACT_DIR
-
-    names = [f.path for f in client.list_artifacts(run_id, ARTIFACT_DIR)]
-    if f"{ARTIFACT_DIR}/report.html" not in names:
-        return False
-    uri = client.get_run(run_id).info.artifact_uri
-    return not uri.startswith("file:") or (Path(local_file_uri_to_path(uri)) / ARTIFACT_DIR / "report.html").is_file()
-
-
 def attach_missing(uri: str, experiment: str = EXPERIMENT) -> List[str]:
     """Attach a report to every sweep parent run without one; what each attach said."""
-    from mlflow import MlflowClient
-
+    from bertaccel.record.access import has_local_artifact, sweep_parents
     from bertaccel.record.sweep import SweepContext
 
-    from .sweep_report import attach_report
+    from .sweep_report import ARTIFACT_DIR, attach_report
 
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
     said = []
-    for parent in client.search_runs([exp.experiment_id], "tags.`bertaccel.role` = 'sweep'"):
+    for parent in sweep_parents(uri, experiment):
         sweep = parent.data.tags.get("sweep_id", "")
-        if sweep and not _has_report(client, parent.info.run_id):
+        if sweep and not has_local_artifact(uri, parent.info.run_id, ARTIFACT_DIR, "report.html"):
             said.append(f"sweep {sweep}: " + attach_report(SweepContext(sweep, parent.info.run_id, uri=uri), experiment))
     return said
 
@@ -100,12 +83,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"{db}: {moved.runs} run(s) pointed at {moved.root}")
     for line in attach_missing(uri, a.experiment):
         print(line)
-    from mlflow import MlflowClient
+    from bertaccel.record.access import experiment_id
 
-    exp = MlflowClient(tracking_uri=uri).get_experiment_by_name(a.experiment)
+    exp = experiment_id(uri, a.experiment)
     print(f"open it: mlflow ui --backend-store-uri {uri}")
     if exp is not None:
-        print(f"then: http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning")
+        print(f"then: http://127.0.0.1:5000/#/experiments/{exp}/runs?workflowType=machine_learning")
     return 0
 
 

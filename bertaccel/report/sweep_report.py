@@ -28,13 +28,10 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.experimental.callback import Callback
-from mlflow.entities import RunTag
-from mlflow.tracking import MlflowClient
-from mlflow.utils.file_utils import local_file_uri_to_path
 
 from bertaccel.config import first_line
+from bertaccel.record.access import attach_files, local_path, set_tags
 from bertaccel.record.sweep import SweepContext, context_from_env, sweep_runs
-from bertaccel.store import store_lock
 
 ARTIFACT_DIR = "report"  # on the parent run: report/report.html, report/report.md, report/plots/
 REPORT_TAG = "report"  # the attached report's path on the parent run
@@ -69,13 +66,7 @@ def _tag(uri: str, run_id: str, **tags: str) -> None:
     (REASON_TAG) is also the run's description, where MLflow's UI shows it."""
     if tags.get(REASON_TAG):
         tags = {DESCRIPTION_TAG: tags[REASON_TAG], **tags}
-    with store_lock(uri):
-        client = MlflowClient(tracking_uri=uri)
-        present = client.get_run(run_id).data.tags
-        client.log_batch(run_id, tags=[RunTag(k, v if k == DESCRIPTION_TAG else v[:REASON_CHARS])
-                                       for k, v in tags.items() if v])
-        for k in (k for k, v in tags.items() if not v and k in present):
-            client.delete_tag(run_id, k)
+    set_tags(uri, run_id, {k: v if k == DESCRIPTION_TAG else v[:REASON_CHARS] for k, v in tags.items()})
 
 
 def description(answer: str, artifact_uri: str) -> str:
@@ -85,7 +76,7 @@ def description(answer: str, artifact_uri: str) -> str:
     html = f"{ARTIFACT_DIR}/report.html"
     where = f"Report: `{html}` in this run's artifacts"
     if artifact_uri.startswith("file:"):
-        where += f" ({Path(local_file_uri_to_path(artifact_uri)) / html})"
+        where += f" ({local_path(artifact_uri) / html})"
     elif artifact_uri and "://" not in artifact_uri:  # a plain local path (a file store)
         where += f" ({Path(artifact_uri) / html})"
     lines = answer.strip().splitlines()
@@ -112,14 +103,10 @@ def attach_report(ctx: SweepContext, experiment: str) -> str:
             why = f"no report: it could not be built ({why})"
             _tag(ctx.uri, ctx.parent_run_id, **{REASON_TAG: why})
             return why
-        with store_lock(ctx.uri):
-            client = MlflowClient(tracking_uri=ctx.uri)
-            # What a reader opens (not the folder's bertaccel marker, which only guards --out).
-            for name in ("report.html", "report.md"):
-                client.log_artifact(ctx.parent_run_id, str(out / name), ARTIFACT_DIR)
-            if (out / "plots").is_dir():
-                client.log_artifacts(ctx.parent_run_id, str(out / "plots"), f"{ARTIFACT_DIR}/plots")
-            artifact_uri = client.get_run(ctx.parent_run_id).info.artifact_uri or ""
+        # What a reader opens (not the folder's bertaccel marker, which only guards --out).
+        plots = [(out / "plots", f"{ARTIFACT_DIR}/plots")] if (out / "plots").is_dir() else []
+        artifact_uri = attach_files(ctx.uri, ctx.parent_run_id, [out / "report.html", out / "report.md"],
+                                    ARTIFACT_DIR, plots)
         about = description((out / "answer.txt").read_text(encoding="utf-8"), artifact_uri)
     _tag(ctx.uri, ctx.parent_run_id, **{REPORT_TAG: f"{ARTIFACT_DIR}/report.html", REASON_TAG: "",
                                         DESCRIPTION_TAG: about})

@@ -1,7 +1,7 @@
 """Where a run's config becomes typed, once, and which of the options' later checks (they build or
 reach out: options/checks.py) are asked where.
 
-- A single run: launch() types it (checks.validate), every check but RUN_PROCESS_CHECKS when the
+- A single run: launch() types it (checks.validate), every check but those its launcher leaves to the run when the
   run has a process of its own (launcher=process): that process asks those (job.execute).
 - A configuration of a grid sweep: the sweep's plan types it before the store is opened
   (runs/sweep_plan.py), leaving LEFT_TO_THE_RUNS; launch() asks those, less the run process's
@@ -22,10 +22,6 @@ from bertaccel.runs import interrupt
 # Not asked before a sweep: building the optimizer imports torch's compiler, and the store is the
 # sweep's to ask next, once (runs/sweep_plan.py). Each run asks them at its turn.
 LEFT_TO_THE_RUNS = ("optimizer.check_built", "tracking.check_store")
-# Asked in a run's own process, not the launching one: building the optimizer imports
-# torch._dynamo (3.4 s on an H100 host), the longest part of a sweep's first-run start-up once
-# the forkserver preloads beside it.
-RUN_PROCESS_CHECKS = ("optimizer.check_built",)
 
 
 def typed_once(cfg: DictConfig, typed: Optional[RunConfig]) -> Tuple[RunConfig, Tuple[str, ...]]:
@@ -33,7 +29,9 @@ def typed_once(cfg: DictConfig, typed: Optional[RunConfig]) -> Tuple[RunConfig, 
     typed it, or None (typed here). Raises ConfigError saying every problem found."""
     from bertaccel.options.checks import ask_later, validate
 
-    own = () if cfg.launcher.name == "inline" else RUN_PROCESS_CHECKS
+    from bertaccel.runs.launchers import launcher_for
+
+    own = launcher_for(cfg.launcher.name).left_to_the_run  # (asked in the run's own process, if it has one)
     with interrupt.deferred():  # (OmegaConf's conversion: a signal raised inside it was lost)
         if typed is None:
             return validate(cfg, leave=own), own

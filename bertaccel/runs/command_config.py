@@ -40,8 +40,7 @@ def composing(config_dir: Optional[str] = None, job_name: str = "app") -> Iterat
     """Hydra set up with bertaccel's config groups, its studies and the user's --config-dir, as
     run.py's hydra.main sets it up; yields its config loader. Hydra's global state is cleared after."""
     from hydra import version
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
+    from bertaccel.hydra_adapter import Hydra, create_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
 
@@ -172,7 +171,7 @@ def every_problem(error: BaseException, config_name: str, config_dir: Optional[s
 
 def every_problem_of_argv(error: BaseException, argv: Sequence[str], word: Callable[[BaseException], str]) -> List[str]:
     """every_problem of `python -m bertaccel.run ARGV` (read with Hydra's own argument parser)."""
-    from hydra._internal.utils import get_args_parser
+    from bertaccel.hydra_adapter import get_args_parser
 
     try:
         args, _ = get_args_parser().parse_known_args(list(argv))

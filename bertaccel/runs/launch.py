@@ -51,6 +51,7 @@ from bertaccel.runs import interrupt
 from bertaccel.runs.claims import second_turn, wait_for_others
 from bertaccel.runs.cores import share_the_cores
 from bertaccel.runs.forkserver import start_forkserver
+from bertaccel.runs.launchers import launcher_for
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
                                     PROCESS_SPAWN, Mark, fork_marks, process_started_at, resume_collector, stamp)
 from bertaccel.record.store_failure import (StoreFailed, close_left_open, failed, quiet_store_errors,
@@ -125,6 +126,7 @@ def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_
     from bertaccel.runs.checked import typed_once
     from bertaccel.store import repair_store
 
+    launcher = launcher_for(cfg.launcher.name)
     try:
         run, own = typed_once(cfg, typed)  # (own: asked in the run's process; a refusal comes back as bad input)
         cfg = logged_config(run)  # (what the record reads from here on: derived from the typed config)
@@ -147,7 +149,7 @@ def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_
         earlier = wait_for_others(cfg, run_name, resumed)
         if earlier is not None:
             return earlier
-        if cfg.launcher.name == "inline":
+        if launcher.shares_process:
             # (imported here, not above: the run's own code imports transformers' model classes,
             # seconds the launching process of a launcher=process sweep has no use for)
             from bertaccel.runs.job import execute

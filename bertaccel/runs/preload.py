@@ -70,7 +70,7 @@ try:
         # Inductor asks torch.cuda.is_available() as it imports: through the CUDA runtime that
         # poisons every later fork ("Cannot re-initialize CUDA in forked subprocess", seen on an
         # H200), through NVML it does not.
-        from hydra.core.utils import env_override  # (in already: train/compile_cache.py uses it too)
+        from bertaccel.hydra_adapter import env_override  # (in already: train/compile_cache.py uses it too)
 
         with env_override({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):
             for name in COMPILE_MODULES:

@@ -29,11 +29,11 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Set
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.config import TECHNIQUE_GROUPS, ConfigError, SweepConfig, TrainConfig
+from bertaccel.hydra_adapter import BasicSweeper
 from bertaccel.options.baseline import LIKE_FOR_LIKE, defaults_wanted, on_defaults
 
 # What the baseline takes off: the techniques a sweep compares (config groups and their settings),

@@ -30,7 +30,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, TextIO
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -39,11 +38,12 @@ from omegaconf.errors import OmegaConfBaseException
 from yaml import YAMLError
 
 from bertaccel.config import RunConfig
+from bertaccel.hydra_adapter import BasicSweeper, basic_sweeper_name
 from bertaccel.runs import interrupt
 from bertaccel.runs.checked import LEFT_TO_THE_RUNS
 from bertaccel.runs.sweep_jobs import SweepJobs, SweepJobsRefused, refuse_oversized, sweep_jobs
 
-BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+BASIC_SWEEPER = basic_sweeper_name()
 BERTACCEL_SWEEPER = "hydra_plugins.bertaccel_sweeper.bertaccel_sweeper.BertaccelSweeper"
 # The launchers that run a sweep's runs on this machine: its devices are theirs (_machine_refusal).
 LOCAL_LAUNCHERS = ("BertaccelLauncher", "BasicLauncher")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Dict, Iterator, Optional
 
 import torch
-from hydra.core.utils import env_override
+from bertaccel.hydra_adapter import env_override
 
 from bertaccel.option import user_path
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from bertaccel.hydra_adapter import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from bertaccel.option import user_path
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,10 @@ class BertaccelLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         user_path(self.config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         at_once = int(self.config.launcher.runs_at_once)
-        if self.config.launcher.name == "process" and self.config.launcher.start_method == "forkserver":
+        from bertaccel.runs.launchers import launcher_for
+
+        own_processes = not launcher_for(self.config.launcher.name).shares_process
+        if own_processes and self.config.launcher.start_method == "forkserver":
             from bertaccel.runs.forkserver import start_forkserver
 
             start_forkserver()  # from this, the main thread: see its docstring

@@ -21,18 +21,20 @@ callback: parent run, "run k of N" lines, summary, exit status) lives:
   outcome of its configuration: its MLflow run, left "running", is marked interrupted with what
   submitit said, and the same sweep command runs it again (record/sweep.py previous_outcome).
 """
-# No `from __future__ import annotations` (see bertaccel_launcher.py). bertaccel is imported
-# lazily: Hydra imports every plugin module of the environment at start-up, for any app.
+# No `from __future__ import annotations` (see bertaccel_launcher.py). bertaccel's own modules
+# are imported lazily (all but the Hydra adapter, which imports nothing at its import): Hydra imports every plugin module of the environment at start-up, for any app.
 import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher import config as plugin_config
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+# (bertaccel/__init__ and the adapter import nothing heavy: Hydra's names are asked for lazily)
+from bertaccel.hydra_adapter import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 
 log = logging.getLogger(__name__)
 

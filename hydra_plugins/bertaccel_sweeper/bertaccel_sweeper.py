@@ -10,8 +10,9 @@ conf/config.yaml selects it (`override hydra/sweeper: bertaccel`). The sweep's p
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
+
+from bertaccel.hydra_adapter import BasicSweeper
 
 
 @dataclass

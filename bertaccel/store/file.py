@@ -1,5 +1,5 @@
 """Where the file of a `sqlite:///` store is (sqlite_file), what it holds, read without writing (a
-read-only connection), and whether bertaccel may build a store over it (store.py).
+read-only connection), and whether bertaccel may build a store over it (lock.py).
 
 The rule: a file bertaccel did not make is never rebuilt, only refused. The one file rebuilt is
 one that is provably an abandoned, empty MLflow store creation (an older version's run killed

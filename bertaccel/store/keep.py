@@ -1,7 +1,7 @@
 """The store a sweep writes to stays the file it is now (keep_store), in the sweep's process and
 the run processes it starts: its runs and its parent run are in that file, and a new empty store
 made in its place (what store_lock does for a missing file) would take the rest of the sweep
-without a word. So while a store is kept, store_lock (store.py) neither makes a store where it
+without a word. So while a store is kept, store_lock (lock.py) neither makes a store where it
 went nor writes to another file put in its place: check_kept raises StoreLost, which
 record/store_failure.py turns into the sweep's one line and its stop.
 """
@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from bertaccel.store_file import holds_nothing, sqlite_file
+from bertaccel.store.file import holds_nothing, sqlite_file
 
 # "<db file> <device>:<inode>": the kept store, set in the environment so its run processes see it too.
 KEEP_ENV = "BERTACCEL_STORE_KEPT"
