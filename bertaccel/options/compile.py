@@ -27,6 +27,11 @@ def torch_compile_mode(compile_cfg: CompileConfig) -> Optional[str]:
     return None if compile_cfg.mode == "default" else compile_cfg.mode
 
 
+def keeps_cache(compile_cfg: CompileConfig) -> bool:
+    """compile.cache=persistent: compiled kernels are kept for later runs (not an empty cache per run)."""
+    return compile_cfg.cache == "persistent"
+
+
 def uses_cuda_graphs(mode: str) -> bool:
     """Whether this torch.compile mode replays CUDA graphs (reduce-overhead, max-autotune): read
     from Inductor's own table of modes, so a mode that gains or drops graphs is followed here."""

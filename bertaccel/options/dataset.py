@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     from bertaccel.config import RunConfig
 
 
+def from_hub(ds: Any) -> bool:
+    """The data comes from the Hugging Face hub (a run needs the hub, or its local cache)."""
+    return bool(ds.source == "hub")
+
+
 def check_dataset(ds: Any) -> List[str]:
     """Why the dataset settings cannot work, one line each."""
     why = not_one_of("dataset.source", ds.source, DATASET_SOURCES)

@@ -116,9 +116,14 @@ def profile_mismatch(prof: Mapping[str, Any], name: str, device_type: str) -> Op
             f"price this run as {prof['name']} on purpose (recorded as a what-if)")
 
 
+def picks_profile(hw: Any) -> bool:
+    """hardware=auto: the profile is the one matching the device the run finds."""
+    return bool(hw.name == "auto")
+
+
 def what_if_on_auto(hw: Any) -> Optional[str]:
     """hardware.what_if=true with hardware=auto: auto always matches the device."""
-    if hw.name == "auto" and hw.what_if:
+    if picks_profile(hw) and hw.what_if:
         return ("hardware.what_if=true needs a named profile (hardware=h100 hardware.what_if=true): "
                 "hardware=auto always matches the device")
     return None
@@ -151,7 +156,7 @@ def resolve_profile(hw_cfg: Any, device: torch.device) -> tuple[Dict[str, Any], 
     does not match the device is a ConfigError, unless hardware.what_if=true. The dict's
     `what_if` says whether the run is one: true only for a profile used on a device it does not match."""
     name = device_name(device)
-    if hw_cfg.name != "auto":
+    if not picks_profile(hw_cfg):
         prof = {k: hw_cfg[k] for k in hw_cfg}
         why = profile_mismatch(prof, name, device.type)
         if why is None:

@@ -11,6 +11,11 @@ if TYPE_CHECKING:
     from bertaccel.config import RunConfig
 
 
+def runs_inline(launcher_cfg: LauncherConfig) -> bool:
+    """launcher=inline: the run executes in the sweep's own process (runs/launchers.py INLINE)."""
+    return launcher_cfg.name == "inline"
+
+
 class LauncherOption(Option):
     section, schema = "launcher", LauncherConfig
 

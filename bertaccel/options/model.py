@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     from bertaccel.config import RunConfig
 
 
+def from_hub(model: Any) -> bool:
+    """The weights come from the Hugging Face hub (a run needs the hub, or its local cache)."""
+    return bool(model.source == "hub")
+
+
 def check_model_option(model: Any) -> List[str]:
     """Why the model settings cannot work, one line each. Its source decides what else is asked:
     an unknown one is said alone; the package or directory is looked for only once named."""

@@ -124,10 +124,15 @@ class OptimizerOption(Option):
 OPTION = OptimizerOption()
 
 
+def scales_lr(cfg: OptimizerConfig) -> bool:
+    """optimizer.scale_lr=linear: lr follows the effective batch (scaled_lr)."""
+    return cfg.scale_lr == "linear"
+
+
 def scaled_lr(cfg: OptimizerConfig, effective_batch: int) -> float:
     """optimizer.scale_lr=linear: lr x effective batch / base_batch_size (the linear scaling
     rule, Systematic Training Compute Optimization, eq. 11); none: lr as given."""
-    if cfg.scale_lr == "linear":
+    if scales_lr(cfg):
         return cfg.lr * effective_batch / cfg.base_batch_size
     return cfg.lr
 

@@ -150,7 +150,9 @@ def _freezing_num_gpus(cfg: "RunConfig") -> Optional[str]:
 
 def _inline_num_gpus(cfg: "RunConfig") -> Optional[str]:
     """launcher=inline with num_gpus > 1: a rank needs a process of its own."""
-    if cfg.launcher.name == "inline" and cfg.num_gpus > 1:
+    from bertaccel.options.launcher import runs_inline
+
+    if runs_inline(cfg.launcher) and cfg.num_gpus > 1:
         return (f"num_gpus={cfg.num_gpus} needs a process per rank: launcher=inline runs in the sweep's "
                 "own process; use launcher=process (the default)")
     return None

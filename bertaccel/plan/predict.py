@@ -22,6 +22,7 @@ from .roofline import parts_of
 from .wall import SweepWalls, compiles, graph_key
 from ..config import RunConfig, first_line
 from ..model import hf_config
+from ..options.compile import keeps_cache
 from .work import DataShape, Work, data_shape, meta_model, work_of
 
 SCRATCH_BESIDE_PROBES_CORES = 4  # cores from which the scratch store is timed beside the probes
@@ -43,12 +44,12 @@ def own_profile(cfg: RunConfig) -> Tuple[Optional[Dict[str, Any]], str]:
     """(the profile the run would use, how it was chosen) or (None, why not). A named profile is
     used as it is (planning for hardware not at hand is the point); hardware=auto is resolved on
     this machine, as the run would resolve it here."""
-    from bertaccel.options.hardware import resolve_device, resolve_profile
+    from bertaccel.options.hardware import picks_profile, resolve_device, resolve_profile
 
     from ..config import ConfigError
 
     hardware = OmegaConf.structured(cfg.hardware)  # (the profile as a run reads it: record.logged_config's)
-    if hardware.name != "auto":
+    if not picks_profile(hardware):
         return {k: hardware[k] for k in hardware}, f"hardware={hardware.name} (as configured)"
     try:
         return resolve_profile(hardware, resolve_device(cfg.train.device))
@@ -193,7 +194,7 @@ class Planner:
     def _waits(self, cfg: RunConfig, pred: Prediction, work: Work, probe: Optional[ProbeResult], refs: Sequence[Reference],
                key: Mapping[str, str], data: DataShape) -> None:
         self.walls.fill(pred, work, probe, refs, key, graph_key(cfg), compiles(cfg),
-                        cfg.compile.cache == "persistent", first=self.own_rows == 0)
+                        keeps_cache(cfg.compile), first=self.own_rows == 0)
         self.own_rows += 1
 
 

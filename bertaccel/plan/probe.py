@@ -41,6 +41,7 @@ import torch
 
 from ..config import RunConfig, first_line
 from ..option import user_path
+from ..options.compile import keeps_cache
 from .fit import fit_overhead
 from .probe_process import in_probe_process, probe_lengths
 
@@ -174,7 +175,7 @@ def run_probes(reqs: Sequence[Request], ctx: Any, fills: Optional[Dict[str, Dict
             # after the fill, met it as the runs will: its warm-up is theirs, even where a few graphs
             # miss Inductor's cache every time (then "cold" again; seen on an H200 with attention=eager).
             cold_s, warm_s, first_met, at_once = fill["compile_time_s"], out["compile_time_s"], "cold", fill["at_once"]
-        elif state == "cold" and req.cfg.compile.cache == "persistent":
+        elif state == "cold" and keeps_cache(req.cfg.compile):
             # The runs will find the cache this probe filled, each in a fresh process: time that too.
             again, again_fork_s = in_probe_process(ctx, [_job(req, warm_only=True)], timeout_s)
             if again[0][0] != "ok":
@@ -273,7 +274,7 @@ class Prober:
                 (compiled if compiles(req.cfg) else eager)[memo] = req
         if len(eager) > 1:
             self._probe(list(eager.values()), runs_machine)
-        persistent = [r for r in compiled.values() if r.cfg.compile.cache == "persistent"]
+        persistent = [r for r in compiled.values() if keeps_cache(r.cfg.compile)]
         if persistent:
             self.fill(persistent, runs_machine)
 

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from bertaccel.config import RunConfig
+from bertaccel.options.accumulation import is_adaptive
 
 log = logging.getLogger("bertaccel")
 
@@ -145,7 +146,7 @@ def _probe_here(cfg: RunConfig, data: Any, config: Any, device: torch.device, wa
     c = _probe_cfg(cfg)
     multiple = max(1, int(c.train.pad_to_multiple_of))
     rows = int(c.train.batch_size) if uses_fixed_shapes(c) else None
-    k = 2 if c.accumulation == "adaptive" else int(c.accumulation)
+    k = 2 if is_adaptive(c.accumulation) else int(c.accumulation)
     vocab, pad_id = int(config.vocab_size), int(tokenizer.pad_token_id or 0)
     g = torch.Generator().manual_seed(int(c.train.seed))
     chosen = probe_lengths(c, data.lengths)

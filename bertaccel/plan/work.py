@@ -20,6 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from bertaccel.config import RunConfig
+from bertaccel.options.accumulation import is_adaptive
+from bertaccel.options.train import fits_batch
 from bertaccel.measure.flops import TokenCounts, bert_train_flops
 
 from .roofline import Trained, trained
@@ -115,7 +117,7 @@ def epoch_batches(lengths: torch.Tensor, cfg: RunConfig) -> Tuple[List[TokenCoun
     from bertaccel.train.step import uses_fixed_shapes
 
     world = int(cfg.num_gpus)
-    adaptive = cfg.accumulation == "adaptive"
+    adaptive = is_adaptive(cfg.accumulation)
     k = 2 if adaptive else int(cfg.accumulation)  # train/loop.py: adaptive k is at least 2
     rows = cfg.train.batch_size if uses_fixed_shapes(cfg) else None
     samplers = [_sampler(lengths, cfg, r, world) for r in range(world)]
@@ -168,11 +170,11 @@ def work_of(cfg: RunConfig, data: DataShape, config: Any) -> Work:
     """The configuration's whole training: every epoch's tokens and FLOPs (freezing per epoch)."""
     from bertaccel.options.freezing import apply_freezing
 
-    if cfg.train.batch_size == "auto":
+    if fits_batch(cfg.train):
         raise ValueError("train.batch_size=auto: the batch is found by trying sizes on the GPU when the run starts, so "
                          "its work cannot be counted beforehand; plan at the batch an auto run of this configuration "
                          "logged (metric batch_size_used), e.g. train.batch_size=512")
-    if cfg.accumulation == "adaptive" and cfg.train.max_steps_per_epoch:
+    if is_adaptive(cfg.accumulation) and cfg.train.max_steps_per_epoch:
         raise ValueError("accumulation=adaptive with train.max_steps_per_epoch: how many micro-batches run depends "
                          "on the gradient variance measured while training")
     tokens, micro, steps, samples, micro_lengths = epoch_batches(data.lengths, cfg)
@@ -183,7 +185,7 @@ def work_of(cfg: RunConfig, data: DataShape, config: Any) -> Work:
         flops += bert_train_flops(model, counts)
         total += counts
         trains.append(trained(model))
-    adaptive = cfg.accumulation == "adaptive"
+    adaptive = is_adaptive(cfg.accumulation)
     return Work(train_rows=len(data.lengths), epochs=int(cfg.train.epochs), micro_batches=sum(micro),
                 optimizer_steps=None if adaptive else sum(steps), tokens=total, model_flops=flops,
                 samples=samples, trained=trains,

@@ -16,6 +16,7 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 from bertaccel.config import RunConfig
+from bertaccel.options.optimizer import scales_lr
 from bertaccel.measure.collectors import Reading
 from bertaccel.measure.flops import mfu, peak_tflops
 from bertaccel.measure.profiling import CATEGORIES
@@ -133,7 +134,7 @@ def run_metric_sources(cfg: RunConfig, result: Any, peak_source: str, price: Opt
         "startup_overhead_s_source": f"time.time() at the first training step minus {started_source}",
         "dataset_train_rows_full_source": "rows of the train split before dataset.train_subset",
         "lr_source": (f"the lr of each optimizer step (MLflow step = global step): optimizer.lr"
-                      f"{' x effective batch / base_batch_size' if cfg.optimizer.scale_lr == 'linear' else ''}"
+                      f"{' x effective batch / base_batch_size' if scales_lr(cfg.optimizer) else ''}"
                       f" x schedule {cfg.optimizer.schedule}"),
     }
 

@@ -18,6 +18,8 @@ from typing import List, Optional
 from urllib.parse import urlparse
 
 from bertaccel.config import RunConfig
+from bertaccel.options.dataset import from_hub as dataset_from_hub
+from bertaccel.options.model import from_hub as model_from_hub
 
 PROBE_TIMEOUT_S = 3.0
 ANSWER_ENV = "BERTACCEL_HUB_UNREACHABLE"  # "" reachable, else why not (set by the first probe)
@@ -76,9 +78,9 @@ def hub_skip_reason(cfg: RunConfig) -> Optional[str]:
     """Why this run cannot load what it needs from the hub, or None (nothing from the hub, the
     hub reachable, or all of it in the local cache)."""
     needs = []
-    if cfg.model.source == "hub" and not _cached(cfg.model.pretrained, "model"):
+    if model_from_hub(cfg.model) and not _cached(cfg.model.pretrained, "model"):
         needs.append(f"model={cfg.model.name} ({cfg.model.pretrained})")
-    if cfg.dataset.source == "hub" and not _cached(cfg.dataset.hub_id, "dataset"):
+    if dataset_from_hub(cfg.dataset) and not _cached(cfg.dataset.hub_id, "dataset"):
         needs.append(f"dataset={cfg.dataset.name} ({cfg.dataset.hub_id})")
     if not needs:
         return None

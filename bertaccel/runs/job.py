@@ -28,6 +28,7 @@ from bertaccel.measure.memory import PeakMemory
 from bertaccel.measure.profiling import write_report
 from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tokenizer
 from bertaccel.options.checks import ask_later
+from bertaccel.options.train import fits_batch
 from bertaccel.options.hardware import check_gpu_count, device_name, probe, resolve_device, resolve_profile, skip_reason
 from bertaccel.plan.hook import log_prediction
 from bertaccel.runs.cuda_free_imports import run_process_cuda_check
@@ -81,7 +82,7 @@ def execute(run: RunConfig, choices: Mapping[str, str], run_name: str,
     check_gpu_count(run.num_gpus, device)
     if device.type == "cuda" and (why := run_process_cuda_check()):
         raise ConfigError(why)
-    if run.train.batch_size == "auto" and device.type != "cuda":
+    if fits_batch(run.train) and device.type != "cuda":
         raise ConfigError(cpu_refusal(device))
     if rank is not None and device.type == "cuda":
         device = torch.device("cuda", rank.rank)
@@ -138,7 +139,7 @@ def _run(run: RunConfig, run_name: str, started: Tuple[float, str, List[Mark]], 
                 compile_caches(run.cache_dir, run.compile.cache, device) as ccache:
             tokenizer, data = _prepare_data(run, raw, marks)
             model, weights_note = _build_model(run, raw, tokenizer, tracker, marks)
-            if run.train.batch_size == "auto":  # before the prediction and loaders, which read the batch
+            if fits_batch(run.train):  # before the prediction and loaders, which read the batch
                 run = fitted_batch(run, model, device, data, tracker)  # the prediction and the metrics read it
                 marks["batch fitted"] = time.time()
             # This run's own prediction, from the store as it stood before it (bertaccel/plan/hook.py).

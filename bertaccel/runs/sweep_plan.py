@@ -185,6 +185,7 @@ def _machine_refusal(run: RunConfig) -> Optional[str]:
     a GPU. Asked only where the sweep's runs run on this machine (not a cluster's launcher)."""
     from bertaccel.config import ConfigError
     from bertaccel.options.hardware import check_gpu_count, resolve_device
+    from bertaccel.options.train import fits_batch
     from bertaccel.train.batch_fit import cpu_refusal
 
     try:
@@ -192,7 +193,7 @@ def _machine_refusal(run: RunConfig) -> Optional[str]:
         check_gpu_count(run.num_gpus, device)
     except ConfigError as e:
         return str(e)
-    return cpu_refusal(device) if run.train.batch_size == "auto" and device.type != "cuda" else None
+    return cpu_refusal(device) if fits_batch(run.train) and device.type != "cuda" else None
 
 
 class PlanningSaid:
