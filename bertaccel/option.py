@@ -6,10 +6,12 @@ checks say their refusals in; `first_line`, the one line an exception becomes wh
 message is shown to the user; and `user_path`, the one expansion of every path written to."""
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 # (cfg below is a config.RunConfig and device a torch.device: the base layer imports neither)
 
@@ -119,7 +121,48 @@ class Option:
         """A later check's name as validate(leave=...) gives it: <section>.<function>."""
         return f"{self.section}.{check.__name__}"
 
+    def from_params(self, params: Mapping[str, str]) -> Any:
+        """This section read back from a logged run's settings (record.run_settings, or the plan's
+        flattened config): its schema's dataclass, typed (read_back). An option whose values a log
+        spells otherwise says so by overriding this (compile: YAML 1.1's false for off)."""
+        return read_back(self.schema, self.section, params)
+
 
 def problems(*lines: Optional[str]) -> List[str]:
     """The lines that say something (an option's check collects its findings with it)."""
     return [line for line in lines if line]
+
+
+def _parsed(text: str, hint: Any) -> Any:
+    """One logged value (record.tracking.flatten's str: "null", "True", JSON lists) as its field's type."""
+    args = typing.get_args(hint)
+    if type(None) in args:  # Optional[X]
+        return None if text in ("null", "None") else _parsed(text, next(a for a in args if a is not type(None)))
+    if hint is bool:
+        return text.lower() == "true"
+    if hint in (int, float):
+        return hint(text)
+    if hint is str:
+        return text
+    try:  # lists (JSON), and an Any or a dict's value: a number, a bool, null, or the text itself
+        return json.loads(text.replace("True", "true").replace("False", "false").replace("None", "null"))
+    except ValueError:
+        return text
+
+
+def read_back(schema: Any, section: str, params: Mapping[str, str]) -> Any:
+    """A section's dataclass from a logged run's flattened settings (`<section>.<field>`; a dict
+    field from its `<section>.<field>.<key>` entries); a field not logged keeps its default."""
+    hints = typing.get_type_hints(schema)
+    values = {}
+    for f in fields(schema):
+        key = f"{section}.{f.name}"
+        if typing.get_origin(hints[f.name]) in (dict, typing.Dict) or hints[f.name] is dict:
+            inner = {k[len(key) + 1:]: _parsed(str(v), Any) for k, v in params.items() if k.startswith(key + ".")}
+            if inner:
+                values[f.name] = inner
+        elif key in params:
+            values[f.name] = _parsed(str(params[key]), hints[f.name])
+    return schema(**values)
+
+

@@ -29,6 +29,12 @@ def is_fused(e: Any) -> bool:
     return bool(e.layer == "fused")
 
 
+def runs_fused_kernels(e: Any) -> bool:
+    """Whether our fused layer runs its Triton kernels (fused_kernels=false: their arithmetic as
+    PyTorch ops, which the plan counts as Hugging Face's layer)."""
+    return is_fused(e) and bool(e.fused_kernels)
+
+
 def check_encoder(e: Any) -> List[str]:
     """Why these settings cannot work anywhere, one line each."""
     if e.layer != "hf":

@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterable, Tuple
 
 from . import adamw_kernel
 from .adan import _real, check_lr
+from .cost import StepCost
 from .flat import FlatOptimizer
 
 __all__ = ["AdamWFused"]
@@ -50,6 +51,7 @@ class AdamWFused(FlatOptimizer):
 
     ``master_weights = True``: fp16/bf16 parameters are updated from fp32 masters kept here.
     """
+    step_cost = StepCost(7, fixed_launches=2)  # one flat kernel per parameter group (2 launches measured on an H200)
 
     _kernels = adamw_kernel
     _state_keys = ("exp_avg", "exp_avg_sq")  # torch.optim.AdamW's keys

@@ -83,6 +83,8 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import Optimizer
 
+from bertaccel.optimizers.cost import StepCost
+
 try:  # torch >= 2.2
     from torch.optim.optimizer import _get_scalar_dtype
 except ImportError:  # pragma: no cover - older torch
@@ -140,6 +142,7 @@ class Adan(Optimizer):
         foreach: multi-tensor ``torch._foreach_*`` implementation (default) vs a per-tensor loop.
         capturable: keep step on the device and compute with tensors only (no host syncs).
     """
+    step_cost = StepCost(42, foreach_ops=15.5)  # foreach: false runs the 15.5 ops per tensor
 
     def __init__(
         self,

@@ -48,6 +48,7 @@ import torch
 
 from . import adan_kernel
 from .adan import check_hyperparameters
+from .cost import StepCost
 from .flat import BLOCK, FlatOptimizer, grad_copies_last_step, kernel_launches_per_step
 from .flat_buffers import Bucket
 
@@ -71,6 +72,7 @@ class AdanFused(FlatOptimizer):
 
     ``master_weights = True``: fp16/bf16 parameters are updated from fp32 masters kept here.
     """
+    step_cost = StepCost(11, fixed_launches=2)  # one flat kernel per parameter group
 
     _kernels = adan_kernel
     _state_keys = ("exp_avg", "exp_avg_diff", "exp_avg_sq", "pre_grad")  # m, v, n, pre_grad (Adan's keys)

@@ -124,6 +124,7 @@ class FlatOptimizer(torch.optim.Optimizer):
     #: The optimizer keeps fp32 master weights (and fp32 state) of fp16/bf16 parameters and updates
     #: the half parameters from them: training code may cast the model's parameters to half.
     master_weights = True
+    # (each subclass declares its step_cost: optimizers/cost.py, read by the plan's roofline)
     # torch.amp.GradScaler.step hands this optimizer the scale and found_inf (see the module docstring).
     _step_supports_amp_scaling = True
 

@@ -59,6 +59,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from bertaccel.optimizers.cost import StepCost
+
 __all__ = ["Lamb"]
 
 
@@ -98,6 +100,7 @@ class Lamb(torch.optim.Optimizer):
         bias_correction: divide m and v by (1 - beta ** k).
         foreach: multi-tensor torch._foreach_* kernels (True) or a loop over tensors (False).
     """
+    step_cost = StepCost(24, foreach_ops=11.5, fixed_launches=15)  # + the trust ratios' small ops
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,

@@ -32,6 +32,13 @@ def keeps_cache(compile_cfg: CompileConfig) -> bool:
     return compile_cfg.cache == "persistent"
 
 
+def logged_mode(text: Any) -> str:
+    """compile.mode as a logged run or a sweep's override gives it back: YAML 1.1 reads a bare
+    `off` as false, so a run composed from `compile: off` logged "False"; "" stays "" (unknown)."""
+    text = str(text)
+    return "off" if text.lower() in ("false", "off") else text
+
+
 def uses_cuda_graphs(mode: str) -> bool:
     """Whether this torch.compile mode replays CUDA graphs (reduce-overhead, max-autotune): read
     from Inductor's own table of modes, so a mode that gains or drops graphs is followed here."""
@@ -86,6 +93,13 @@ class CompileOption(Option):
         """On the CPU: a mode with CUDA graphs, step graphs, or compiling without a C++ compiler; on
         a GPU, compiling without triton; anywhere, a platform torch.compile does not support."""
         return compile_unusable(cfg.compile, device, caps)
+
+    def from_params(self, params: Any) -> CompileConfig:
+        """As every option reads itself back, with mode's YAML 1.1 false read as off."""
+        c: CompileConfig = super().from_params(params)
+        c.mode = logged_mode(c.mode)
+        return c
+
 
 
 OPTION = CompileOption()

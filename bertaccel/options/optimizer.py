@@ -16,6 +16,7 @@ import torch
 
 from bertaccel.config import LR_SCHEDULES, SCALE_LR, OptimizerConfig, first_line, not_one_of
 from bertaccel.option import Option, problems
+from bertaccel.optimizers.cost import StepCost
 
 if TYPE_CHECKING:
     from bertaccel.config import RunConfig
@@ -102,6 +103,37 @@ def optimizer_unusable(cfg: OptimizerConfig, device: torch.device) -> Optional[s
     except RuntimeError as e:
         return f"optimizer={cfg.name} cannot run on {device.type}: {first_line(e, last=True)}"
     return None
+
+
+# torch's classes, which cannot carry a step_cost of ours (optimizers/cost.py; our classes declare
+# their own). Counted by dispatching a step on the CPU (torch 2.13; steps kept on the CPU left out);
+# passes from the ops' operands: AdamW's foreach step is weight decay 2, lerp 3, mul 2, addcmul 3,
+# sqrt 2, div 2, add 2, addcdiv 4 = 20 passes; a fused step (_fused_adamw_ and the on-device step
+# count) reads param, grad and two states and writes three: 7.
+TORCH_STEP_COSTS = {torch.optim.AdamW: StepCost(20, foreach_ops=7.5, fused=StepCost(7, foreach_ops=2))}
+
+
+def _impl_class(cfg: OptimizerConfig) -> Optional[type]:
+    """The class optimizer.impl names (its `_target_`), or None when it cannot be imported."""
+    from hydra.utils import get_class
+
+    try:
+        return get_class(cfg.impl["_target_"])
+    except Exception:  # noqa: BLE001 - Hydra wraps import errors; the check says them as bad input
+        return None
+
+
+def step_cost(cfg: OptimizerConfig) -> Optional[StepCost]:
+    """What one step of this option costs (its class's `step_cost`, as its settings run it), or
+    None when its class declares none."""
+    cls = _impl_class(cfg)
+    cost = getattr(cls, "step_cost", None) or TORCH_STEP_COSTS.get(cls)
+    return cost.configured(cfg.impl) if isinstance(cost, StepCost) else None
+
+
+def keeps_master_weights(cfg: OptimizerConfig) -> bool:
+    """Whether the option's class keeps fp32 master weights of half parameters (`master_weights`)."""
+    return bool(getattr(_impl_class(cfg), "master_weights", False))
 
 
 class OptimizerOption(Option):

@@ -17,6 +17,11 @@ def fits_batch(train_cfg: TrainConfig) -> bool:
     return bool(train_cfg.batch_size == "auto")
 
 
+def checkpoints(train_cfg: TrainConfig) -> bool:
+    """Whether activations are recomputed in backward (gradient checkpointing other than none)."""
+    return train_cfg.gradient_checkpointing != "none"
+
+
 class TrainOption(Option):
     section, schema = "train", TrainConfig
 

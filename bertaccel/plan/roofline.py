@@ -26,7 +26,7 @@ our Triton kernel) never write. Per token for the embeddings (gathers, adds, Lay
 their backward and the dense word-embedding gradient only while they train). Per parameter: the
 autocast casts of the Linear weights (none for encoder=fused's half parameters with a master-weight
 optimizer), gradient accumulation's adds, and per optimizer step the optimizer's passes over its
-fp32 state (OPTIMIZERS), clipping's and GradScaler's. Elements are 4 bytes in fp32, 2 in the fused
+fp32 state (its class's step_cost), clipping's and GradScaler's. Elements are 4 bytes in fp32, 2 in the fused
 encoder's half precision, and AUTOCAST_ELEMENT_BYTES under autocast. Left out: the pooler and
 classifier (one row per sequence), the loss, data-parallel all-reduce (the interconnect, not the
 memory), the GEMMs' own operand traffic (the GEMM part). Tokens are the padded ones work.py counts
@@ -53,6 +53,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 from torch import nn
 
 from bertaccel.measure.flops import peak_tflops
+from bertaccel.optimizers.cost import StepCost
 
 ESTIMATE = "estimates of bytes and launches by plan/roofline.py"
 # A kernel launch's host floor when the profile names none (hardware.kernel_launch_us). NVIDIA's
@@ -160,33 +161,11 @@ EMBEDDING_ELEMENTS_H = (16, 11)
 REST_LAUNCHES = {"hf": (15, 10, 14), "compiled": (8, 5, 7), "fused": (19, 14, 14)}  # fused: + packing
 
 
-@dataclass(frozen=True)
-class OptimizerCost:
-    """Per optimizer step, over the trainable parameters (fp32 state)."""
-    passes: float              # elements read + written per parameter (4 bytes each)
-    foreach_ops: float = 0.0   # multi-tensor ops per parameter group
-    per_tensor_ops: float = 0.0
-    fixed_launches: float = 0.0
-
-
-# Counted by dispatching a step of each class on the CPU (torch 2.13; steps kept on the CPU left
-# out); passes from the ops' operands: AdamW's foreach step is weight decay 2, lerp 3, mul 2,
-# addcmul 3, sqrt 2, div 2, add 2, addcdiv 4 = 20 passes; a fused step reads param, grad and two
-# states and writes three: 7. adamw_fused / adan_fused: one flat kernel per parameter group (2
-# launches per step measured on an H200, docs/options.md).
-OPTIMIZERS = {
-    "adamw": OptimizerCost(20, foreach_ops=7.5),
-    "adamw_single": OptimizerCost(20, per_tensor_ops=7.5),
-    "adamw_torch_fused": OptimizerCost(7, foreach_ops=2),   # _fused_adamw_ and the on-device step count
-    "adamw_fused": OptimizerCost(7, fixed_launches=2),
-    "adan": OptimizerCost(42, foreach_ops=15.5),
-    "adan_single": OptimizerCost(42, per_tensor_ops=15.5),
-    "adan_fused": OptimizerCost(11, fixed_launches=2),
-    "lamb": OptimizerCost(24, foreach_ops=11.5, fixed_launches=15),  # + the trust ratios' small ops
-}
+# What one optimizer step costs is its class's (`step_cost`, bertaccel/optimizers/cost.py; torch's
+# classes: options/optimizer.py TORCH_STEP_COSTS); clipping and loss scaling are counted here.
+OptimizerCost = StepCost
 CLIPPING = OptimizerCost(3, foreach_ops=2, fixed_launches=6)     # clip_grad_norm_: norms r, scale r+w
 LOSS_SCALING = OptimizerCost(2, foreach_ops=1, fixed_launches=2)  # GradScaler's unscale and update
-MASTER_WEIGHTS = ("adamw_fused", "adan_fused")  # fp32 masters inside the optimizer (encoder.half_params)
 
 
 @dataclass(frozen=True)
@@ -203,35 +182,47 @@ class Options:
     checkpointing: bool
 
 
-def _flag(params: Mapping[str, str], key: str) -> bool:
-    return str(params.get(key, "False")).lower() == "true"
+def _logged(params: Mapping[str, str]) -> Mapping[str, str]:
+    """A run's params with what its optimizer choice restates (record.run_record.option_settings:
+    conf/optimizer/<name>.yaml) beneath them, as record.run_settings reads a logged run back."""
+    from bertaccel.record.run_record import option_settings
+
+    own = option_settings("optimizer", str(params["optimizer"])) if "optimizer" in params else None
+    return {**(own or {}), **params}
 
 
 def options(params: Mapping[str, str]) -> Options:
-    """Raises Uncounted for an optimizer OPTIMIZERS does not know."""
-    from bertaccel.options.compile import uses_cuda_graphs
+    """Each option read back from the params (Option.from_params) and asked what it means here.
+    Raises Uncounted for an optimizer whose class declares no step_cost."""
+    from bertaccel.attention.option import is_eager
+    from bertaccel.encoder.option import is_fused, runs_fused_kernels
+    from bertaccel.options.compile import compiles, uses_cuda_graphs
+    from bertaccel.options.optimizer import keeps_master_weights, step_cost
+    from bertaccel.options.registry import options as registered
+    from bertaccel.options.train import checkpoints
 
-    mode = str(params.get("compile.mode", "off"))
-    mode = "off" if mode.lower() in ("false", "off") else mode  # YAML 1.1 reads a bare off as false
+    params = _logged(params)
+    read = {o.section: o for o in registered()}
+    c, a, e, p, opt, tr = (read[s].from_params(params) for s in ("compile", "attention", "encoder", "precision",
+                                                                  "optimizer", "train"))
+    if "optimizer.impl._target_" not in params:
+        raise Uncounted(f"optimizer={params.get('optimizer')}: its class (optimizer.impl) is not among the params")
+    cost = step_cost(opt)
+    if cost is None:
+        raise Uncounted(f"optimizer={params.get('optimizer')}: its class {opt.impl.get('_target_')} declares no "
+                        "step_cost (bertaccel/optimizers/cost.py), so its passes and launches are not known")
     # encoder=fused with fused_kernels=false runs its kernels' arithmetic as PyTorch ops: counted as
     # Hugging Face's layer (or Inductor's, compiled).
-    fused_layer = params.get("encoder.layer") == "fused" and _flag(params, "encoder.fused_kernels")
-    layer = "fused" if fused_layer else "compiled" if mode != "off" else "hf"
-    eager = (params.get("attention.hf_implementation") == "eager" and params.get("attention.swap") in (None, "null")
-             and params.get("encoder.layer") != "fused")
-    name = str(params.get("optimizer"))
-    if name not in OPTIMIZERS:
-        raise Uncounted(f"optimizer={name}: plan/roofline.py does not know its passes and launches")
-    autocast = params.get("precision.autocast_dtype") not in (None, "null")
-    half = fused_layer and autocast and _flag(params, "encoder.half_params") and name in MASTER_WEIGHTS
-    return Options(layer=layer, attention="scores" if eager else "fused",
+    fused_layer = runs_fused_kernels(e)
+    autocast = p.autocast_dtype is not None
+    half = fused_layer and autocast and e.half_params and keeps_master_weights(opt)
+    return Options(layer="fused" if fused_layer else "compiled" if compiles(c) else "hf",
+                   attention="scores" if is_eager(a) and not is_fused(e) else "fused",
                    element_bytes=(2.0 if half else AUTOCAST_ELEMENT_BYTES) if autocast else 4.0,
                    casts=autocast and not half,
-                   graphs="step" if _flag(params, "compile.step_graph") else
-                   "model" if mode != "off" and uses_cuda_graphs(mode) else "none",
-                   optimizer=OPTIMIZERS[name], clipping=params.get("optimizer.max_grad_norm") not in (None, "null"),
-                   loss_scaling=_flag(params, "precision.loss_scaling"),
-                   checkpointing=params.get("train.gradient_checkpointing", "none") != "none")
+                   graphs="step" if c.step_graph else "model" if compiles(c) and uses_cuda_graphs(c.mode) else "none",
+                   optimizer=cost, clipping=opt.max_grad_norm is not None, loss_scaling=p.loss_scaling,
+                   checkpointing=checkpoints(tr))
 
 
 @dataclass(frozen=True)
