@@ -13,13 +13,24 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, TypeVar
 
 from bertaccel.config import AttentionConfig, EncoderConfig, ModelConfig, first_line
 
 
 class ModelUnavailable(RuntimeError):
     """The model cannot be loaded here (hub id offline, package missing)."""
+
+
+T = TypeVar("T")
+
+
+def _given(value: Optional[T], key: str) -> T:
+    """A model field its source requires (pretrained for package and hub; tokenizer_package and
+    the shape for random_init): options/model.py refuses a config without it before anything here
+    reads it."""
+    assert value is not None, f"{key} is unset (options/model.py refuses that first)"
+    return value
 
 
 def _package_model(package: str) -> Tuple[Optional[Path], Optional[str]]:
@@ -49,11 +60,11 @@ def check_model(model_cfg: ModelConfig) -> Optional[str]:
     any work (validate), so a name mistyped is bad input, not a run opened and then skipped.
     A hub id is not checked here: whether the hub can be reached is hub.hub_skip_reason's."""
     if model_cfg.source == "random_init":
-        key, package = "model.tokenizer_package", model_cfg.tokenizer_package
+        key, package = "model.tokenizer_package", _given(model_cfg.tokenizer_package, "model.tokenizer_package")
     elif model_cfg.source == "package":
-        key, package = "model.pretrained", model_cfg.pretrained
+        key, package = "model.pretrained", _given(model_cfg.pretrained, "model.pretrained")
     else:
-        path = model_cfg.pretrained
+        path = _given(model_cfg.pretrained, "model.pretrained")
         # A local directory (from_pretrained takes one); hub ids never start so.
         if path.startswith(("/", ".", "~")) or os.path.exists(path):
             local = Path(os.path.expanduser(path))
@@ -70,9 +81,9 @@ def tokenizer_source(model_cfg: ModelConfig) -> str:
     """Where the model's tokenizer is loaded from: a hub id, or the directory of the package that
     ships it (the model's own, or random_init's tokenizer_package)."""
     if model_cfg.source == "hub":
-        return model_cfg.pretrained
-    return str(package_model_dir(model_cfg.pretrained if model_cfg.source == "package"
-                                 else model_cfg.tokenizer_package))
+        return _given(model_cfg.pretrained, "model.pretrained")
+    return str(package_model_dir(_given(model_cfg.pretrained, "model.pretrained") if model_cfg.source == "package"
+                                 else _given(model_cfg.tokenizer_package, "model.tokenizer_package")))
 
 
 def load_tokenizer(model_cfg: ModelConfig) -> Any:
@@ -138,7 +149,8 @@ def build_model(model_cfg: ModelConfig, num_labels: int, attention: AttentionCon
 
 
 def _source(model_cfg: ModelConfig) -> str:
-    return str(package_model_dir(model_cfg.pretrained)) if model_cfg.source == "package" else model_cfg.pretrained
+    pretrained = _given(model_cfg.pretrained, "model.pretrained")
+    return str(package_model_dir(pretrained)) if model_cfg.source == "package" else pretrained
 
 
 def hf_config(model_cfg: ModelConfig, num_labels: int, vocab_size: int) -> Any:
@@ -147,10 +159,13 @@ def hf_config(model_cfg: ModelConfig, num_labels: int, vocab_size: int) -> Any:
     from transformers import AutoConfig, BertConfig
 
     if model_cfg.source == "random_init":
-        return BertConfig(vocab_size=vocab_size, hidden_size=model_cfg.hidden_size,
-                          num_hidden_layers=model_cfg.num_hidden_layers,
-                          num_attention_heads=model_cfg.num_attention_heads,
-                          intermediate_size=model_cfg.intermediate_size, num_labels=num_labels)
+        # num_labels: a PreTrainedConfig keyword transformers 5's typed BertConfig.__init__ does not
+        # declare (it takes it at run time and sets id2label from it).
+        return BertConfig(vocab_size=vocab_size, hidden_size=_given(model_cfg.hidden_size, "model.hidden_size"),  # type: ignore[call-arg]
+                          num_hidden_layers=_given(model_cfg.num_hidden_layers, "model.num_hidden_layers"),
+                          num_attention_heads=_given(model_cfg.num_attention_heads, "model.num_attention_heads"),
+                          intermediate_size=_given(model_cfg.intermediate_size, "model.intermediate_size"),
+                          num_labels=num_labels)
     source = _source(model_cfg)
     try:
         return AutoConfig.from_pretrained(source, num_labels=num_labels)

@@ -20,11 +20,21 @@ Two layouts, both exact:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from bertaccel.attention.hf_model import HFModule
+
+
+@overload
+def key_padding_mask(attention_mask: torch.Tensor, bsz: int, seq: int) -> torch.Tensor: ...
+
+
+@overload
+def key_padding_mask(attention_mask: None, bsz: int, seq: int) -> None: ...
 
 
 def key_padding_mask(attention_mask: Optional[torch.Tensor], bsz: int, seq: int) -> Optional[torch.Tensor]:
@@ -47,8 +57,10 @@ class Packing:
     """Where a batch's tokens went. index: [T] positions in the flattened [B*S] batch;
     cu_seqlens: int32 [N+1] sequence starts in the packed order; max_seqlen: a host bound on every
     sequence's length; seqlens_py: the host sequence lengths where known (exact layout), else None;
-    bias: the attention backend's own per-batch object (xFormers' BlockDiagonalMask), built once."""
-    index: torch.Tensor
+    bias: the attention backend's own per-batch object (xFormers' BlockDiagonalMask), built once.
+    index None: a batch without padding, already in packed order (encoder/swap.py's uniform
+    layout), which is never gathered or scattered."""
+    index: Optional[torch.Tensor]
     cu_seqlens: torch.Tensor
     max_seqlen: int
     rows: int
@@ -58,6 +70,7 @@ class Packing:
 
     @property
     def tokens(self) -> int:
+        assert self.index is not None  # read for padded batches only (attention/kernels/xformers.py)
         return int(self.index.shape[0])
 
 
@@ -97,11 +110,13 @@ def pack(keep: torch.Tensor) -> Packing:
 
 def pack_tokens(hidden: torch.Tensor, packing: Packing) -> torch.Tensor:
     """[B, S, D] -> [1, T, D]: one row of the packed tokens (BERT's layers keep their 3-D shapes)."""
+    assert packing.index is not None  # a padded batch's packing: it has an index
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, packing.index).unsqueeze(0)
 
 
 def unpack_tokens(packed: torch.Tensor, packing: Packing) -> torch.Tensor:
     """[1, T, D] -> [B, S, D], padding positions 0 (exact layout) or their own values (static)."""
+    assert packing.index is not None  # a padded batch's packing: it has an index
     flat = packed.new_zeros(packing.rows * packing.length, packed.shape[-1])
     return flat.index_copy(0, packing.index, packed[0]).view(packing.rows, packing.length, -1)
 
@@ -126,7 +141,7 @@ def _sdpa_with_key_padding(module: nn.Module, query: torch.Tensor, key: torch.Te
     return out.transpose(1, 2).contiguous(), None
 
 
-def pass_masks_through(model: nn.Module) -> None:
+def pass_masks_through(model: HFModule) -> None:
     """Have BertModel hand the encoder the [B, S] padding mask as given (as bool), not the 4-D
     additive mask eager attention needs: that one is never used here, costs a [B, 1, S, S] tensor
     per batch, and its builder copies a host scalar to the device, which CUDA-graph capture forbids
@@ -146,7 +161,7 @@ class PackedEncoder(nn.Module):
     plain function of the module: it reads only `self.layer`, so DataParallel replicas run their
     own layers); activation checkpointing's segments replace that function (train/checkpointing.py)."""
 
-    def __init__(self, encoder: nn.Module, prepare: Callable[[Packing], Any]):
+    def __init__(self, encoder: HFModule, prepare: Callable[[Packing], Any]):
         super().__init__()
         self.config = encoder.config
         self.layer = encoder.layer

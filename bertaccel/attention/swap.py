@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bertaccel.attention.hf_model import HFModule
 from bertaccel.attention.kernels import BACKENDS
 from bertaccel.attention.packing import (PackedEncoder, Packing, key_padding_mask, pack, pack_tokens,
                                          pass_masks_through, unpack_tokens)
@@ -23,17 +24,20 @@ from bertaccel.attention.packing import (PackedEncoder, Packing, key_padding_mas
 class FusedSelfAttention(nn.Module):
     """Drop-in for transformers' BertSelfAttention (same forward signature and outputs)."""
 
-    def __init__(self, src: nn.Module, backend: str):
+    def __init__(self, src: HFModule, backend: str):
+        """src: a Hugging Face BERT-family self-attention (BertSelfAttention's structure)."""
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}")
         self.backend = backend
-        self.num_heads = src.num_attention_heads
-        self.head_dim = src.attention_head_size
-        self.scaling = src.scaling
-        self.dropout_p = src.dropout.p
+        self.num_heads: int = src.num_attention_heads
+        self.head_dim: int = src.attention_head_size
+        self.scaling: float = src.scaling
+        self.dropout_p: float = src.dropout.p
         # Own copies of the projections: the swapped model computes the same function.
-        self.query, self.key, self.value = (copy.deepcopy(m) for m in (src.query, src.key, src.value))
+        self.query: nn.Linear = copy.deepcopy(src.query)
+        self.key: nn.Linear = copy.deepcopy(src.key)
+        self.value: nn.Linear = copy.deepcopy(src.value)
         self.train(src.training)  # a new module starts in training mode: keep the model's mode
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None,
@@ -64,7 +68,7 @@ class FusedSelfAttention(nn.Module):
         return tuple(proj(hidden_states).view(shape) for proj in (self.query, self.key, self.value))
 
 
-def swap_attention(model: nn.Module, backend: str) -> int:
+def swap_attention(model: HFModule, backend: str) -> int:
     """Replace each encoder layer's self-attention in place, and the encoder by one that packs the
     batch's tokens once (attention/packing.py); returns how many attentions were swapped."""
     base = model.base_model

@@ -145,8 +145,9 @@ def _qkv_bwd_impl(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: tor
     dqkv = qkv.new_empty(qkv.shape)
     if not qkv.is_contiguous():
         qkv = qkv.contiguous()
-    _bwd_launch(do, *qkv.unbind(1), o, lse, *dqkv.unbind(1), None, seed, dropout_p, sm_scale, cu_seqlens,
-                max_seqlen)
+    q, k, v = qkv.unbind(1)
+    dq, dk, dv = dqkv.unbind(1)
+    _bwd_launch(do, q, k, v, o, lse, dq, dk, dv, None, seed, dropout_p, sm_scale, cu_seqlens, max_seqlen)
     return dqkv
 
 

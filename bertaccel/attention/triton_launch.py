@@ -123,7 +123,8 @@ def _check_packed_qkv(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen) -
         raise ValueError(f"qkv must be [T, 3, H, D]; got {tuple(qkv.shape)}")
     if qkv.stride(-1) != 1:
         raise ValueError(f"qkv must have unit stride along D (it is read in place); got strides {qkv.stride()}")
-    _check_packed(*qkv.unbind(1), cu_seqlens, max_seqlen)
+    q, k, v = qkv.unbind(1)
+    _check_packed(q, k, v, cu_seqlens, max_seqlen)
 
 
 def _shared_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):

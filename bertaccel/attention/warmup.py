@@ -9,7 +9,7 @@ the same: every run loads or compiles its own, and says which (cold / warm).
 from __future__ import annotations
 
 import sys
-from typing import Iterator
+from typing import Any, Dict, Iterator, Protocol, Tuple
 
 # The modules holding the @triton.jit kernels a training run compiles: our attention, and the
 # fused encoder's elementwise kernels (encoder=fused). Looked up by name, never imported here:
@@ -17,7 +17,13 @@ from typing import Iterator
 KERNEL_MODULES = ("bertaccel.attention.triton_kernels", "bertaccel.encoder.kernels")
 
 
-def jit_kernels() -> Iterator[object]:
+class JitKernel(Protocol):
+    """What we read of a Triton JITFunction (Triton ships no types): per device, a tuple whose
+    first item holds the compiled variants."""
+    device_caches: Dict[Any, Tuple[Any, ...]]
+
+
+def jit_kernels() -> Iterator[JitKernel]:
     """Every Triton JITFunction of KERNEL_MODULES imported in this process (device_caches: absent
     under the interpreter, where nothing is compiled)."""
     for name in KERNEL_MODULES:

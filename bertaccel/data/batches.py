@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -118,21 +118,31 @@ class Batching:
         return replace(self, batch_size=batch_size)
 
 
+class _LoaderArgs(TypedDict, total=False):
+    """What every DataLoader of make_loader takes besides its data and batches."""
+    collate_fn: Callable[[List[Tuple[torch.Tensor, torch.Tensor]]], Dict[str, torch.Tensor]]
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int
+
+
 def make_loader(split: TokenizedSplit, batching: Batching, pad_token_id: int, shuffle: bool, seed: int,
                 rank: int = 0, world: int = 1) -> DataLoader:
     """rank/world: data parallel, this rank's share (training: equal batch counts per rank;
     evaluation: every row once over all ranks, the counts are summed afterwards)."""
-    # A generator of the run's own: the data order depends on the seed only, not on what ran before.
-    generator = torch.Generator().manual_seed(seed) if shuffle else None
     b, batch_size, workers = batching, batching.batch_size, batching.num_workers
-    common = dict(collate_fn=PadCollator(pad_token_id, b.pad_to_multiple_of, batch_size if b.fixed_rows else None),
-                  num_workers=workers, pin_memory=b.pin_memory,
-                  persistent_workers=b.persistent_workers and workers > 0,
-                  **({"prefetch_factor": b.prefetch_factor} if workers > 0 and b.prefetch_factor else {}))
-    if shuffle and b.group_by_length:
-        return DataLoader(split, batch_sampler=LengthGroupedBatches(split.lengths, batch_size, generator, rank, world),
-                          **common)
+    common = _LoaderArgs(collate_fn=PadCollator(pad_token_id, b.pad_to_multiple_of, batch_size if b.fixed_rows else None),
+                         num_workers=workers, pin_memory=b.pin_memory,
+                         persistent_workers=b.persistent_workers and workers > 0)
+    if workers > 0 and b.prefetch_factor:
+        common["prefetch_factor"] = b.prefetch_factor
     if shuffle:
+        # A generator of the run's own: the data order depends on the seed only, not on what ran before.
+        generator = torch.Generator().manual_seed(seed)
+        if b.group_by_length:
+            return DataLoader(split, batch_sampler=LengthGroupedBatches(split.lengths, batch_size, generator, rank,
+                                                                        world), **common)
         # Plain shuffle: a permutation per epoch from the run's generator, batched, sharded.
         return DataLoader(split, batch_sampler=ShuffledBatches(len(split), batch_size, generator, rank, world), **common)
     # Evaluation: order does not matter; grouped by length, rows sorted by length (least padding).

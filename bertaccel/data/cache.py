@@ -76,8 +76,8 @@ def _payload(data: bytes) -> bytes:
     if start < 0:
         return data
     try:
-        _, _, size, digest = data[start + 1:].decode("ascii").split()
-        size = int(size.removeprefix("bytes="))
+        _, _, size_field, digest = data[start + 1:].decode("ascii").split()
+        size = int(size_field.removeprefix("bytes="))
         digest = digest.removeprefix("sha256=")
     except ValueError:
         raise BadEntry("trailer unreadable") from None

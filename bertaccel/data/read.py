@@ -184,6 +184,8 @@ def split_paths(ds_cfg: DatasetConfig) -> Tuple[Path, Path]:
     """The train and test files a local dataset (csv, bundled) reads: bundled ones from the
     package's samples, csv ones relative to the directory the run starts from."""
     base = SAMPLES_DIR if ds_cfg.source == "bundled" else Path.cwd()
+    # Set: options/dataset.py refuses csv without them, and each bundled dataset's YAML names its files.
+    assert ds_cfg.train_path is not None and ds_cfg.test_path is not None
     return base / os.path.expanduser(ds_cfg.train_path), base / os.path.expanduser(ds_cfg.test_path)
 
 
@@ -194,6 +196,7 @@ def load_raw(ds_cfg: DatasetConfig, cache_dir: Optional[str] = None) -> RawData:
     are kept under cache_dir/raw, keyed by the files' bytes (file_digest), so later runs skip the
     CSV parse, and a file edited in place is parsed again whatever its size and mtime say."""
     if ds_cfg.source == "hub":
+        assert ds_cfg.hub_id is not None  # options/dataset.py refuses source=hub without it
         (tr_texts, tr_raw), (te_texts, te_raw) = _read_hub(ds_cfg.hub_id, ds_cfg.text_columns, ds_cfg.label_column)
         test_name = f"{ds_cfg.hub_id}/test"
     else:

@@ -67,12 +67,12 @@ class GradRows:
 
     def take(self, dy: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """The FP8 rows if dy is the gradient they were written from (else None); emptied either way."""
-        mine = self.dy
-        rows = (self.q, self.scale)
+        mine, q, scale = self.dy, self.q, self.scale
         self.dy = self.q = self.scale = None
         if mine is None or dy.data_ptr() != mine.data_ptr() or dy.shape != mine.shape or dy.stride() != mine.stride():
             return None
-        return rows
+        assert q is not None and scale is not None  # the LayerNorm backward writes them with dy
+        return q, scale
 
 
 # Warps per program, measured on an H200 at 32,768 rows (benchmarks/fp8_casts.py, docs/lab/benchmarks.md):

@@ -20,12 +20,13 @@ BertModel loads, and a BertLayer's state dict loads into this layer.
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertaccel.attention.hf_model import HFModule
 from bertaccel.attention.packing import Packing
 
 # Our module names -> Hugging Face's BertLayer names (state dict keys, less .weight / .bias).
@@ -34,7 +35,7 @@ HF_NAMES = {"attention_output": "attention.output.dense", "attention_LayerNorm":
 QKV_HF = ("attention.self.query", "attention.self.key", "attention.self.value")
 
 
-def unfusable(config: Any) -> str:
+def unfusable(config: HFModule) -> str:
     """Why a model of this config cannot have its layers fused (one line), or ''."""
     if getattr(config, "hidden_act", None) != "gelu":
         return (f"encoder=fused implements BERT's exact (erf) GELU; this model's hidden_act is "
@@ -47,11 +48,13 @@ def unfusable(config: Any) -> str:
 
 
 class FusedBertLayer(nn.Module):
-    def __init__(self, src: nn.Module, core, fused_kernels: bool = True):
+    def __init__(self, src: HFModule, core: Callable[..., torch.Tensor], fused_kernels: bool = True):
+        """src: a Hugging Face BERT-family layer (BertLayer's structure); core: the attention core
+        function (encoder/attention.py core())."""
         super().__init__()
         attn = src.attention.self
-        self.num_heads = attn.num_attention_heads
-        self.head_dim = attn.attention_head_size
+        self.num_heads: int = attn.num_attention_heads
+        self.head_dim: int = attn.attention_head_size
         hidden = self.num_heads * self.head_dim
         self.scaling = float(attn.scaling) if hasattr(attn, "scaling") else self.head_dim ** -0.5
         self.attention_dropout = float(attn.dropout.p)
@@ -66,11 +69,11 @@ class FusedBertLayer(nn.Module):
         with torch.no_grad():
             self.qkv.weight.copy_(torch.cat([attn.query.weight, attn.key.weight, attn.value.weight]))
             self.qkv.bias.copy_(torch.cat([attn.query.bias, attn.key.bias, attn.value.bias]))
-        self.attention_output = copy.deepcopy(src.attention.output.dense)
-        self.attention_LayerNorm = copy.deepcopy(src.attention.output.LayerNorm)
-        self.intermediate = copy.deepcopy(src.intermediate.dense)
-        self.output = copy.deepcopy(src.output.dense)
-        self.output_LayerNorm = copy.deepcopy(src.output.LayerNorm)
+        self.attention_output: nn.Linear = copy.deepcopy(src.attention.output.dense)
+        self.attention_LayerNorm: nn.LayerNorm = copy.deepcopy(src.attention.output.LayerNorm)
+        self.intermediate: nn.Linear = copy.deepcopy(src.intermediate.dense)
+        self.output: nn.Linear = copy.deepcopy(src.output.dense)
+        self.output_LayerNorm: nn.LayerNorm = copy.deepcopy(src.output.LayerNorm)
         self._register_state_dict_hook(_to_hf_names)
         self._register_load_state_dict_pre_hook(_from_hf_names, with_module=True)
         self.train(src.training)
@@ -172,8 +175,9 @@ def _to_hf_names(module: FusedBertLayer, state: Dict[str, torch.Tensor], prefix:
 def _from_hf_names(module: FusedBertLayer, state: Dict[str, torch.Tensor], prefix: str, *_: Any) -> None:
     """BertLayer's keys -> ours (Q/K/V concatenated); our own keys pass as they are."""
     for kind in ("weight", "bias"):
-        parts = [state.pop(f"{prefix}{name}.{kind}", None) for name in QKV_HF]
-        if all(p is not None for p in parts):
+        found = [state.pop(f"{prefix}{name}.{kind}", None) for name in QKV_HF]
+        parts = [p for p in found if p is not None]
+        if len(parts) == len(found):
             state[f"{prefix}qkv.{kind}"] = torch.cat(parts)
         for ours, theirs in HF_NAMES.items():
             if f"{prefix}{theirs}.{kind}" in state:

@@ -6,11 +6,12 @@ stays Hugging Face's.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import nn
 
+from bertaccel.attention.hf_model import HFModule
 from bertaccel.attention.packing import (Packing, key_padding_mask, pack, pack_static, pack_tokens,
                                          pass_masks_through, unpack_tokens)
 from bertaccel.encoder.attention import core as core_of
@@ -18,7 +19,7 @@ from bertaccel.encoder.attention import prepare
 from bertaccel.encoder.layer import FusedBertLayer, unfusable
 
 
-def run_layers(encoder: nn.Module, hidden_states: torch.Tensor, packing: Packing, *args: Any, **kwargs: Any):
+def run_layers(encoder: FusedEncoder, hidden_states: torch.Tensor, packing: Packing, *args: Any, **kwargs: Any):
     """The layer loop, a plain function of the encoder (activation checkpointing replaces it, and
     DataParallel replicas run their own layers). The dropout seeds of every layer (attention and
     the two LayerNorm kernels) are drawn in one launch per forward, not three per layer: at BERT
@@ -28,13 +29,13 @@ def run_layers(encoder: nn.Module, hidden_states: torch.Tensor, packing: Packing
     from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
     seeds = None
-    if encoder.training and any(layer.draws_dropout() for layer in encoder.layer):
+    if encoder.training and any(layer.draws_dropout() for layer in encoder.layers()):
         seeds = torch.randint(0, 2 ** 31 - 1, (len(encoder.layer), 3), device=hidden_states.device,
                               dtype=torch.int64)
-    layers = list(encoder.layer)
+    layers = list(encoder.layers())
     rows = None
     for i, layer in enumerate(layers):
-        rows_out = [] if layer.fp8 and i + 1 < len(layers) and layers[i + 1].fp8 else None
+        rows_out: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = [] if layer.fp8 and i + 1 < len(layers) and layers[i + 1].fp8 else None
         hidden_states = layer(hidden_states, packing, seeds=None if seeds is None else seeds[i], x_rows=rows,
                               rows_out=rows_out)
         rows = rows_out[0] if rows_out else None
@@ -53,7 +54,7 @@ class FusedEncoder(nn.Module):
     through the layers (pack_static's layout: each row's padding a sequence of its own, so the
     result is the same) - the "no work on padding" technique switched off."""
 
-    def __init__(self, encoder: nn.Module, core: str, packed: bool, fused_kernels: bool):
+    def __init__(self, encoder: HFModule, core: str, packed: bool, fused_kernels: bool):
         super().__init__()
         self.config = encoder.config
         self.core = core
@@ -63,6 +64,11 @@ class FusedEncoder(nn.Module):
         self.prepare = prepare(core)
         # The layout the last padded batch ran in, for the FLOP count (measure/flops.py).
         self.layout: Optional[str] = None
+
+    def layers(self) -> Sequence[FusedBertLayer]:
+        """The fused layers, typed: torch types an nn.ModuleList's items as Module, and __init__
+        fills this one with FusedBertLayers only (a cast: nothing is checked at run time)."""
+        return cast(Sequence[FusedBertLayer], self.layer)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 *args: Any, **kwargs: Any):
@@ -88,7 +94,7 @@ class FusedEncoder(nn.Module):
         return out
 
 
-def fuse_encoder(model: nn.Module, encoder: Any, attention: Any) -> str:
+def fuse_encoder(model: HFModule, encoder: Any, attention: Any) -> str:
     """Replace the model's encoder in place; returns what was done, in a few words. encoder: the
     encoder option's settings; attention: the attention option's (which core runs)."""
     why = unfusable(model.config)

@@ -19,6 +19,8 @@ from typing import Any, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from bertaccel.attention.hf_model import HFModule
+
 # The Linear layers that read an encoder layer's input: their input gradient is only needed
 # when something below the layer trains.
 _INPUT_LINEARS = ("attention.self.query", "attention.self.key", "attention.self.value",
@@ -70,7 +72,7 @@ def _trains(module: Optional[nn.Module]) -> bool:
     return module is not None and any(p.requires_grad for p in module.parameters())
 
 
-def computed_shapes(model: nn.Module, counts: TokenCounts) -> Tuple[int, int]:
+def computed_shapes(model: HFModule, counts: TokenCounts) -> Tuple[int, int]:
     """(T, A): the tokens and attention pairs the encoder computed, by the layout it last packed
     in (attention/packing.py's PackedEncoder and encoder=fused's FusedEncoder say which), else the
     padded ones."""
@@ -82,7 +84,7 @@ def computed_shapes(model: nn.Module, counts: TokenCounts) -> Tuple[int, int]:
     return counts.padded_tokens, counts.attention_pairs
 
 
-def bert_train_flops(model: nn.Module, counts: TokenCounts) -> float:
+def bert_train_flops(model: HFModule, counts: TokenCounts) -> float:
     """Matmul FLOPs of forward+backward over `counts`, for the model's current requires_grad."""
     backbone = model.base_model
     hidden = backbone.config.hidden_size

@@ -34,13 +34,17 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from bertaccel import distributed
+from bertaccel.attention.hf_model import HFModule
 from bertaccel.measure.backprop_estimator import LayerTimes, error_pct, estimate_backward, estimate_backward_ranks
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
 
 COMM_REPEATS = 5
 
@@ -76,7 +80,7 @@ class BackpropTiming:
         return asdict(self)
 
 
-def layer_groups(model: torch.nn.Module) -> List[Tuple[str, List[torch.nn.Parameter]]]:
+def layer_groups(model: HFModule) -> List[Tuple[str, List[torch.nn.Parameter]]]:
     """Trainable parameters per layer, in backward order (a BERT-for-classification model)."""
     bert = model.bert
     groups = [("head", [p for m in (model.classifier, bert.pooler) if m is not None for p in m.parameters()])]
@@ -226,9 +230,9 @@ def _bucket_estimate(passes: Sequence[Sequence[Dict[str, Any]]], comm_ms: Sequen
     return out
 
 
-def measure(model: torch.nn.Module, loss_of: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
+def measure(model: HFModule, loss_of: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
             batches: Iterable[Dict[str, torch.Tensor]], device: torch.device, steps: int,
-            parallel: Optional[torch.nn.Module] = None) -> Optional[BackpropTiming]:
+            parallel: Optional[DistributedDataParallel] = None) -> Optional[BackpropTiming]:
     """loss_of(batch) -> loss: the run's forward and loss (train.forward.Forward.loss) through the
     eager model (through `parallel`, the DDP model, when there are several ranks). None if no
     batch. Every rank calls it; rank 0's result is the one logged."""

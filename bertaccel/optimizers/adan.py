@@ -77,19 +77,14 @@ launches.  With ``capturable=False`` a tensor ``lr`` is read with
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Union, cast
 
 import torch
 from torch import Tensor
 from torch.optim.optimizer import Optimizer
 
 from bertaccel.optimizers.cost import StepCost
-
-try:  # torch >= 2.2
-    from torch.optim.optimizer import _get_scalar_dtype
-except ImportError:  # pragma: no cover - older torch
-    def _get_scalar_dtype() -> torch.dtype:
-        return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+from torch.optim.optimizer import _get_scalar_dtype  # torch >= 2.2 (the package needs 2.5)
 
 __all__ = ["Adan"]
 
@@ -304,12 +299,12 @@ def _single_tensor_adan(params: List[Tensor], grads: List[Tensor], exp_avgs: Lis
             k = step_t.item()
             bc1 = 1.0 - beta1 ** k
             bc2 = 1.0 - beta2 ** k
-            bc3_sqrt = math.sqrt(1.0 - beta3 ** k)
-            denom = (n.sqrt() / bc3_sqrt).add_(eps)
-            step_size = lr / bc1
-            step_size_diff = lr * beta2 / bc2
-            param.addcdiv_(m, denom, value=-step_size)
-            param.addcdiv_(v, denom, value=-step_size_diff)
+            host_bc3_sqrt = math.sqrt(1.0 - beta3 ** k)
+            denom = (n.sqrt() / host_bc3_sqrt).add_(eps)
+            host_step_size = lr / bc1
+            host_step_size_diff = lr * beta2 / bc2
+            param.addcdiv_(m, denom, value=-host_step_size)
+            param.addcdiv_(v, denom, value=-host_step_size_diff)
             if weight_decay != 0:
                 param.div_(1 + lr * weight_decay)
         buf.copy_(grad)
@@ -320,9 +315,8 @@ def _multi_tensor_adan(params: List[Tensor], grads: List[Tensor], exp_avgs: List
                        pre_grads: List[Tensor], steps: List[Tensor], *, beta1: float,
                        beta2: float, beta3: float, lr: LR, weight_decay: float, eps: float,
                        capturable: bool) -> None:
-    grouped = Optimizer._group_tensors_by_device_and_dtype(
-        [params, grads, exp_avgs, exp_avg_diffs, exp_avg_sqs, pre_grads, steps])
-    for (device, _), ((d_params, d_grads, d_m, d_v, d_n, d_buf, d_steps), _) in grouped.items():
+    for d_params, d_grads, d_m, d_v, d_n, d_buf, d_steps in _by_device_and_dtype(
+            [params, grads, exp_avgs, exp_avg_diffs, exp_avg_sqs, pre_grads, steps]):
         if not capturable and d_steps[0].is_cpu:
             # CPU steps take foreach's slow path: wrap the 1 once rather than per tensor.
             torch._foreach_add_(d_steps, torch.tensor(1.0, device="cpu"), alpha=1.0)
@@ -342,7 +336,7 @@ def _multi_tensor_adan(params: List[Tensor], grads: List[Tensor], exp_avgs: List
         denom = torch._foreach_sqrt(d_n)
         if capturable:
             step_size, step_size_diff, bc3_sqrt, wd_div = _device_scalars(
-                d_steps, lr, beta1, beta2, beta3, weight_decay, device, d_params[0].dtype)
+                d_steps, lr, beta1, beta2, beta3, weight_decay, d_params[0].device, d_params[0].dtype)
             torch._foreach_div_(denom, bc3_sqrt)
             torch._foreach_add_(denom, eps)
             upd = torch._foreach_mul(d_m, step_size)
@@ -366,3 +360,14 @@ def _multi_tensor_adan(params: List[Tensor], grads: List[Tensor], exp_avgs: List
                 torch._foreach_div_(d_params, 1 + lr * weight_decay)
         del denom
         torch._foreach_copy_(d_buf, d_grads)                      # pre_grad = grad
+
+
+def _by_device_and_dtype(lists: List[List[Tensor]]) -> Iterator[List[List[Tensor]]]:
+    """torch's grouping of parallel tensor lists by the device and dtype of the first list's
+    tensors, typed for lists that hold no None: torch types its lists Optional for callers with
+    missing state, and every list here is filled (a parameter without a gradient is left out of
+    all of them). The group's device is its parameters' (torch's key is None while torch.compile
+    traces, so it is not read)."""
+    grouped = Optimizer._group_tensors_by_device_and_dtype(cast(List[List[Optional[Tensor]]], lists))
+    for group, _ in grouped.values():
+        yield cast(List[List[Tensor]], group)

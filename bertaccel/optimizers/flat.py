@@ -97,7 +97,7 @@ RuntimeError (bertaccel.options.optimizer reads that as "not on this machine").
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, cast, overload
 
 import torch
 
@@ -201,7 +201,7 @@ class FlatOptimizer(torch.optim.Optimizer):
         # torch put fresh tensors into self.state: the next step copies them into new flat buffers.
         self._buckets = None
 
-    def _build(self) -> None:
+    def _build(self) -> List[List[Bucket]]:
         buckets: List[List[Bucket]] = []
         for group in self.param_groups:
             by_key: Dict[Tuple[torch.device, torch.dtype], List[torch.nn.Parameter]] = {}
@@ -211,6 +211,7 @@ class FlatOptimizer(torch.optim.Optimizer):
                 by_key.setdefault((p.device, p.dtype), []).append(p)
             buckets.append([self._build_bucket(group, ps, dev, dt) for (dev, dt), ps in by_key.items()])
         self._buckets = buckets
+        return buckets
 
     def _build_bucket(self, group: Dict[str, Any], params: List[torch.nn.Parameter],
                       device: torch.device, dtype: torch.dtype) -> Bucket:
@@ -229,13 +230,20 @@ class FlatOptimizer(torch.optim.Optimizer):
             return super().zero_grad(set_to_none)
         others = []
         for group, buckets in zip(self.param_groups, self._buckets):
-            mine = set()
+            mine: Set[int] = set()
             for b in buckets:
                 b.g.zero_()
                 mine.update(id(v) for v in b.gviews)
             others += [p.grad for p in group["params"] if p.grad is not None and id(p.grad) not in mine]
         if others:
             torch._foreach_zero_(others)
+
+    # torch's Optimizer.step is overloaded: no closure, no loss; a closure, its loss.
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
@@ -248,13 +256,13 @@ class FlatOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        plans = None
+        plans: List[List[Tuple[List[bool], List[int]]]] = []
+        buckets: List[List[Bucket]] = []
         for attempt in range(2):
-            if self._buckets is None:
-                self._build()
+            buckets = self._build() if self._buckets is None else self._buckets
             try:  # every bucket checked before any runs, so a rebuild never repeats an update
                 plans = [[self._plan(b) for b in bs] if self._same_params(group, bs) else self._stale()
-                         for group, bs in zip(self.param_groups, self._buckets)]
+                         for group, bs in zip(self.param_groups, buckets)]
                 break
             except Stale:
                 if attempt:
@@ -269,7 +277,7 @@ class FlatOptimizer(torch.optim.Optimizer):
             # skipped: one sync, as GradScaler's own path makes for other optimizers.
             skip = bool(found_inf.item())
         launches = copies = 0
-        for group, bs, ps in zip(self.param_groups, self._buckets, plans):
+        for group, bs, ps in zip(self.param_groups, buckets, plans):
             if skip and not group["capturable"]:
                 continue
             for b, plan in zip(bs, ps):
@@ -312,7 +320,8 @@ class FlatOptimizer(torch.optim.Optimizer):
              grad_scale: Optional[torch.Tensor], found_inf: Optional[torch.Tensor]) -> Tuple[int, int]:
         copies = 0
         if foreign:  # fresh gradients (zero_grad(set_to_none=True)): one copy into the flat buffer
-            torch._foreach_copy_([b.gviews[i] for i in foreign], [b.params[i].grad for i in foreign])
+            # (foreign lists the parameters whose gradient _plan saw set: none is None)
+            torch._foreach_copy_([b.gviews[i] for i in foreign], cast(List[torch.Tensor], [b.params[i].grad for i in foreign]))
             for i in foreign:
                 b.params[i].grad = b.gviews[i]
             copies += 1
@@ -340,6 +349,7 @@ class FlatOptimizer(torch.optim.Optimizer):
         if capturable:
             if b.betas != tuple(group["betas"]):  # changed since the buffers were built
                 b.betas = tuple(group["betas"])
+                assert b.betas64 is not None  # build_bucket made it: the group was capturable then
                 b.betas64.copy_(torch.tensor(b.betas, dtype=torch.float64))
             k = b.host_k + 1  # (the kernel reads its k from b.step; this only fills the host arguments)
         else:

@@ -73,11 +73,12 @@ class Bucket:
 
     def block_table(self, active: List[bool]) -> torch.Tensor:
         key = tuple(active)
-        if key != self.table_key:
+        table = self.table
+        if key != self.table_key or table is None:  # (table is None only before the first key)
             idx = [b for a, r in zip(active, self.blocks_of) if a for b in r] or [-1]
-            self.table = torch.tensor(idx, dtype=torch.int32, device=self.device)
+            table = self.table = torch.tensor(idx, dtype=torch.int32, device=self.device)
             self.table_key = key
-        return self.table
+        return table
 
 
 @torch.no_grad()
@@ -94,12 +95,14 @@ def build_bucket(params: List[torch.nn.Parameter], device: torch.device, dtype: 
         b.p[flat].copy_(p.detach().reshape(-1))
         st = state.get(p, {})
         if b.master is not None:
-            saved = st.get(MASTER_KEY)
+            saved: Optional[torch.Tensor] = st.get(MASTER_KEY)
             # A saved master counts only while the parameter still holds it (rounded): weights
             # written into the parameter since (another checkpoint) win, the master restarts there.
             # (A host sync per tensor, at a rebuild only.)
-            keep = saved is not None and torch.equal(saved.detach().to(device, dtype).reshape(p.shape), p.detach())
-            b.master[flat].copy_((saved if keep else p).detach().reshape(-1))
+            source: torch.Tensor = p
+            if saved is not None and torch.equal(saved.detach().to(device, dtype).reshape(p.shape), p.detach()):
+                source = saved
+            b.master[flat].copy_(source.detach().reshape(-1))
         for key, buf in b.state.items():
             if key in st:
                 buf[flat].copy_(st[key].detach().reshape(-1))

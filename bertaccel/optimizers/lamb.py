@@ -55,11 +55,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union, overload
 
 import torch
 
 from bertaccel.optimizers.cost import StepCost
+
+# A foreach op's list of tensors: ATen returns a list, torch's stubs type the result a tuple.
+TensorList = Union[List[torch.Tensor], Tuple[torch.Tensor, ...]]
 
 __all__ = ["Lamb"]
 
@@ -126,6 +129,13 @@ class Lamb(torch.optim.Optimizer):
             group.setdefault("bias_correction", True)
             group.setdefault("foreach", True)
 
+    # torch's Optimizer.step is overloaded: no closure, no loss; a closure, its loss.
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         loss = None
@@ -134,7 +144,7 @@ class Lamb(torch.optim.Optimizer):
                 loss = closure()
         # foreach groups: every bucket's direction r and trust ratios first, then one copy of all
         # trust ratios to the host per device, then the updates (see _apply_foreach).
-        pending: List[Tuple[List[torch.Tensor], List[torch.Tensor], torch.Tensor, float]] = []
+        pending: List[Tuple[List[torch.Tensor], TensorList, torch.Tensor, float]] = []
         for group in self.param_groups:
             params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
             for p in group["params"]:
@@ -201,7 +211,7 @@ def _lamb_loop(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: 
 def _foreach_direction(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[torch.Tensor],
                        exp_avg_sqs: List[torch.Tensor], steps: List[int], *, beta1: float, beta2: float,
                        eps: float, weight_decay: float,
-                       bias_correction: bool) -> Tuple[List[torch.Tensor], torch.Tensor]:
+                       bias_correction: bool) -> Tuple[TensorList, torch.Tensor]:
     """Moments, r and the trust ratios of one device-and-dtype bucket, in multi-tensor calls."""
     torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
     torch._foreach_mul_(exp_avg_sqs, beta2)
@@ -224,7 +234,7 @@ def _foreach_direction(params: List[torch.Tensor], grads: List[torch.Tensor], ex
     return r, trust
 
 
-def _apply_foreach(pending: List[Tuple[List[torch.Tensor], List[torch.Tensor], torch.Tensor, float]]) -> None:
+def _apply_foreach(pending: List[Tuple[List[torch.Tensor], TensorList, torch.Tensor, float]]) -> None:
     """x -= lr * trust * r for every bucket.
 
     A multi-tensor call takes its per-tensor factors as host scalars: a list of 0-d device

@@ -110,9 +110,10 @@ def _checked(a: argparse.Namespace) -> Dict[str, Tuple[float, ...]]:
                 setattr(a, dest, column.parse(getattr(a, dest), column.name, given=True))
             except ReportInputError as e:
                 problems.append(str(e))
-    strategies = dict(STRATEGIES)
+    strategies: Dict[str, Tuple[float, ...]] = dict(STRATEGIES)
     for k, spec in enumerate(a.weights, 1):
-        named, name, w = "=" in spec, *spec.rpartition("=")[::2]
+        named = "=" in spec
+        name, _, w = spec.rpartition("=")
         name = name.strip() if named else f"custom{k}"
         why = "an empty name before '='; give NAME=W1,W2,W3,W4 or the weights alone" if not name else (
             "its name holds '|', which would split the report's tables" if "|" in name else None)

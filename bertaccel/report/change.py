@@ -68,7 +68,7 @@ def change(rows: Sequence[Row], name: str, runs: Sequence[int], base: Sequence[i
             out.why[col] = why_r
         elif b == 0:
             out.why[col] = f"baseline's {col} is 0"
-        if col not in out.why:
+        if r is not None and b is not None and col not in out.why:  # (None set a why above)
             out.ratio[col] = r / b
         else:
             out.ratio[col] = None

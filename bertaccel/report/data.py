@@ -369,9 +369,12 @@ def rows_from_mlflow(uri: str, experiment: str, sweep_id: Optional[str] = None) 
         timing = _mlflow_timing(m, params, tags)
         more = run_fields(r, client, None if histories is None else histories.get(r.info.run_id, []))
         more["extra"].update(timing.pop("extra"))
+        # Row's metric columns by name (MLFLOW_METRICS: column -> metric), each a float or None; typed
+        # Any as keyword arguments whose names the checker cannot match to Row's fields.
+        measured: Dict[str, Any] = {col: m.get(metric) for col, metric in MLFLOW_METRICS.items()}
         row = Row(name=r.info.run_name or r.info.run_id, run_id=r.info.run_id,
                   hardware=tags.get("hardware_profile", ""), precision=params.get("precision", ""), group=group,
-                  **{col: m.get(metric) for col, metric in MLFLOW_METRICS.items()}, **timing, **more)
+                  **measured, **timing, **more)
         for col, metric in MLFLOW_METRICS.items():
             if m.get(metric) is None:
                 row.extra[col] = not_finite(r.data.metrics, metric) or tags.get(f"{metric}_source", "not logged")

@@ -127,6 +127,13 @@ def caption(src: Sources, store: Store, what: str = "") -> str:
             f"`{store.path}` (sweep `{store.sweep}`).*")
 
 
+def quoted(value: Optional[float]) -> float:
+    """A figure the docs quote from one of their committed stores, which measured it: None there
+    is a broken store, not a run to leave out."""
+    assert value is not None, "a docs store lacks a figure the docs quote"
+    return value
+
+
 def span(values: Sequence[float], fmt: str = "{:.1f}") -> str:
     """'3.5-4.4' (one value when they round alike)."""
     lo, hi = fmt.format(min(values)), fmt.format(max(values))
@@ -170,14 +177,14 @@ def card_repeats_table(src: Sources) -> str:
 
 def h100_card_table(src: Sources) -> str:
     cells = [[r.name, f"{r.compile_time_s:.1f}" + (f" ({r.compile_cache})" if r.compile_cache else ""),
-              f"{r.time_s:.1f}", f"{r.train_samples / r.time_s:.0f}", f"{r.accuracy:.4f}"]
+              f"{r.time_s:.1f}", f"{quoted(r.train_samples) / quoted(r.time_s):.0f}", f"{r.accuracy:.4f}"]
              for r in src.rows(H100_CARD)]
     return (caption(src, H100_CARD, " with fresh caches") + "\n\n"
             + markdown_table(["run", "compile_time_s (cache)", "train_time_s", "samples/s", "test_accuracy"], cells))
 
 
 def h100_triton_compile(src: Sources) -> str:
-    return span([r.compile_time_s for r in src.rows(H100_CARD) if "attention=triton" in r.name]) + " s"
+    return span([quoted(r.compile_time_s) for r in src.rows(H100_CARD) if "attention=triton" in r.name]) + " s"
 
 
 def card_sweep(src: Sources) -> str:
@@ -252,7 +259,7 @@ def card_plan_range(src: Sources) -> str:
     table = _plan_table(src)
     col = table[1].index("train_time_s")
     predicted = [float(line[col:].split()[0]) for line in table[2:]]
-    measured = [r.time_s for r in src.rows(CARD)]
+    measured = [quoted(r.time_s) for r in src.rows(CARD)]
     return f"{span(predicted)} s of training for runs that took {span(measured)} s"
 
 
@@ -264,13 +271,13 @@ def card_default_line(src: Sources) -> str:
 
 
 def card_repeats_seconds(src: Sources, name: str) -> str:
-    return span([r.time_s for r in src.rows(CARD_REPEATS) if r.name == name]) + " s"
+    return span([quoted(r.time_s) for r in src.rows(CARD_REPEATS) if r.name == name]) + " s"
 
 
 def fp8_fused_sentence(src: Sources) -> str:
     rows = src.rows(FP8_FUSED)
-    mean = {g.label: (sum(rows[i].accuracy for i in g.members) / len(g.members),
-                      sum(rows[i].time_s for i in g.members) / len(g.members)) for g in group_rows(rows)}
+    mean = {g.label: (sum(quoted(rows[i].accuracy) for i in g.members) / len(g.members),
+                      sum(quoted(rows[i].time_s) for i in g.members) / len(g.members)) for g in group_rows(rows)}
     fp8, bf16 = mean["precision=fp8_rowwise"], mean["precision=bf16"]
     e = effect(src, FP8_FUSED, "precision", "fp8_rowwise")
     return (f"accuracy {fp8[0]:.4f} against fused bf16's {bf16[0]:.4f} ({e['accuracy (pts)'].split()[0]} points), "
@@ -280,11 +287,11 @@ def fp8_fused_sentence(src: Sources) -> str:
 
 
 def fp8_fused_warmup(src: Sources) -> str:
-    return span([r.compile_time_s for r in src.rows(FP8_FUSED)], "{:.0f}") + " s"
+    return span([quoted(r.compile_time_s) for r in src.rows(FP8_FUSED)], "{:.0f}") + " s"
 
 
 def _warm(rows: Sequence[Row], cache: str) -> List[float]:
-    return [r.compile_time_s for r in rows if r.compile_cache == cache]
+    return [quoted(r.compile_time_s) for r in rows if r.compile_cache == cache]
 
 
 def fp8_table(src: Sources) -> str:
@@ -295,7 +302,7 @@ def fp8_table(src: Sources) -> str:
 
     def acc(p: str) -> str:
         runs = by[p]
-        return " / ".join(f"{r.accuracy:.4f}" for r in runs) + f" (mean {sum(r.accuracy for r in runs) / len(runs):.4f})"
+        return " / ".join(f"{r.accuracy:.4f}" for r in runs) + f" (mean {sum(quoted(r.accuracy) for r in runs) / len(runs):.4f})"
 
     def warm(p: str) -> str:
         return ", ".join(f"{span(_warm(by[p], c), '{:.1f}')} s {c}" for c in ("cold", "warm") if _warm(by[p], c))

@@ -122,7 +122,7 @@ def find_axes(values: Sequence[Dict[str, Optional[str]]]) -> List[Axis]:
     kept = [k for k in varying if not any(over(j, k) for j in varying)]
     axes = []
     for k in kept:
-        seen = list(dict.fromkeys(v[k] for v in values if v[k] is not None))
+        seen = list(dict.fromkeys(x for x in (v[k] for v in values) if x is not None))
         try:
             seen.sort(key=float)
         except ValueError:
@@ -142,19 +142,22 @@ class Cell:
 
 
 def _cell(rows: Sequence[Row], members: Sequence[int], per_sample: bool) -> Cell:
-    value, why = {}, {}
+    value: Dict[str, Optional[float]] = {}
+    why: Dict[str, str] = {}
     for col in ("time_s", "energy_kwh", "accuracy"):
-        got = []
+        got: List[Optional[float]] = []
         for i in members:
             v = rows[i].get(col)
             if v is None:
                 why[col] = f"{col} null: {rows[i].extra.get(col, 'not measured')}"
             elif per_sample and col != "accuracy":  # (as the answer compares them)
-                v = v / rows[i].train_samples if rows[i].train_samples else None
+                samples = rows[i].train_samples
+                v = v / samples if samples else None
                 if v is None:
                     why[col] = "train_samples unknown, and the runs trained different amounts"
             got.append(v)
-        value[col] = None if None in got else sum(got) / len(got)
+        known = [g for g in got if g is not None]
+        value[col] = None if len(known) < len(got) else sum(known) / len(known)
     return Cell(value, why, tuple(members))
 
 
@@ -184,8 +187,8 @@ def effects(rows: Sequence[Row], baselines: Sequence[int] = ()) -> Effects:
     if not axes:
         return Effects([], [], per_sample)
     by_config: Dict[Tuple, List[int]] = {}
-    for i, v in enumerate(values):  # runs with every axis equal are one configuration (repeats)
-        by_config.setdefault(tuple(v[a.key] for a in axes), []).append(i)
+    for i, keys in enumerate(values):  # runs with every axis equal are one configuration (repeats)
+        by_config.setdefault(tuple(keys[a.key] for a in axes), []).append(i)
     cells = {c: _cell(rows, m, per_sample) for c, m in by_config.items()}
     # Runs equal in every axis that the repeats' grouping keeps apart differ in something their
     # choices and names do not show: averaged all the same, and said.
@@ -208,7 +211,7 @@ def effects(rows: Sequence[Row], baselines: Sequence[int] = ()) -> Effects:
             if v == axis.reference:
                 continue
             mine = [c for c in cells if c[x] == v]
-            pairs = [(cells[c], cells[partner(c, axis.reference)]) for c in mine if partner(c, axis.reference)]
+            pairs = [(cells[c], cells[p]) for c in mine if (p := partner(c, axis.reference))]
             example = ", ".join(f"{a.key}={c}" for a, c in zip(axes, mine[0]) if a is not axis) if mine else ""
             out.append(Effect(axis, v, pairs, example))
     return Effects(axes, out, per_sample, merged)
@@ -249,7 +252,7 @@ def _over(pairs: Sequence[Tuple[Cell, Cell]], col: str) -> Tuple[List[Tuple[floa
     for at, ref in pairs:
         a, b = at.value[col], ref.value[col]
         if a is None or b is None:
-            why = why or (at.why.get(col) if a is None else "reference's " + ref.why.get(col, ""))
+            why = why or (at.why.get(col, "") if a is None else "reference's " + ref.why.get(col, ""))
         elif col != "accuracy" and (a <= 0 or b <= 0):
             why = why or f"{col} is 0"
         else:

@@ -131,7 +131,7 @@ def weight_map_plot(wm: WeightMap) -> Dict:
             "png": png_bytes(fig), "drawn": len(wm.points), "left_out": 0, "section": "Weight sensitivity"}
 
 
-def target_plot(rows: Sequence[Row], target: float) -> Optional[Dict]:
+def target_plot(rows: Sequence[Row], target: float) -> Dict:
     """Accuracy after each epoch against the training seconds until then, one line per run."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9.6, 4.4), dpi=110)

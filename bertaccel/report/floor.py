@@ -13,9 +13,9 @@ interval, so a configuration is not left out for the noise of its own seeds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, Tuple, Union
 
-from .repeats import group_rows, t_interval
+from .repeats import Interval, group_rows, t_interval
 from .scoring import Row
 
 DEFAULT_POINTS = 1.0  # how far below the best a run may be and still win, in accuracy points
@@ -46,7 +46,7 @@ def resolve(given: Union[None, str, float], rows: Sequence[Row]) -> Floor:
     return Floor(value, f"{DEFAULT_POINTS:g} point below {what} (--accuracy-floor sets another, or off)")
 
 
-def _best(rows: Sequence[Row]):
+def _best(rows: Sequence[Row]) -> Optional[Tuple[float, str]]:
     """(the accuracy the floor hangs from, how the report says it), None without any accuracy."""
     groups = group_rows(rows)
     repeated = any(len(g.members) > 1 for g in groups)
@@ -56,18 +56,19 @@ def _best(rows: Sequence[Row]):
             return None
         acc, name = max(scored)
         return acc, f"the best test accuracy, '{name}' at {acc:.4f}"
-    best = None
+    best: Optional[Tuple[float, Interval, str, int]] = None  # (mean, interval, label, runs)
     for g in groups:
-        values = [rows[i].accuracy for i in g.members if rows[i].accuracy is not None]
+        values = [a for a in (rows[i].accuracy for i in g.members) if a is not None]
         if not values:
             continue
         iv = t_interval(values)
-        if best is None or iv.mean > best[0].mean:
-            best = (iv, g.label, len(values))
+        assert iv.mean is not None  # the interval of one value or more has a mean
+        if best is None or iv.mean > best[0]:
+            best = (iv.mean, iv, g.label, len(values))
     if best is None:
         return None
-    iv, label, n = best
+    mean, iv, label, n = best
     if iv.low is None:  # one run of the best configuration: no interval
-        return iv.mean, f"the best test accuracy, '{label}' at {iv.mean:.4f} (one run: no interval)"
+        return mean, f"the best test accuracy, '{label}' at {mean:.4f} (one run: no interval)"
     return iv.low, (f"the low end of the best configuration's 95 % interval, '{label}' ({n} runs: "
-                    f"{iv.mean:.4f}, interval from {iv.low:.4f})")
+                    f"{mean:.4f}, interval from {iv.low:.4f})")

@@ -113,9 +113,9 @@ def check_folder(text: str, kind: str) -> Path:
     if out.exists():
         if not out.is_dir():
             raise OutputFolderError(f"--out {text}: is a file, not a folder; {_FIX}")
-        why = _not_ours(out, kind)
-        if why:
-            raise OutputFolderError(f"--out {text}: {why}; {_FIX}")
+        not_ours = _not_ours(out, kind)
+        if not_ours:
+            raise OutputFolderError(f"--out {text}: {not_ours}; {_FIX}")
     return out
 
 

@@ -90,7 +90,8 @@ def load_manifest(path: Path) -> List[Entry]:
         if base is not None and not (isinstance(base, str) and base.strip()):
             raise ReportInputError(f"--manifest {path}: entry {k}'s baseline must be a run name (as the report's "
                                    f"--baseline takes)")
-        out.append(Entry(*(given[f].strip() for f in FIELDS), baseline=base.strip() if base else None))
+        store, sweep, title, command = (given[f].strip() for f in FIELDS)
+        out.append(Entry(store, sweep, title, command, baseline=base.strip() if base else None))
     return out
 
 
@@ -185,10 +186,23 @@ def _interval(rows: Sequence[Row], members: Sequence[int], col: str, per_sample:
     for i in members:
         v = rows[i].get(col)
         if v is not None and per_sample and col != "accuracy":  # (as effects.py compares them)
-            v = v / rows[i].train_samples if rows[i].train_samples else None
+            samples = rows[i].train_samples
+            v = v / samples if samples else None
         if v is not None:
             values.append(v)
     return t_interval(values)
+
+
+def _below(a: Interval, b: Interval) -> bool:
+    """a's mean below b's, for intervals with ends (those have means)."""
+    assert a.mean is not None and b.mean is not None
+    return a.mean < b.mean
+
+
+def _judged(a: Interval, b: Interval) -> str:
+    """Time interval a against b: unjudged (either has no ends), within noise, faster or slower."""
+    apart = a.overlaps(b)
+    return "unjudged" if apart is None else "within noise" if apart else "faster" if _below(a, b) else "slower"
 
 
 def verdict(rows: Sequence[Row], e: Effect, per_sample: bool) -> str:
@@ -200,11 +214,9 @@ def verdict(rows: Sequence[Row], e: Effect, per_sample: bool) -> str:
     lower, deltas = 0, []
     for at, ref in e.pairs:
         a, b = (_interval(rows, c.members, "time_s", per_sample) for c in (at, ref))
-        apart = a.overlaps(b)
-        count["unjudged" if apart is None else "within noise" if apart else
-              "faster" if a.mean < b.mean else "slower"] += 1
+        count[_judged(a, b)] += 1
         a, b = (_interval(rows, c.members, "accuracy", False) for c in (at, ref))
-        lower += a.overlaps(b) is False and a.mean < b.mean
+        lower += a.overlaps(b) is False and _below(a, b)
         if a.mean is not None and b.mean is not None:
             deltas.append((a.mean - b.mean) * 100)
     judged = n - count["unjudged"]

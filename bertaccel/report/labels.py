@@ -90,12 +90,12 @@ def relabel(rows: Sequence) -> Labels:
     """Give every row whose name is a sweep name its short label (rows' `name`, in place), and
     return the mapping. Only an MLflow store's rows (with a run id) are relabelled: a CSV's names are
     its author's, and its repeats are grouped by name."""
-    parsed = {i: parse(r.name) for i, r in enumerate(rows) if r.run_id}
+    found = {i: parse(r.name) for i, r in enumerate(rows) if r.run_id}
     out = Labels()
     for i, r in enumerate(rows):  # (every MLflow run is in the mapping, those keeping their name too)
-        if r.run_id and parsed[i] is None:
+        if r.run_id and found[i] is None:
             out.full.setdefault(r.name, []).append((r.name, r.run_id))
-    parsed = {i: items for i, items in parsed.items() if items is not None}
+    parsed = {i: items for i, items in found.items() if items is not None}
     # Names that set different keys: a sweep whose added baseline takes off what every grid job sets
     # ('dataset.subset_seed=0,precision=bf16' and 'dataset.subset_seed=0': each key a name lacks
     # takes the run's own logged value, its group choice or setting), or hand-named runs
@@ -117,7 +117,8 @@ def relabel(rows: Sequence) -> Labels:
     varying = [k for k in keys if len(values[k]) > 1]
     # One configuration alone: its values are what it is, not what tells it apart.
     out.order = varying or keys
-    out.same = {k: next(iter(values[k])) for k in keys if k not in out.order}
+    # (a key left out of the order has one value, and some run set it: never None)
+    out.same = {k: next(v for v in values[k] if v is not None) for k in keys if k not in out.order}
     for i, items in parsed.items():
         r = rows[i]
         label = label_of(items, out.order)

@@ -16,9 +16,10 @@ from .scoring import Row
 
 
 def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
-    if not values or any(v is None for v in values):
+    known = [v for v in values if v is not None]
+    if not values or len(known) < len(values):
         return None
-    return sum(values) / len(values)
+    return sum(known) / len(known)
 
 
 def _per_sample(rows: Sequence[Row], members: Sequence[int]) -> Optional[float]:

@@ -117,7 +117,8 @@ def _html_figure(p: Dict) -> str:
 
 def _html_toc(rep: Report) -> str:
     e = html.escape
-    items, appendix = [], []
+    items: List[str] = []
+    appendix: List[str] = []
     for sid, title, in_appendix in contents(rep):
         (appendix if in_appendix else items).append(f"<li><a href='#{e(sid)}'>{e(title)}</a></li>")
     if appendix:

@@ -29,6 +29,11 @@ class Front:
     left_out: Dict[int, str] = field(default_factory=dict)  # point -> why it was not compared
 
 
+def _lower_is_better(value: Optional[float], direction: str) -> float:
+    assert value is not None  # a complete point's: every objective used is set
+    return value if direction == "min" else -value
+
+
 def pareto(points: Sequence[Mapping[str, Optional[float]]], why_null: Sequence[Mapping[str, str]] = (),
            objectives: Sequence[Tuple[str, str]] = OBJECTIVES) -> Front:
     """points: one {column: value or None} per run or group; why_null: per point, why a
@@ -50,7 +55,7 @@ def pareto(points: Sequence[Mapping[str, Optional[float]]], why_null: Sequence[M
     if not complete:
         return out
     # Every objective as "lower is better", one row per complete point.
-    x = np.array([[p[c] if d == "min" else -p[c] for c, d in used] for p in (points[i] for i in complete)])
+    x = np.array([[_lower_is_better(p[c], d) for c, d in used] for p in (points[i] for i in complete)])
     on = _front(x)
     out.on_front = [complete[k] for k in sorted(on)]
     # Each dominated point's first dominators in input order, for a block of points at once:

@@ -120,7 +120,9 @@ def scatter_figure(rows: Sequence[Row], x: str, y: str, xlabel: str, ylabel: str
         fig.tight_layout()
         fig.canvas.draw()  # final limits and layout: labels are placed on the canvas as it will be saved
         # "best" would move the legend again once the labels are there: kept where it was put.
-        box = ax.get_legend().get_window_extent().transformed(ax.transAxes.inverted())
+        legend = ax.get_legend()
+        assert legend is not None  # ax.legend() just made it
+        box = legend.get_window_extent().transformed(ax.transAxes.inverted())
         ax.legend(loc=(box.x0, box.y0), **legend_args)
         place_labels(fig, ax, points, first)
     else:
@@ -215,7 +217,7 @@ def place_labels(fig, ax, points: Sequence[Tuple[int, float, float]], first: Seq
                             ha="left", va="bottom", **backdrop)
         size = label.get_window_extent(renderer)
         w, h = size.width, size.height
-        chosen = None
+        chosen: Optional[Tuple[int, int]] = None
         for dx, dy in LABEL_PLACES:
             ax0 = px + dx * px_per_pt - (0 if dx > 0 else w if dx < 0 else w / 2)
             ay0 = py + dy * px_per_pt - (0 if dy > 0 else h if dy < 0 else h / 2)
@@ -227,6 +229,7 @@ def place_labels(fig, ax, points: Sequence[Tuple[int, float, float]], first: Seq
                 chosen = (dx, dy)
                 if fits:
                     break
+        assert chosen is not None  # the first of LABEL_PLACES is taken when none fits
         dx, dy = chosen
         label.set_position((dx, dy))
         label.set_ha("left" if dx > 0 else "right" if dx < 0 else "center")

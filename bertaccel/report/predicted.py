@@ -14,7 +14,7 @@ measured, so its time is a peak FLOP rate at a guessed utilisation, tens of perc
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TypedDict
 
 from .figures import png_bytes
 from .scoring import Row
@@ -189,12 +189,22 @@ def add_to_report(rep: Any, uri: str, experiment: str, rows: Sequence[Row]) -> N
         rep.plots.append(plot)
 
 
+class _SweepWall(TypedDict):
+    """A sweep's wall as its runs tell it: first process start, last record, the predicted sum."""
+    start: float
+    end: float
+    predicted: float
+    runs: int
+    complete: bool
+
+
 def wait_comparison(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Tuple[str, str, List[str], List[List[str]]]]:
     """What each run waited for, predicted (by a saved plan: plan/saved.py) vs measured, and each
     sweep's wall: from its first run's process start to its last run's record."""
     from bertaccel.record.readings import run_waits
 
-    cells, sweeps = [], {}
+    cells = []
+    sweeps: Dict[str, _SweepWall] = {}
     for r in rows:
         run = runs.get(r.run_id)
         if run is None or run.data.metrics.get("predicted_run_wall_s") is None and \
@@ -224,6 +234,7 @@ def wait_comparison(rows: Sequence[Row], runs: Mapping[str, Any]) -> Optional[Tu
         if s["complete"]:
             wall = s["end"] - s["start"]
             e = error_pct(s["predicted"], wall)
+            assert e is not None  # wall > 0: it spans at least one run's wall
             walls.append(f"sweep {sweep}: {s['runs']} runs, wall predicted {s['predicted']:.1f} s, measured {wall:.1f} s "
                          f"(first run's process start to the last run's record), error {e:+.1f} % "
                          f"(goal within {WALL_GOAL_PCT:g} %: {'met' if abs(e) <= WALL_GOAL_PCT else 'not met'})")

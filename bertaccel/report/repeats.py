@@ -34,9 +34,10 @@ class Interval:
 
     def overlaps(self, other: "Interval") -> Optional[bool]:
         """Whether the two intervals share a point; None when either has none."""
-        if None in (self.low, self.high, other.low, other.high):
+        low, high, other_low, other_high = self.low, self.high, other.low, other.high
+        if low is None or high is None or other_low is None or other_high is None:
             return None
-        return self.low <= other.high and other.low <= self.high
+        return low <= other_high and other_low <= high
 
 
 def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
@@ -118,8 +119,8 @@ class RepeatStats:
 
 def repeat_stats(rows: Sequence[Row], scored: Scored) -> RepeatStats:
     groups = group_rows(rows)
-    metrics = {m: [t_interval([rows[i].get(m) for i in g.members if rows[i].get(m) is not None]) for g in groups]
+    metrics = {m: [t_interval([v for v in (rows[i].get(m) for i in g.members) if v is not None]) for g in groups]
                for m in GROUP_METRICS}
-    scores = {s: [t_interval([v[i] for i in g.members if v[i] is not None]) for g in groups]
+    scores = {s: [t_interval([x for x in (v[i] for i in g.members) if x is not None]) for g in groups]
               for s, v in scored.scores.items()}
     return RepeatStats(groups, metrics, scores)

@@ -84,11 +84,16 @@ def full_weights(weights: Sequence[float]) -> Tuple[float, ...]:
 
 
 def column_max(rows: Sequence[Row]) -> Dict[str, Optional[float]]:
-    out = {}
+    out: Dict[str, Optional[float]] = {}
     for m in METRICS:
-        values = [r.get(m) for r in rows if r.get(m) is not None]
+        values = [v for v in (r.get(m) for r in rows) if v is not None]
         out[m] = max(values) if values else None
     return out
+
+
+def _over(value: Optional[float], top: Optional[float]) -> Optional[float]:
+    """value / top; None stays None, and so does a value over a 0 (or missing) maximum."""
+    return None if value is None or not top else value / top
 
 
 def normalized(rows: Sequence[Row]) -> List[Dict[str, Optional[float]]]:
@@ -96,21 +101,22 @@ def normalized(rows: Sequence[Row]) -> List[Dict[str, Optional[float]]]:
     mx = column_max(rows)
     table = []
     for r in rows:
-        table.append({m: (None if r.get(m) is None or not mx[m] else r.get(m) / mx[m]) for m in METRICS})
+        table.append({m: _over(r.get(m), mx[m]) for m in METRICS})
     return table
 
 
 def score(norm: Mapping[str, Optional[float]], weights: Sequence[float]) -> Tuple[Optional[float], List[str]]:
     """(score, metrics left out). None when no weighted metric is present. Four weights: w5 = 0."""
     weights = full_weights(weights)
-    present = [i for i, m in enumerate(METRICS) if norm.get(m) is not None]  # (a 4-term table: no CO2e)
+    # metric index -> its value, where there is one (a 4-term table: no CO2e)
+    present = {i: v for i, v in enumerate(norm.get(m) for m in METRICS) if v is not None}
     missing = [METRICS[i] for i in range(len(METRICS)) if i not in present and weights[i] > 0]
     total = sum(abs(w) for w in weights)
     have = sum(abs(weights[i]) for i in present)
     if have == 0:
         return None, missing
     scale = total / have if missing else 1.0
-    return scale * sum(SIGNS[i] * weights[i] * norm[METRICS[i]] for i in present), missing
+    return scale * sum(SIGNS[i] * weights[i] * v for i, v in present.items()), missing
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,8 @@ def time_ranking(rows: Sequence[Row], strategies: Mapping[str, Sequence[float]],
     else:
         if any((r.cost_usd is None) != (r.time_s is None) or r.time_s == 0 for r in rows):
             return None
-        rates = [r.cost_usd / r.time_s for r in rows if r.time_s is not None]
+        # (cost and time are both set or both missing: checked above)
+        rates = [c / t for c, t in ((r.cost_usd, r.time_s) for r in rows) if c is not None and t is not None]
         if not all(math.isclose(x, rates[0], rel_tol=1e-9) for x in rates):
             return None
         cause = (f"no run has energy_kwh or occupancy_pct, and every run's cost_usd is time_s x one rate "
@@ -150,7 +157,7 @@ def time_ranking(rows: Sequence[Row], strategies: Mapping[str, Sequence[float]],
 
 @dataclass
 class Scored:
-    strategies: Dict[str, Tuple[float, ...]]
+    strategies: Dict[str, Sequence[float]]
     normalized: List[Dict[str, Optional[float]]]
     scores: Dict[str, List[Optional[float]]]          # strategy -> score per row
     affected: Dict[int, List[str]]                      # row index -> metrics renormalized away

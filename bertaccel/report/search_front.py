@@ -80,7 +80,7 @@ def front_plot(s: SearchFront) -> Optional[Dict[str, Any]]:
     used = s.front.objectives
     lows, highs = [m for m in used if dirs[m] == "minimize"], [m for m in used if dirs[m] == "maximize"]
     x, y = (lows[0], highs[0]) if lows and highs else (used[0], used[1])
-    pts = [(v[x], v[y], i) for i, v in enumerate(s.values) if v[x] is not None and v[y] is not None]
+    pts = [(a, b, i) for i, (a, b) in enumerate((v[x], v[y]) for v in s.values) if a is not None and b is not None]
     on = sorted((p for p in pts if p[2] in s.front.on_front), key=lambda p: p[0])
     fig, ax = plt.subplots(figsize=(5.6, 4.4), dpi=110)
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="lightgray", edgecolors="black", linewidths=0.4,

@@ -121,6 +121,7 @@ def weights_table(rows: Sequence[Row], wm: WeightMap) -> Table:
     cells = []
     for k in sorted(wm.won, key=lambda k: -wm.won[k]):
         c = wm.centroid(k)
+        assert c is not None  # k won some points alone: they have a mean
         cells.append([wm.labels[k], str(wm.won[k]), f"{wm.share(wm.won[k]):.1%}",
                       "(" + ", ".join(f"{x:.2f}" for x in c) + ")"])
     for tie, count in sorted(wm.ties.items(), key=lambda t: -t[1]):
@@ -166,7 +167,8 @@ def target_tables(rows: Sequence[Row], reaches: Sequence[Reach], target: float, 
             told = [reaches[i] for i in g.members if reaches[i].reached is not None]
             cells.append([g.label, f"{len(got)} of {len(g.members)}" + ("" if len(told) == len(g.members) else
                                                                         f" ({len(g.members) - len(told)} unknown)"),
-                          interval_cell(t_interval([x.time_s for x in got]), ".2f", len(g.members)),
+                          interval_cell(t_interval([x.time_s for x in got if x.time_s is not None]), ".2f",  # (reached: set)
+                                        len(g.members)),
                           interval_cell(t_interval([x.energy_kwh for x in got if x.energy_kwh is not None]), ".5f",
                                         len(g.members)),
                           interval_cell(t_interval([x.cost_usd for x in got if x.cost_usd is not None]), ".4g",

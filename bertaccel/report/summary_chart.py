@@ -48,7 +48,8 @@ def answer_chart(ans: Answer, rows: Sequence[Row]) -> Optional[Dict]:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.0, 1.3 + 0.75 * len(by_run)), dpi=110)
-    tips, drawn, labels, legended = {}, 0, [], set()
+    tips: Dict[str, str] = {}
+    drawn, labels, legended = 0, [], set()
     for y, (i, ws) in enumerate(by_run.items()):
         tip = _tooltip(ws, ans.per_sample)
         for k, (col, name, colour) in enumerate(BARS):

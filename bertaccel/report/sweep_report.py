@@ -98,9 +98,9 @@ def attach_report(ctx: SweepContext, experiment: str) -> str:
         return why
     with tempfile.TemporaryDirectory(prefix="bertaccel-sweep-report-") as tmp:
         out = Path(tmp) / "report"
-        why = build_report(ctx.uri, experiment, ctx.sweep_id, out)
-        if why is not None:
-            why = f"no report: it could not be built ({why})"
+        failed = build_report(ctx.uri, experiment, ctx.sweep_id, out)
+        if failed is not None:
+            why = f"no report: it could not be built ({failed})"
             _tag(ctx.uri, ctx.parent_run_id, **{REASON_TAG: why})
             return why
         # What a reader opens (not the folder's bertaccel marker, which only guards --out).

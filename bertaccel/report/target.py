@@ -38,12 +38,12 @@ def _at_rate(row: Row, column: str, seconds: float, window_s: float, why: Dict[s
 def reach(row: Row, target: float) -> Reach:
     acc, win = row.epoch_accuracy, row.epoch_time_s
     if not acc:
-        why = row.extra.get("epoch_accuracy", "no per-epoch test_accuracy")
-        return Reach(None, why={c: why for c in ("time_s", "energy_kwh", "cost_usd")})
+        reason = row.extra.get("epoch_accuracy", "no per-epoch test_accuracy")
+        return Reach(None, why={c: reason for c in ("time_s", "energy_kwh", "cost_usd")})
     if len(win) != len(acc):
-        why = (f"epoch_time_s {row.extra['epoch_time_s']}" if "epoch_time_s" in row.extra else
-               f"{len(acc)} per-epoch accuracies but {len(win)} training windows")
-        return Reach(None, why={c: why for c in ("time_s", "energy_kwh", "cost_usd")})
+        reason = (f"epoch_time_s {row.extra['epoch_time_s']}" if "epoch_time_s" in row.extra else
+                  f"{len(acc)} per-epoch accuracies but {len(win)} training windows")
+        return Reach(None, why={c: reason for c in ("time_s", "energy_kwh", "cost_usd")})
     first = next((e for e, a in enumerate(acc) if a >= target), None)
     if first is None:
         best = max(range(len(acc)), key=lambda e: acc[e])

@@ -158,12 +158,15 @@ def project(row: Row, epochs: int) -> ProjectedRun:
     length of the run, the number of steps does."""
     missing = [f"{c} {_why(row, c)}" for c in PROJECTION_INPUTS if getattr(row, c) is None]
     if missing:
-        why = "no projection: " + "; ".join(missing)
-        return ProjectedRun(epochs, None, None, None, None, {"time_s": why, "energy_kwh": why, "cost_usd": why})
+        reason = "no projection: " + "; ".join(missing)
+        return ProjectedRun(epochs, None, None, None, None, {"time_s": reason, "energy_kwh": reason, "cost_usd": reason})
+    # (none of PROJECTION_INPUTS is missing)
+    assert (row.step_time_ms is not None and row.train_rows_full is not None and row.batch_size is not None
+            and row.accumulation is not None and row.num_gpus is not None)
     steps = epochs * steps_per_epoch(row.train_rows_full, row.batch_size, row.accumulation, row.num_gpus)
     time_s = steps * row.step_time_ms / 1000
     why: Dict[str, str] = {}
-    rates = {}
+    rates: Dict[str, float] = {}
     for col in ("energy_kwh", "cost_usd"):
         value = row.get(col)
         if value is None:
@@ -181,7 +184,8 @@ def with_projection(rows: Sequence[Row], projections: Sequence[ProjectedRun]) ->
     out = []
     for r, p in zip(rows, projections):
         extra = {**r.extra, **p.why}
-        samples = None if p.steps is None else p.epochs * r.train_rows_full
+        # (a projection with steps had the row's train_rows_full)
+        samples = None if p.steps is None or r.train_rows_full is None else p.epochs * r.train_rows_full
         if samples is None:
             extra["train_samples"] = p.why["time_s"]
         # co2e_kg is energy x a constant (carbon.py): it follows the projected energy.
@@ -223,6 +227,14 @@ def _minus(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else a - b
 
 
+def _break_even(off: Row, compiled: Row) -> Optional[float]:
+    """break_even_steps of two runs, None when either lacks its step time or compile time."""
+    off_s, compiled_s, off_ms, compiled_ms = off.compile_time_s, compiled.compile_time_s, off.step_time_ms, compiled.step_time_ms
+    if off_s is None or compiled_s is None or off_ms is None or compiled_ms is None:
+        return None
+    return break_even_steps(off_s, compiled_s, off_ms, compiled_ms)
+
+
 def break_even_pairs(rows: Sequence[Row]) -> List[BreakEven]:
     """Every compiled run against every uncompiled run of the same configuration (config_key)."""
     out = []
@@ -234,8 +246,7 @@ def break_even_pairs(rows: Sequence[Row]) -> List[BreakEven]:
                 continue
             missing = [f"{c.name if r is c else o.name}: {col} {_why(r, col)}"
                        for r in (o, c) for col in ("step_time_ms", "compile_time_s") if getattr(r, col) is None]
-            steps = None if missing else break_even_steps(o.compile_time_s, c.compile_time_s, o.step_time_ms,
-                                                          c.step_time_ms)
+            steps = None if missing else _break_even(o, c)
             out.append(BreakEven(c.config_key, c.compile_mode, j, i, o.step_time_ms, c.step_time_ms,
                                  _minus(o.step_time_ms, c.step_time_ms), _minus(c.compile_time_s, o.compile_time_s),
                                  steps, "; ".join(missing)))

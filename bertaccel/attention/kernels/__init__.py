@@ -68,7 +68,8 @@ class _Kernels(Mapping):
     code, the same for every run of the process."""
 
     def __init__(self, package: str):
-        self._package, self._found = package, None
+        self._package = package
+        self._found: Optional[Dict[str, Backend]] = None
 
     def _all(self) -> Dict[str, Backend]:
         if self._found is None:

@@ -19,8 +19,8 @@ def _triton_dense(q, k, v, p: float, scaling: float) -> torch.Tensor:
 
     bsz, seq, heads, dim = q.shape
     cu = torch.arange(0, (bsz + 1) * seq, seq, dtype=torch.int32, device=q.device)
-    flat = (t.reshape(bsz * seq, heads, dim) for t in (q, k, v))  # views: [B, S, H*D] projections
-    return fused_attention_packed(*flat, cu, seq, p, scaling).view(bsz, seq, heads, dim)
+    fq, fk, fv = (t.reshape(bsz * seq, heads, dim) for t in (q, k, v))  # views: [B, S, H*D] projections
+    return fused_attention_packed(fq, fk, fv, cu, seq, p, scaling).view(bsz, seq, heads, dim)
 
 
 def _triton_packed(q, k, v, packing: Packing, p: float, scaling: float) -> torch.Tensor:

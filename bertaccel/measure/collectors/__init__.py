@@ -45,7 +45,7 @@ def build_collectors(devices: Sequence[torch.device], interval_s: float = 0.2,
             return CollectorSet([Unavailable(ENERGY_METRICS + ACTIVITY_METRICS, why)])
         collectors.append(_make(lambda: NvmlEnergy(handles, interval_s), ENERGY_METRICS))
         gpm_why = gpm_support(handles)
-        collectors.append(Unavailable(GPM_METRICS, gpm_why) if gpm_why else
+        collectors.append(Unavailable(tuple(GPM_METRICS), gpm_why) if gpm_why else
                           _make(lambda: GpmActivity(handles, interval_s), tuple(GPM_METRICS)))
         collectors.append(_make(lambda: NvmlUtilization(handles, interval_s), ("gpu_util_pct",)))
     else:
