@@ -74,7 +74,7 @@ def compile_unusable(c: Any, device: "torch.device", caps: Any) -> Optional[str]
         return f"compile={c.mode} on a GPU needs triton, which is not importable"
     import torch
 
-    if compiles(c) and not torch._dynamo.is_dynamo_supported():  # type: ignore[attr-defined]  # (public, not in __all__)
+    if compiles(c) and not torch._dynamo.is_dynamo_supported():
         return f"compile={c.mode}: torch.compile does not support this Python/platform"
     return None
 
