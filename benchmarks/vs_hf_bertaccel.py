@@ -53,7 +53,9 @@ def bertaccel_part(index: int, spec: str, store_uri: Callable[[], str], device: 
              for o in overrides]
     row = Row(f"bertaccel {index}", "bertaccel: " + run_label(shown).replace(",", " "))
     register_configs()
-    cfg = compose(overrides)
+    from bertaccel.options.checks import validate
+
+    cfg = validate(compose(overrides))  # (job.execute takes the typed RunConfig: runs/checked.py)
     choices = {k: v for k, v in (o.split("=", 1) for o in overrides if "=" in o) if k in GROUPS}
     outcome = execute(cfg, choices, name, started_at=time.time(), started_source="vs_hf.py row start")
     if outcome.status != "finished":
