@@ -198,10 +198,12 @@ def test_plan_cli_prices_h100_from_a_run_recorded_on_h200(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [*TINY, "train.epochs=1", f"tracking.uri={uri}", f"cache_dir={tmp_path / 'cache'}"]
     planned = expand("config", args).configs[0]
-    data = data_shape(planned.cfg)
-    config = hf_config(planned.cfg.model, data.num_labels, data.vocab_size)
-    work = work_of(planned.cfg, data, config)
-    params = run_params(planned.cfg, planned.choices, config)
+    typed = planned.run  # the config typed once by the plan's validation, as the plan predicts from it
+    assert typed is not None, planned.invalid
+    data = data_shape(typed)
+    config = hf_config(typed.model, data.num_labels, data.vocab_size)
+    work = work_of(typed, data, config)
+    params = run_params(typed, planned.choices, config)
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("bertaccel", artifact_location=(tmp_path / "art").as_uri())
     run = client.create_run(exp, run_name="on h200", tags={"status": "finished", "hardware_profile": "h200"})
@@ -216,7 +218,7 @@ def test_plan_cli_prices_h100_from_a_run_recorded_on_h200(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["hardware"]: row for row in csv.DictReader(open(tmp_path / "plan" / "plan.csv"))}
-    expected, basis = transfer(20.0, parts_of(work, params), H200, H100, planned.cfg.precision.mfu_peak)
+    expected, basis = transfer(20.0, parts_of(work, params), H200, H100, typed.precision.mfu_peak)
     assert float(rows["h200"]["time_s"]) == pytest.approx(20.0) and rows["h200"]["basis"].startswith("runs: on h200")
     assert float(rows["h100"]["time_s"]) == pytest.approx(expected, rel=1e-6)
     assert 20.0 < expected < 20.0 * 4.8 / 3.35  # the memory-bound share only is slower there
