@@ -1,4 +1,4 @@
-"""What an option is and how it says a problem, below everything else (the schema, config.py, uses
+"""What an option is and how it says a problem, below everything else (the schema, config/, uses
 it): `Option`, the base of the one object each config group or block registers
 (options/registry.py lists them); ConfigError (the run's refusal, one line per problem); a numeric
 field's declared Range (`bounded` on the schema); the named-choices and count-or-word forms the
@@ -96,7 +96,8 @@ def bounded(default: Any, *, gt: Optional[float] = None, ge: Optional[float] = N
 class Option:
     """One config group or block, subclassed once in the module that is its home:
     - `section` and `schema`: the config key it owns (a group, a block, or a top-level setting)
-      and the dataclass of config.py that types it (None for a top-level setting);
+      and the dataclass that types it, in its own module of config/ (None for a top-level
+      setting); the registry holds it equal to RunConfig's type of the section;
     - `check(cfg)`: every problem of its own values, one line each (a list, not the first);
     - `later`: checks that build or reach out (an optimizer class, the tracking store), asked once
       its own section is sound (no unknown key, number out of range or own problem), and left to the run's own process where that is cheaper

@@ -199,7 +199,7 @@ def input_error(e: Exception) -> str:
             if first and first not in parts:
                 parts.append(first)
     if isinstance(e.__cause__, OmegaConfBaseException) and "could not be converted" in " ".join(parts):
-        return ": ".join(parts) + " (the types are bertaccel/config.py's)"
+        return ": ".join(parts) + " (the types are bertaccel/config's)"
     return ": ".join(parts) or type(e).__name__
 
 

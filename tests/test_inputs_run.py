@@ -34,7 +34,7 @@ def _numeric_fields(cls=RunConfig, prefix=""):
 NUMERIC = _numeric_fields()
 FLOATS = sorted(k for k, types in NUMERIC.items() if float in types)
 # Numbers whose range is checked by their option's own check rather than declared on the field,
-# and the one number any value of which works (config.py says why).
+# and the one number any value of which works (config/ says why).
 RANGE_CHECKED_ELSEWHERE = {"hardware.pue", "carbon.intensity_g_per_kwh", "dataset.subset_seed"}
 
 

@@ -90,7 +90,7 @@ def test_each_model_is_compared_with_its_own_baseline_in_every_surface(two_model
 
 
 def test_a_swept_learning_rate_is_compared_with_the_run_at_its_default(tmp_path):
-    # optimizer.lr=1e-4 (the default, config.py OptimizerConfig) and 2e-4, both on the groups'
+    # optimizer.lr=1e-4 (the default, config/optimizer.py OptimizerConfig) and 2e-4, both on the groups'
     # defaults: the baseline is the 1e-4 run, not the slowest of the two.
     store = Store(tmp_path)
     _run(store, "optimizer.lr=0.0001", {}, 10.0, params={"optimizer.lr": "0.0001"})

@@ -43,7 +43,7 @@ def default_choices() -> Dict[str, str]:
 
 def top_level_defaults() -> Dict[str, int]:
     """accumulation, num_gpus and the batch size a run composes with no override (the schema's
-    defaults, config.py, unless config.yaml sets one): among runs with the default group choices
+    defaults, config/, unless config.yaml sets one): among runs with the default group choices
     the one that also kept these is the defaults run (a thesis grid's batch 8 run is not what the
     user runs today)."""
     from bertaccel.config import RunConfig, TrainConfig

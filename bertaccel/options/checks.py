@@ -2,7 +2,7 @@
 whose message says every problem found, one line each (with one problem, that one line), all at
 once: a user who fixes what one refusal says is not refused again for something it left out.
 1. every key is one of the schema's (a misspelt `+key=` would otherwise train without it);
-2. every number finite, and in the range its field declares (config.py `bounded`);
+2. every number finite, and in the range its field declares (config/ `bounded`);
 3. the config without the unknown keys typed as config.RunConfig, and every registered option's
    own check (options/registry.py);
 4. every rule between sections (options/rules.py) whose sections all passed 1-3: a rule compares
@@ -137,7 +137,7 @@ def _not_finite(cfg: DictConfig) -> List[Tuple[str, str]]:
 
 
 def out_of_range(cfg: DictConfig, schema: type = RunConfig) -> List[str]:
-    """Every numeric field's range, declared on the field in config.py (`bounded`); schema: what
+    """Every numeric field's range, declared on the field in config/ (`bounded`); schema: what
     cfg is (a hardware profile's file is a HardwareConfig: options/hardware.py load_profiles)."""
     return [why for _, why in _out_of_range(cfg, schema)]
 

@@ -1,5 +1,5 @@
 """What the code says about each config key, read from the code itself for the config reference
-(options/reference.py): each field's comment in config.py, the values a check lets a key take
+(options/reference.py): each field's comment in config/, the values a check lets a key take
 (read from the check's own code), and each section's checks and the rules between sections.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 def field_comments(cls: type) -> Dict[str, str]:
-    """Each field's comment in config.py: the comment lines right above it and the one at its end.
+    """Each field's comment in config/: the comment lines right above it and the one at its end.
     Comments, not metadata, because that is where the schema already explains its fields."""
     lines, start = inspect.getsourcelines(cls)
     body = ast.parse(textwrap.dedent("".join(lines))).body[0].body

@@ -1,7 +1,7 @@
 """The papers the tool's options come from, in one home: the config reference's table of them
 (options/reference.py) and the links from each citation in an option's text to that table.
 
-An option's text (a comment in config.py, a YAML option's leading comment, a check's docstring)
+An option's text (a comment in config/, a YAML option's leading comment, a check's docstring)
 cites a paper by its `short` title and a section, equation or table, e.g. "Systematic Training
 Compute Optimization, section III-B, eq. 6": a title a reader can look up, where the paper's
 number alone ("seed 001") could not be. The numbers stay only where they are names: the preset

@@ -1,5 +1,5 @@
 """The config reference page (docs/reference/config.md), generated from the code so that it cannot
-drift from it: every config group and block of the schema (config.py), each key's type, comment,
+drift from it: every config group and block of the schema (config/), each key's type, comment,
 declared range and composed default, the options Hydra finds in conf/ (composed, and compared with
 the group's default option), the allowed values the checks test against, and the checks
 themselves: a loop over the registry (options/registry.py: each section's Option, its checks and
@@ -226,7 +226,7 @@ def default_of(cfg: DictConfig, key: str) -> str:
 
 def keys_list(name: str, cls: Optional[type], cfg: DictConfig, allowed: Dict[str, str]) -> List[str]:
     """One line per key: the key (never broken: the stylesheet keeps .cfg-key on one line), its
-    composed default, type and allowed values, then what it does (its comment in config.py)."""
+    composed default, type and allowed values, then what it does (its comment in config/)."""
     if cls is None:
         rows = [(key, f, get_type_hints(RunConfig)[key], field_comments(RunConfig).get(key, ""))
                 for key, f in _top_level_fields()]
@@ -317,7 +317,7 @@ INTRO = [
     "`python -m bertaccel.run precision=bf16 train.batch_size=64`.", "",
     '??? note "How this page is made, and how a config is checked"', "",
     f"    Generated from the code by `{COMMAND}`; do not edit it by hand "
-    "(tests/test_config_reference.py fails when it is out of date). The keys, their types and ranges come from the schema (bertaccel/config.py), the options and "
+    "(tests/test_config_reference.py fails when it is out of date). The keys, their types and ranges come from the schema (bertaccel/config/), the options and "
     "defaults from Hydra's composition of bertaccel/conf/, the allowed values and checks from the "
     "checks' own code. A run's config is the schema, then conf/config.yaml with one option per group, "
     "then the command line. Before any work every number is checked to be finite and in its declared "
