@@ -22,6 +22,7 @@ import torch
 # First: it puts the repository on sys.path and sets the offline hub variables.
 from vs_hf_common import (SEED, EnergyMeter, StepClock, bert_config, fixed_batches, free_memory, rows_of,
                           load_tokenizer_from, mfu_cell, package_dir, random_bert, read_rows, shuffled_subset, sync)
+from bertaccel.config import CompileConfig
 from bertaccel.data import encode_labels
 from bertaccel.measure.flops import TokenCounts, bert_train_flops
 from bertaccel.measure.memory import PeakMemory
@@ -277,7 +278,7 @@ def rungs_part(args, device, profile, energy, emit) -> None:
             # per-use cache: each compiled rung pays (and reports) its own
             # cold compile; rung d would otherwise reuse rung c's graphs.
             feed = None
-            with isolated_run(SEED, shared_process=True), compile_caches("", "fresh", device):
+            with isolated_run(SEED, shared_process=True), compile_caches("", CompileConfig(cache="fresh"), device):
                 try:
                     feed = (LoaderFeed(tokenizer, texts, labels, b, args.seq, args.rung_batches, device,
                                        args.warmup_steps) if rung in LOADER_RUNGS else None)

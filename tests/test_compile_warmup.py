@@ -10,7 +10,7 @@ from conftest import tiny_training
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from bertaccel.config import CONF_DIR, register_configs
+from bertaccel.config import CONF_DIR, CompileConfig, register_configs
 from bertaccel.measure.step_clock import steady_median_ms
 from bertaccel.options.hardware import probe
 from bertaccel.train.compile_cache import cache_key, cache_key_parts, compile_caches
@@ -53,7 +53,7 @@ def persistent_twice(tmp_path_factory):
                 cfg, model, (tr, te), plan = _setup(
                     lambda o: compose(config_name="config", overrides=list(o)), cache, ["compile=default"])
             torch.compiler.reset()
-            with compile_caches(cfg.cache_dir, "persistent", CPU) as c:
+            with compile_caches(cfg.cache_dir, cfg.compile, CPU) as c:
                 result = train(model, tr, te, cfg, CPU, log=lambda m: None, warmup_plan=plan)
                 c.mark_warmed_up()
                 runs.append((result, plan, c.state(result.compiled_anything)))
@@ -86,7 +86,7 @@ def test_without_the_warmup_the_window_counts_its_compiles(compose_cfg, tmp_path
     inside the window and are counted there."""
     cfg, model, (tr, te), plan = _setup(compose_cfg, tmp_path, ["compile=default", "train.max_steps_per_epoch=2"])
     torch.compiler.reset()
-    with compile_caches(cfg.cache_dir, "fresh", CPU):
+    with compile_caches(cfg.cache_dir, CompileConfig(cache="fresh"), CPU):
         lines = []
         result = train(model, tr, te, cfg, CPU, log=lines.append, warmup_plan=WarmupPlan(16, 32, [], []))
     assert result.recompiles_in_window >= 1
@@ -120,7 +120,7 @@ def test_cache_key_changes_with_torch_triton_and_device():
 
 def test_fresh_cache_starts_empty_and_persistent_is_reused(tmp_path):
     before = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    with compile_caches(str(tmp_path), "fresh", CPU) as c:
+    with compile_caches(str(tmp_path), CompileConfig(cache="fresh"), CPU) as c:
         root = c.root
         assert c.files_at_start == 0 and not any(root.iterdir())
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(str(root))
@@ -130,14 +130,14 @@ def test_fresh_cache_starts_empty_and_persistent_is_reused(tmp_path):
     assert not root.exists()  # removed with the run
     assert {k: os.environ.get(k) for k in before} == before  # environment restored
 
-    with compile_caches(str(tmp_path), "persistent", CPU) as c:
+    with compile_caches(str(tmp_path), CompileConfig(cache="persistent"), CPU) as c:
         assert c.root.parent == tmp_path / "compile"
         (c.root / "triton").mkdir()
         (c.root / "triton" / "kernel.cubin").write_text("compiled")  # what a Triton compile writes
         c.mark_warmed_up()
         assert c.state(compiled_anything=True) == "cold"
         assert c.state(compiled_anything=False) == "none"
-    with compile_caches(str(tmp_path), "persistent", CPU) as c2:
+    with compile_caches(str(tmp_path), CompileConfig(cache="persistent"), CPU) as c2:
         assert c2.root == c.root and c2.files_at_start >= 2  # the same keyed directory, kept
         c2.mark_warmed_up()
         assert c2.state(compiled_anything=True) == "warm"

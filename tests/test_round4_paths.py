@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertaccel.config import RunConfig
+from bertaccel.config import CompileConfig, RunConfig
 from bertaccel.data.cache import entry_path
 from bertaccel.option import user_path
 from bertaccel.options.cache_dir import check_cache_dir
@@ -46,7 +46,7 @@ def home(tmp_path, monkeypatch) -> Path:
 def test_every_default_write_location_is_expanded_and_absolute(home):
     default = RunConfig().cache_dir
     assert default.startswith("~")  # (what the test is about: a default that needs expanding)
-    with compile_caches(default, "persistent", torch.device("cpu")) as ccache:
+    with compile_caches(default, CompileConfig(cache="persistent"), torch.device("cpu")) as ccache:
         compile_root = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).parent
     del ccache
     locations = {

@@ -60,7 +60,7 @@ def test_the_adapter_gives_each_name_it_lists():
 
 def test_the_launcher_is_an_object_not_a_name_compared():
     """Before: launcher.name compared with "inline"/"process" in runs/launch.py (twice),
-    runs/job.py and the sweep launcher plugin; now runs/launchers.py's object is asked
+    runs/job.py and the sweep launcher plugin; now the launcher option's object (options/launcher.py) is asked
     (shares_process, left_to_the_run). The two left in options/ (rules.py, launcher.py) sit below
     runs/ and belong to the launcher option's own module (issue 61, item 2)."""
     compared = re.compile(r"""launcher\.name\s*[!=]=\s*["']""")
@@ -70,10 +70,12 @@ def test_the_launcher_is_an_object_not_a_name_compared():
 
 
 def test_every_launcher_name_has_its_object():
-    from bertaccel.config import LAUNCHERS as NAMES
-    from bertaccel.runs.launchers import LAUNCHERS, launcher_for
+    from bertaccel.config import LauncherConfig
+    from bertaccel.options.launcher import LAUNCHERS, launcher_for, runs_inline
 
-    assert sorted(LAUNCHERS) == sorted(NAMES)
+    assert sorted(LAUNCHERS) == ["inline", "process"]
+    # One home: the rules' "runs in the launching process" is the object's shares_process
+    assert [runs_inline(LauncherConfig(name=n)) for n in sorted(LAUNCHERS)] == [True, False]
     assert launcher_for("inline").shares_process and launcher_for("inline").left_to_the_run == ()
     assert not launcher_for("process").shares_process
     assert launcher_for("process").left_to_the_run == ("optimizer.check_built",)

@@ -25,7 +25,7 @@ from bertaccel.config.dataset import DATASET_SOURCES, DatasetConfig  # noqa: F40
 from bertaccel.config.encoder import EncoderConfig
 from bertaccel.config.freezing import FREEZINGS, FreezingConfig  # noqa: F401
 from bertaccel.config.hardware import HardwareConfig
-from bertaccel.config.launcher import LAUNCHERS, START_METHODS, LauncherConfig  # noqa: F401
+from bertaccel.config.launcher import START_METHODS, LauncherConfig  # noqa: F401
 from bertaccel.config.measure import ProfileWindowConfig, TelemetryConfig
 from bertaccel.config.model import MODEL_SHAPE_FIELDS, MODEL_SOURCES, ModelConfig  # noqa: F401
 from bertaccel.config.optimizer import LR_SCHEDULES, SCALE_LR, OptimizerConfig  # noqa: F401

@@ -6,7 +6,6 @@ from datetime import timedelta
 
 from bertaccel.option import bounded
 
-LAUNCHERS = ("inline", "process")
 START_METHODS = ("forkserver", "spawn")
 
 

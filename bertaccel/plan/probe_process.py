@@ -72,7 +72,7 @@ def _train_once(cfg: RunConfig, num_labels: int, vocab: int, device: torch.devic
     from bertaccel.train.loop import train
 
     with isolated_run(cfg.train.seed, shared_process=shared), \
-            compile_caches(cfg.cache_dir, cfg.compile.cache, device) as ccache:
+            compile_caches(cfg.cache_dir, cfg.compile, device) as ccache:
         t0 = time.perf_counter()
         model, _ = build_model(cfg.model, num_labels, cfg.attention, vocab, cfg.encoder, start_from=start_from)
         build_s = time.perf_counter() - t0

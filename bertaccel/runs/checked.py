@@ -29,7 +29,7 @@ def typed_once(cfg: DictConfig, typed: Optional[RunConfig]) -> Tuple[RunConfig, 
     typed it, or None (typed here). Raises ConfigError saying every problem found."""
     from bertaccel.options.checks import ask_later, validate
 
-    from bertaccel.runs.launchers import launcher_for
+    from bertaccel.options.launcher import launcher_for
 
     own = launcher_for(cfg.launcher.name).left_to_the_run  # (asked in the run's own process, if it has one)
     with interrupt.deferred():  # (OmegaConf's conversion: a signal raised inside it was lost)

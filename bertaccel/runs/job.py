@@ -34,7 +34,7 @@ from bertaccel.plan.hook import log_prediction
 from bertaccel.runs.cuda_free_imports import run_process_cuda_check
 from bertaccel.record.datasets import dataset_inputs
 from bertaccel.runs.interrupt import Interrupted
-from bertaccel.runs.launchers import launcher_for
+from bertaccel.options.launcher import launcher_for
 from bertaccel.record.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
 from bertaccel.record.run_record import Outcome, RankTracker, logged_config, open_tracker, restated_tags, resumed
 from bertaccel.runs.startup import Mark, startup_phases
@@ -71,7 +71,7 @@ def execute(run: RunConfig, choices: Mapping[str, str], run_name: str,
     place in a data-parallel job (launch.py), None for a single process. launch_tags: tags the
     launcher finds the run by if its process dies. startup: the marks from started_at to this
     call (runs/startup.py: the main process, the launch, the run's process). later: the later
-    checks validate() left to this process (runs/launchers.py left_to_the_run), asked here alone."""
+    checks validate() left to this process (options/launcher.py left_to_the_run), asked here alone."""
     marks = {"entered": time.time()}  # where the start-up goes: startup.startup_phases()
     # Bad input first, before anything is written (raises ConfigError / DataError).
     ask_later(run, later)
@@ -136,7 +136,7 @@ def _run(run: RunConfig, run_name: str, started: Tuple[float, str, List[Mark]], 
         tracker.log_inputs(dataset_inputs(run.dataset, raw))  # the UI's Dataset column (record/datasets.py)
         with isolated_run(run.train.seed, shared_process=launcher_for(run.launcher.name).shares_process), \
                 tempfile.TemporaryDirectory(prefix="bertaccel-profile-") as prof_dir, \
-                compile_caches(run.cache_dir, run.compile.cache, device) as ccache:
+                compile_caches(run.cache_dir, run.compile, device) as ccache:
             tokenizer, data = _prepare_data(run, raw, marks)
             model, weights_note = _build_model(run, raw, tokenizer, tracker, marks)
             if fits_batch(run.train):  # before the prediction and loaders, which read the batch

@@ -51,7 +51,7 @@ from bertaccel.runs import interrupt
 from bertaccel.runs.claims import second_turn, wait_for_others
 from bertaccel.runs.cores import share_the_cores
 from bertaccel.runs.forkserver import start_forkserver
-from bertaccel.runs.launchers import launcher_for
+from bertaccel.options.launcher import launcher_for
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
                                     PROCESS_SPAWN, Mark, fork_marks, process_started_at, resume_collector, stamp)
 from bertaccel.record.store_failure import (StoreFailed, close_left_open, failed, quiet_store_errors,

@@ -29,10 +29,9 @@ from typing import Dict, Iterator, Optional
 import torch
 from bertaccel.hydra_adapter import env_override
 
+from bertaccel.config import CompileConfig
 from bertaccel.option import user_path
-
-CACHE_MODES = ("persistent", "fresh")
-
+from bertaccel.options.compile import keeps_cache
 
 def cache_key_parts(device: torch.device) -> Dict[str, str]:
     """What a compiled artifact depends on. Triton is read from its package metadata: importing
@@ -71,7 +70,8 @@ class CompileCache:
     """cold = Inductor missed its FX-graph cache or Triton wrote a new kernel. Counted, not
     guessed from the directory: Inductor writes files on a cache hit too (seen on an H200:
     a run whose warm-up fell from 49 s to 11 s still added files)."""
-    mode: str            # persistent | fresh
+    mode: str            # compile.cache, as the record names it
+    kept: bool           # the directory outlives the run (options/compile.py keeps_cache)
     root: Path
     key: str
     files_at_start: int = 0         # whole cache directory, for the record
@@ -88,7 +88,7 @@ class CompileCache:
         """cold / warm / fresh / none (see the module docstring)."""
         if not compiled_anything:
             return "none"
-        if self.mode == "fresh":
+        if not self.kept:
             return "fresh"
         return "cold" if (self.new_triton_files or 0) > 0 or (self.new_inductor_misses or 0) > 0 else "warm"
 
@@ -107,11 +107,12 @@ def _clear_in_memory_caches() -> None:
 
 
 @contextmanager
-def compile_caches(cache_dir: str, mode: str, device: torch.device) -> Iterator[CompileCache]:
+def compile_caches(cache_dir: str, compile_cfg: CompileConfig, device: torch.device) -> Iterator[CompileCache]:
     """Point Inductor and Triton at this run's cache directories for the duration of the run."""
     parts = cache_key_parts(device)
     key = cache_key(parts)
-    if mode == "fresh":
+    kept = keeps_cache(compile_cfg)
+    if not kept:
         root = Path(tempfile.mkdtemp(prefix="bertaccel-compile-"))
     else:
         root = user_path(cache_dir) / "compile" / key
@@ -125,9 +126,9 @@ def compile_caches(cache_dir: str, mode: str, device: torch.device) -> Iterator[
     try:
         with env_override(env):
             _clear_in_memory_caches()
-            yield CompileCache(mode, root, key, files_at_start=_file_count(root),
+            yield CompileCache(compile_cfg.cache, kept, root, key, files_at_start=_file_count(root),
                                triton_files_at_start=_file_count(root / "triton"), misses_at_start=_inductor_misses())
     finally:
         _clear_in_memory_caches()
-        if mode == "fresh":
+        if not kept:
             shutil.rmtree(root, ignore_errors=True)

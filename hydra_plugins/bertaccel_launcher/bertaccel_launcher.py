@@ -97,7 +97,7 @@ class BertaccelLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         user_path(self.config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         at_once = int(self.config.launcher.runs_at_once)
-        from bertaccel.runs.launchers import launcher_for
+        from bertaccel.options.launcher import launcher_for
 
         own_processes = not launcher_for(self.config.launcher.name).shares_process
         if own_processes and self.config.launcher.start_method == "forkserver":
