@@ -25,8 +25,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 CONTEXT_ENV = "BERTACCEL_CONTEXT"  # the one variable: RunContext as JSON (absent: the empty context)
 
 # Two threads of one sweep (runs_at_once > 1: the hub probe of each launch) may update at once: each
-# update reads the whole context and writes it back, so one would drop the other's field.
-_WRITING = threading.Lock()
+# update reads the whole context and writes it back, so one would drop the other's field. Re-entrant:
+# a signal handler that runs in the middle of an update does not wait on itself.
+_WRITING = threading.RLock()
 
 
 @dataclass(frozen=True)
