@@ -91,7 +91,8 @@ from bertaccel.runs.launch import launch
 from bertaccel.record.run_record import group_choices, record_bad_input, run_label
 from bertaccel.runs.run_dir import Refused
 from bertaccel.runs.startup import MAIN_COMPOSE, Mark, job_marks, mark_main, process_started_at
-from bertaccel.record.sweep import context_from_env, interrupt_parent, set_env
+from bertaccel.context import current as run_context
+from bertaccel.record.sweep import interrupt_parent, set_sweep
 from bertaccel.runs.sweep_jobs import refuse_repeats_alone
 from bertaccel.runs.sweep_plan import SweepRefused
 
@@ -114,7 +115,7 @@ class JobInfo:
 def job_info(hc: DictConfig) -> JobInfo:
     """From the job's Hydra config (HydraConfig.get() in a job, or the job's own sweep config)."""
     multirun = hc.mode == RunMode.MULTIRUN
-    sweep = context_from_env() if multirun else None
+    sweep = run_context().sweep if multirun else None
     name = run_label(hc.overrides.task, sweep.swept if sweep is not None else ())
     choices = group_choices(hc.runtime.choices, GROUPS)
     # The first job pays the interpreter and import start-up, later jobs of a sweep do not.
@@ -207,7 +208,7 @@ def interrupted(e: Interrupted) -> int:
     """SIGINT / SIGTERM: close the sweep's parent run, say it in one line; the exit status."""
     what = (f"run {e.run_name} recorded as interrupted (mlflow_run_id={e.run_id})" if e.run_id
             else "no run was open")
-    sweep = context_from_env()
+    sweep = run_context().sweep
     if sweep is not None and sweep.uri:
         try:
             interrupt_parent(sweep.uri, sweep.parent_run_id, e.reason)
@@ -215,7 +216,7 @@ def interrupted(e: Interrupted) -> int:
                      "the same command resumes it")
         except Exception as x:  # noqa: BLE001 - the run's record is what matters; say what went wrong
             what += f"; the sweep's parent run could not be closed ({type(x).__name__})"
-        set_env(None)
+        set_sweep(None)
     # (a newline first: a progress bar may have the line)
     print(f"\n{e.reason}: {what}", file=sys.stderr, flush=True)
     return e.exit_code

@@ -162,7 +162,8 @@ def test_forkserver_workers_see_the_launchers_environment_of_now(compose_cfg, tm
     import time
 
     from bertaccel.runs.launch import launch
-    from bertaccel.record.sweep import SweepContext, set_env
+    from bertaccel.context import SweepContext
+    from bertaccel.record.sweep import set_sweep
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -170,11 +171,11 @@ def test_forkserver_workers_see_the_launchers_environment_of_now(compose_cfg, tm
                        f"cache_dir={tmp_path / 'cache'}", "sweep.resume=false"])
     try:
         for sweep in ("first", "second"):
-            set_env(SweepContext(f"sweep-{sweep}", f"parent-{sweep}"))
+            set_sweep(SweepContext(f"sweep-{sweep}", f"parent-{sweep}"))
             outcome = launch(cfg, {}, f"run-{sweep}", time.time(), "test")
             assert outcome.status == "finished", outcome.reason
     finally:
-        set_env(None)
+        set_sweep(None)
     tags = {r.info.run_name: r.data.tags for r in search_runs(store, "bertaccel")}
     assert tags["run-first"]["sweep_id"] == "sweep-first"
     assert tags["run-second"]["sweep_id"] == "sweep-second"  # not the server's start-up environment

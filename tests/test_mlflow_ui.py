@@ -16,7 +16,8 @@ from bertaccel.config import DatasetConfig
 from bertaccel.data import RawData, RawSplit, load_raw, split_fingerprint
 from bertaccel.record.datasets import DIGEST_CHARS, dataset_inputs
 from bertaccel.runs.progress import sweep_axes
-from bertaccel.record.sweep import SweepContext, open_parent, set_env
+from bertaccel.context import SweepContext
+from bertaccel.record.sweep import open_parent, set_sweep
 from bertaccel.record.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RunTracker, experiment_id, ui_address
 from bertaccel.report.sweep_report import REASON_TAG, REPORT_TAG, SweepReport, attach_report
 
@@ -203,10 +204,10 @@ def test_the_report_callback_comes_after_the_sweeps_frame_and_takes_its_context(
     assert list(callbacks) == ["sweep_progress", "sweep_report"]
     assert callbacks.sweep_report._target_ == "bertaccel.report.sweep_report.SweepReport"
     ctx = SweepContext("sw1", "parent-id", ["precision"], "sqlite:///x.db")
-    set_env(ctx)
+    set_sweep(ctx)
     try:
         callback = SweepReport()
         callback.on_multirun_start(OmegaConf.create({"tracking": {"experiment": "mine"}}))
     finally:
-        set_env(None)
+        set_sweep(None)
     assert (callback.context, callback.experiment) == (ctx, "mine")

@@ -22,7 +22,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from bertaccel.record.relocate import relocate
-from bertaccel.record.sweep import SweepContext
+from bertaccel.context import SweepContext
 from bertaccel.report.glance import MANIFEST, PAGE, ROOT, load_manifest
 from bertaccel.report.scoring import STRATEGIES
 from bertaccel.report.sweep_report import DESCRIPTION_TAG, attach_report

@@ -1,7 +1,6 @@
 """runs/startup.py on its own: marks to phases, the main process's marks, the process start."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -9,6 +8,7 @@ import time
 
 import pytest
 
+from bertaccel.context import CONTEXT_ENV, current
 from bertaccel.runs import startup
 
 
@@ -32,7 +32,7 @@ def test_rounded_phases_sum_to_the_rounded_total_however_many():
 
 @pytest.mark.slow
 def test_the_main_process_marks_reach_its_first_job_only_and_not_its_children(monkeypatch):
-    monkeypatch.setenv(startup.MARKS_ENV, "")  # (and gone again after the test)
+    monkeypatch.setenv(CONTEXT_ENV, "")  # (and gone again after the test)
     started = time.time() - 1
     startup.mark_main(startup.MAIN_COMPOSE)
     startup.mark_main(startup.MAIN_PARENT_RUN)
@@ -47,7 +47,7 @@ def test_the_main_process_marks_reach_its_first_job_only_and_not_its_children(mo
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
                            timeout=120)
     assert child.stdout.strip() == repr([startup.PROCESS_START, startup.JOB_START]), child.stderr
-    assert json.loads(os.environ[startup.MARKS_ENV])["pid"] == os.getpid()
+    assert current().startup is not None and current().startup.pid == os.getpid()
 
 
 @pytest.mark.slow

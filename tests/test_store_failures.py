@@ -186,11 +186,12 @@ def test_a_kept_store_deleted_during_a_hold_is_not_left_as_a_file_holding_nothin
     a new pooled connection an empty one, a new MLflow client a fresh store. Either holds none of
     the sweep's runs: the hold leaves no file there, and the next hold says the store was deleted."""
     from bertaccel.store import store_lock
-    from bertaccel.store.keep import KEEP_ENV, StoreLost, keep_store
+    from bertaccel.context import CONTEXT_ENV
+    from bertaccel.store.keep import StoreLost, keep_store
 
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
-    monkeypatch.delenv(KEEP_ENV, raising=False)
+    monkeypatch.setenv(CONTEXT_ENV, "")
     client = MlflowClient(tracking_uri=uri)
     client.create_run(client.create_experiment("sweep"))  # a store with a run in it
     keep_store(uri)

@@ -85,11 +85,11 @@ def _predict_and_log(cfg: RunConfig, tracker: Any, lengths: torch.Tensor, num_la
 
 def _planned(cfg: RunConfig, config_hash: str) -> Any:
     """The plan's saved prediction of this configuration for this sweep, or None."""
-    from bertaccel.record.sweep import context_from_env
+    from bertaccel.context import current as run_context
 
     from .saved import read_plan
 
-    sweep = context_from_env()
+    sweep = run_context().sweep
     if sweep is None or not config_hash:
         return None
     return read_plan(cfg.cache_dir, sweep.sweep_id).get(config_hash)

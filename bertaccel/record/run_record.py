@@ -11,7 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.config import CONF_DIR, GROUP_SCHEMAS, MODEL_SHAPE_FIELDS, RunConfig
 from bertaccel.options.dataset import data_name
-from bertaccel.record.sweep import RUNNING_ELSEWHERE, adopt, context_from_env, previous_outcome, process_tags, scheduler_tags
+from bertaccel.context import current as run_context
+from bertaccel.record.sweep import RUNNING_ELSEWHERE, adopt, previous_outcome, process_tags, scheduler_tags
 from bertaccel.record.tracking import (IDENTITY_VERSION, IDENTITY_VERSION_TAG, RunTracker, config_hash, flatten, git_sha,
                                      legacy_config_hashes)
 
@@ -119,7 +120,7 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     # hardware.* restates the profile the run used (hardware=auto: the one it picked, tag hardware_profile).
     options = {**{g: str(choices[g]) for g, _ in GROUP_SCHEMAS if g in choices},
                **({"hardware": str(profile["name"])} if profile is not None else {})}
-    sweep = context_from_env()
+    sweep = run_context().sweep
     params, restated = split_settings(flat, options, sweep.swept if sweep is not None else ())
     params.update(choices)  # `precision=bf16` etc.: the option names as typed on the command line
     # host, pid and its start let a later sweep tell a run whose process died (SIGKILL) from a
@@ -141,7 +142,7 @@ def resumed(cfg: DictConfig, run_name: str, raw: Any = None) -> Optional[Outcome
     An earlier run taken for the sweep is tagged as the sweep's (its report covers it)."""
     from bertaccel.record.datasets import current_digests, data_digests
 
-    sweep = context_from_env()
+    sweep = run_context().sweep
     if sweep is None or not cfg.sweep.resume:
         return None
     resolved = OmegaConf.to_container(cfg, resolve=True)

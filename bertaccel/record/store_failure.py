@@ -113,9 +113,9 @@ def refuse_deleted_experiment(uri: str, name: str) -> None:
     """A deleted experiment: bad input (ConfigError) before a run; in a sweep, which refused it
     before its start (exit_if_experiment_deleted), it went while the sweep ran: StoreFailed."""
     from bertaccel.option import ConfigError
-    from bertaccel.record.sweep import context_from_env
+    from bertaccel.context import current as run_context
 
-    sweeping = context_from_env() is not None
+    sweeping = run_context().sweep is not None
     why = experiment_refusal(uri, name, while_sweeping=sweeping)
     if why:
         raise StoreFailed(why, kind=DELETED) if sweeping else ConfigError(why)
@@ -239,16 +239,17 @@ def close_left_open(uri: str, experiment: str, job_filter: str, run_name: str, f
 def stopped(e: StoreFailed) -> int:
     """run.cli: a run or a sweep its store stopped. The sweep's parent run is closed as failed if
     the store takes it; one line says the cause, what to do, and what is left open; exit status 1."""
-    from bertaccel.record.sweep import context_from_env, interrupt_parent, set_env
+    from bertaccel.context import current as run_context
+    from bertaccel.record.sweep import interrupt_parent, set_sweep
 
     left = list(e.left_open)
-    sweep = context_from_env()
+    sweep = run_context().sweep
     if sweep is not None and sweep.uri:
         try:
             interrupt_parent(sweep.uri, sweep.parent_run_id, e.reason[:5000], status="failed")
         except Exception:  # noqa: BLE001 - the same failure: the parent run is named instead
             left.append(f"the sweep's parent run {sweep.parent_run_id}")
-        set_env(None)
+        set_sweep(None)
     text = e.reason
     if left and e.kind != GONE:  # (a store that went holds nothing left open)
         text += (f"; left open, as the store took no write to them: {', '.join(left)}; the same command closes them "

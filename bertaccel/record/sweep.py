@@ -39,13 +39,13 @@ import psutil
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
+from bertaccel.context import SweepContext, update
 from bertaccel.record.tracking import LAUNCH_SETTINGS, experiment_id, search_runs
 from bertaccel.store import store_lock
-from bertaccel.store.keep import keep_store
+from bertaccel.store.keep import kept
 
 log = logging.getLogger("bertaccel")
 
-SWEEP_ENV = "BERTACCEL_SWEEP"  # JSON {sweep_id, parent_run_id, swept}: reaches jobs of other launchers too
 RUNNING_ELSEWHERE = "running_elsewhere"  # Previous / Outcome status: a live process runs this configuration
 RUN_NAME_CHARS = 250  # MLflow's store keeps this much of a run's name
 PROCESSES_TAG = "sweep_processes"  # on a parent run: the live sweep processes on it, host:pid:start
@@ -70,14 +70,6 @@ def process_alive(host: Optional[str], pid: Optional[str], started_at: Optional[
         return started_at is None or abs(proc.create_time() - float(started_at)) < 0.01
     except (psutil.NoSuchProcess, ValueError):
         return False
-
-
-@dataclass
-class SweepContext:
-    sweep_id: str
-    parent_run_id: str
-    swept: List[str] = field(default_factory=list)  # keys the sweep varies: they name its runs
-    uri: str = ""  # the tracking store of the parent run (an interrupted sweep closes it from run.cli)
 
 
 def sweep_identity(config_name: str, overrides: Sequence[str]) -> str:
@@ -275,18 +267,8 @@ def scheduler_tags() -> Dict[str, str]:
     return {"scheduler": executor, "scheduler_job_id": submitit.JobEnvironment().job_id}
 
 
-def context_from_env() -> Optional[SweepContext]:
-    raw = os.environ.get(SWEEP_ENV)
-    if not raw:
-        return None
-    d = json.loads(raw)
-    return SweepContext(d["sweep_id"], d["parent_run_id"], list(d.get("swept", [])), d.get("uri", ""))
-
-
-def set_env(ctx: Optional[SweepContext]) -> None:
-    if ctx is None:
-        os.environ.pop(SWEEP_ENV, None)
-    else:
-        os.environ[SWEEP_ENV] = json.dumps({"sweep_id": ctx.sweep_id, "parent_run_id": ctx.parent_run_id,
-                                            "swept": sorted(ctx.swept), "uri": ctx.uri})
-    keep_store(None if ctx is None else ctx.uri)  # the sweep's store is not made again if it goes (store/keep.py)
+def set_sweep(ctx: Optional[SweepContext]) -> None:
+    """This process and the processes it starts run in sweep `ctx` from now on (None: in none);
+    read back with bertaccel.context.current().sweep. The sweep's store is kept with it: not made
+    again if it goes (store/keep.py)."""
+    update(sweep=ctx, kept_store=kept(None if ctx is None else ctx.uri))

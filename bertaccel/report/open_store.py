@@ -43,7 +43,7 @@ def _unpack(store: Path, to: Optional[str]) -> Path:
 def attach_missing(uri: str, experiment: str = EXPERIMENT) -> List[str]:
     """Attach a report to every sweep parent run without one; what each attach said."""
     from bertaccel.record.access import has_local_artifact, sweep_parents
-    from bertaccel.record.sweep import SweepContext
+    from bertaccel.context import SweepContext
 
     from .sweep_report import ARTIFACT_DIR, attach_report
 

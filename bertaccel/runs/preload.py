@@ -24,6 +24,7 @@ import importlib
 import os
 import time
 
+from bertaccel.context import current
 from bertaccel.runs.bytecode import cache_bytecode
 from bertaccel.runs.cuda_free_imports import triton_check_without_cuda
 from bertaccel.runs.forkserver import PRELOAD_COMPILE_ENV
@@ -38,9 +39,16 @@ MODULES = ("torch", "transformers", "transformers.models.bert.modeling_bert",
            "bertaccel.runs.job", "bertaccel.runs.launch", "bertaccel.train.loop")
 # What torch.compile imports on a run's first compile (Inductor, Triton): 0.8-0.9 s of a later
 # compiled run's start-up on an H200 host when each run imports it itself (2-4 s without
-# bytecode). Only for a sweep that compiles (the env var is set by forkserver.start_early from
-# the command line): it lengthens the preload the first run waits on.
+# bytecode). Only for a sweep that compiles (the run context's preload_compile, set by
+# forkserver.start_early from the command line; BERTACCEL_PRELOAD_COMPILE says otherwise): it
+# lengthens the preload the first run waits on.
 COMPILE_MODULES = ("torch._inductor.compile_fx", "torch._inductor.codecache", "triton")
+
+
+def _preload_compile() -> bool:
+    """The user's BERTACCEL_PRELOAD_COMPILE ("1": yes, anything else: no), else the command line's."""
+    said = os.environ.get(PRELOAD_COMPILE_ENV)
+    return said == "1" if said is not None else current().preload_compile
 
 
 def _nvml_answers() -> bool:
@@ -66,7 +74,7 @@ try:
                 importlib.import_module(name)
             except ImportError:  # as the forkserver does with a preload it cannot import: the run will say
                 pass
-    if os.environ.get(PRELOAD_COMPILE_ENV) == "1" and _nvml_answers():
+    if _preload_compile() and _nvml_answers():
         # Inductor asks torch.cuda.is_available() as it imports: through the CUDA runtime that
         # poisons every later fork ("Cannot re-initialize CUDA in forked subprocess", seen on an
         # H200), through NVML it does not.

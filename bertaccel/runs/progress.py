@@ -2,8 +2,8 @@
 
 Hydra calls this callback in the launching process; bertaccel's launcher runs every job's
 Hydra side there (also with launcher.runs_at_once > 1), so the outcomes collected here are
-all the sweep's runs. The parent run's id and the swept keys reach the jobs through an
-environment variable (record/sweep.py: SWEEP_ENV).
+all the sweep's runs. The parent run's id and the swept keys reach the jobs in the run context
+(bertaccel/context.py: one environment variable across processes).
 
 The submitit launchers (hydra/launcher=slurm, slurm_gpu, slurm_ddp, local_jobs) run a job's
 Hydra side in the job's own process, with a pickled copy of this callback: there it only makes
@@ -29,7 +29,8 @@ from bertaccel.runs import interrupt, run_dir
 from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
 from bertaccel.runs.sweep_jobs import grid_axes, naming_keys, values_count
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
-from bertaccel.record.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
+from bertaccel.context import SweepContext, current as run_context
+from bertaccel.record.sweep import close_parent, open_parent, set_sweep, sweep_identity
 from bertaccel.record.tracking import experiment_id_of, ui_address
 from bertaccel.record.store_failure import exit_if_experiment_deleted, parent_failed, quiet_store_errors
 from bertaccel.store import exit_if_store_unusable, repair_store
@@ -232,7 +233,7 @@ class SweepProgress(Callback):
                     raise
                 raise stop from None  # (a BaseException: through Hydra's callback handling to run.cli, one line)
             state.context = SweepContext(sweep_id, parent, sorted(state.swept), state.uri)
-            set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
+            set_sweep(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
         state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
         for line in state.plan.said if state.plan is not None else ():
@@ -240,8 +241,8 @@ class SweepProgress(Callback):
         mark_main(MAIN_SWEEP_START)
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:
-        if os.getpid() != self.state.pid and self.state.context is not None and context_from_env() is None:
-            set_env(self.state.context)  # a submitit job whose scheduler did not pass the environment on
+        if os.getpid() != self.state.pid and self.state.context is not None and run_context().sweep is None:
+            set_sweep(self.state.context)  # a submitit job whose scheduler did not pass the environment on
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         if os.getpid() != self.state.pid:
@@ -265,7 +266,7 @@ class SweepProgress(Callback):
         if state.context is not None:
             close_parent(state.uri, state.context.parent_run_id, {s: state.count(s) for s in STATUSES})
         print(state.table(), flush=True)
-        set_env(None)
+        set_sweep(None)
         if state.outcomes and state.exit_code():
             finished = state.count("finished") + state.count("already_finished")
             if finished:  # (the added baseline's: said, or exit 1 would read as a contradiction)

@@ -7,9 +7,9 @@ composition, the sweep's MLflow parent run, Hydra's start of the sweep. Every jo
 launch (checks, store, resume) and, with launcher=process, its run process (the fork or spawn,
 multiprocessing's set-up, the imports), then the run's own phases (job.execute, train).
 
-The main process's marks reach its first job through an environment variable (MARKS_ENV,
-tagged with the pid that took them, so a child process that inherits it does not read them as
-its own); a job's marks travel with the job (launch.Job) into its run process.
+The main process's marks reach its first job in the run context (bertaccel/context.py
+StartupMarks, tagged with the pid that took them, so a child process that inherits the context
+does not read them as its own); a job's marks travel with the job (launch.Job) into its run process.
 
 Also here, as it ends the main process's start-up: resume_collector (bertaccel.run pauses the
 garbage collector for it).
@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import os
 import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-Mark = Tuple[str, float]  # (the phase that begins here, time.time())
+from bertaccel.context import StartupMarks, current, update
 
-MARKS_ENV = "BERTACCEL_STARTUP_MARKS"  # JSON {"pid": ..., "marks": [[phase, t], ...]} of the main process
+Mark = Tuple[str, float]  # (the phase that begins here, time.time())
 
 # The main process (bertaccel.run), in order: its first job's phases only.
 MAIN_IMPORTS = "main process: interpreter start and imports"
@@ -92,15 +91,13 @@ def resume_collector() -> None:
 
 def mark_main(phase: str) -> None:
     """The main process reached `phase` (kept for its first job, job_marks)."""
-    marks = _main_marks() + [[phase, time.time()]]
-    os.environ[MARKS_ENV] = json.dumps({"pid": os.getpid(), "marks": marks})
+    update(startup=StartupMarks(os.getpid(), (*_main_marks(), (phase, time.time()))))
 
 
-def _main_marks() -> List[Any]:
-    """This process's marks so far (none from a parent whose environment it inherited)."""
-    raw = os.environ.get(MARKS_ENV)
-    held = json.loads(raw) if raw else {}
-    return list(held.get("marks", [])) if held.get("pid") == os.getpid() else []
+def _main_marks() -> List[Mark]:
+    """This process's marks so far (none from a parent whose context it inherited)."""
+    held = current().startup
+    return list(held.marks) if held is not None and held.pid == os.getpid() else []
 
 
 def job_marks(started_at: float, first_of_process: bool) -> List[Mark]:

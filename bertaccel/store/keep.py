@@ -7,14 +7,11 @@ record/store_failure.py turns into the sweep's one line and its stop.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
+from bertaccel.context import KeptStore, current, update
 from bertaccel.store.file import holds_nothing, sqlite_file
-
-# "<db file> <device>:<inode>": the kept store, set in the environment so its run processes see it too.
-KEEP_ENV = "BERTACCEL_STORE_KEPT"
 
 
 class StoreLost(Exception):
@@ -26,22 +23,24 @@ def _identity(db: Path) -> str:
     return f"{st.st_dev}:{st.st_ino}"
 
 
-def keep_store(uri: Optional[str]) -> None:
-    """From now on (None: no longer), in this process and the processes it starts, the sqlite:///
-    store of `uri` must stay the file it is now: a sweep's runs and its parent run are in it, and
-    a new empty store made in its place (what store_lock does for a missing file) would take the
-    rest of the sweep without a word."""
+def kept(uri: Optional[str]) -> Optional[KeptStore]:
+    """The sqlite:/// store of `uri` as the file it is now (None: no uri, not a sqlite file, no file yet)."""
     db = sqlite_file(uri) if uri else None
-    if db is not None and db.is_file():
-        os.environ[KEEP_ENV] = f"{db} {_identity(db)}"
-    else:
-        os.environ.pop(KEEP_ENV, None)
+    return KeptStore(str(db), _identity(db)) if db is not None and db.is_file() else None
+
+
+def keep_store(uri: Optional[str]) -> None:
+    """From now on (None: no longer), in this process and the processes it starts (the run
+    context, bertaccel/context.py), the sqlite:/// store of `uri` must stay the file it is now: a
+    sweep's runs and its parent run are in it, and a new empty store made in its place (what
+    store_lock does for a missing file) would take the rest of the sweep without a word."""
+    update(kept_store=kept(uri))
 
 
 def _kept_identity(db: Path) -> Optional[str]:
     """The identity keep_store recorded for db, or None if db is not the kept store."""
-    kept, _, identity = os.environ.get(KEEP_ENV, "").rpartition(" ")
-    return identity if kept == str(db) else None
+    held = current().kept_store
+    return held.identity if held is not None and held.db == str(db) else None
 
 
 def _made_in_its_place(db: Path, identity: str) -> bool:

@@ -198,7 +198,7 @@ class _BertaccelSubmitit:
         one, is marked interrupted, which the same sweep command runs again."""
         from bertaccel.run import job_info
         from bertaccel.record.run_record import Outcome, cfg_hash
-        from bertaccel.record.sweep import context_from_env
+        from bertaccel.context import current as run_context
         from bertaccel.runs.sweep_plan import task_config
         from bertaccel.record.tracking import finish_run, search_runs
 
@@ -206,7 +206,7 @@ class _BertaccelSubmitit:
         info = job_info(sweep_cfg.hydra)
         log.warning(f"run {info.name}: {reason}")
         found = f"tags.config_hash = '{cfg_hash(cfg)}' and tags.status = 'running'"
-        sweep = context_from_env()
+        sweep = run_context().sweep
         if sweep is not None:
             found += f" and tags.sweep_id = '{sweep.sweep_id}'"
         runs = search_runs(cfg.tracking.uri, cfg.tracking.experiment, found)
