@@ -61,7 +61,9 @@ class Range:
             return f"in {low}, {high}"
         if low:
             return (">= " if self.ge is not None else "> ") + low[1:]
-        return ("<= " if self.le is not None else "< ") + high[:-1]
+        if high:
+            return ("<= " if self.le is not None else "< ") + high[:-1]
+        raise ValueError("a Range declares at least one bound (bounded(..., gt=/ge=/lt=/le=))")
 
     def refusal(self, key: str, value: Any) -> Optional[str]:
         """Why `key=value` is out of range (one line), or None."""

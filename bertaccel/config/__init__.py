@@ -42,7 +42,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 
 
-def schema_fields(cls: type = None, prefix: str = "") -> Iterator[Tuple[str, Field]]:
+def schema_fields(cls: Optional[type] = None, prefix: str = "") -> Iterator[Tuple[str, Field]]:
     """Every leaf field of the schema (RunConfig by default) as (dotted key, dataclass Field)."""
     cls = cls or RunConfig
     hints = get_type_hints(cls)
@@ -123,4 +123,4 @@ def section_schema(section: str) -> Optional[type]:
     """The dataclass that types a top-level key of RunConfig (precision: PrecisionConfig), None for
     a plain setting (accumulation, num_gpus, cache_dir): what an option's `schema` must be."""
     hint = get_type_hints(RunConfig).get(section)
-    return hint if is_dataclass(hint) else None
+    return hint if isinstance(hint, type) and is_dataclass(hint) else None

@@ -140,8 +140,13 @@ class _BucketMarks:
         self.marks: Optional[_Marks] = None
         self.buckets: List[Dict[str, Any]] = []
 
-    # No annotations: DDP checks the hook's (as strings here, under __future__ annotations).
+    # No annotations: DDP checks the hook's (as strings here, under __future__ annotations); the
+    # work, typed, is all_reduce's.
     def hook(self, state, bucket):  # noqa: ANN001, ANN201 - DDP's comm hook signature
+        return self.all_reduce(bucket)
+
+    def all_reduce(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """The bucket's mean over the ranks, marked when handed over and when done."""
         buffer = bucket.buffer()
         world = dist.get_world_size()
         marks = self.marks
@@ -157,9 +162,9 @@ class _BucketMarks:
             self.buckets.append(record)
         fut = dist.all_reduce(buffer.div_(world), async_op=True).get_future()
 
-        def done(f: Any) -> torch.Tensor:
+        def done(f: torch.futures.Future[List[torch.Tensor]]) -> torch.Tensor:
             # On NCCL this runs with a stream that waits for the all-reduce: the mark is its end.
-            if record is not None:
+            if record is not None and marks is not None:  # (a record is made only with marks)
                 record["done"] = marks.now()
             return f.value()[0]
         return fut.then(done)

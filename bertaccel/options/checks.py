@@ -35,8 +35,9 @@ def _leaves(node: Any, key: str = "") -> Iterator[Tuple[str, Any]]:
     """Every value of a composed config with its dotted key (list items as key[i])."""
     if isinstance(node, DictConfig):
         for k in node.keys():
-            if not OmegaConf.is_missing(node, k):  # (??? : a required value, refused by its own check)
-                yield from _leaves(node[k], f"{key}.{k}" if key else str(k))
+            # (??? : a required value, refused by its own check; !s: keys are str, OmegaConf's type allows bytes)
+            if not OmegaConf.is_missing(node, k):
+                yield from _leaves(node[k], f"{key}.{k!s}" if key else str(k))
     elif isinstance(node, ListConfig):
         for i in range(len(node)):
             yield from _leaves(node[i], f"{key}[{i}]")
@@ -76,7 +77,7 @@ def _unknown_paths(cfg: DictConfig) -> List[str]:
     def walk(node: DictConfig, cls: type, prefix: str) -> None:
         hints = get_type_hints(cls)
         for k in node.keys():
-            key = f"{prefix}{k}"
+            key = f"{prefix}{k!s}"
             if k not in hints:
                 found.append(key)
             elif is_dataclass(hints[k]) and isinstance(node[k], DictConfig):
@@ -163,7 +164,10 @@ def typed(cfg: Any) -> RunConfig:
         return cfg
     if OmegaConf.get_type(cfg) is not RunConfig:  # (a run's own process gets the config as plain data)
         cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
-    return OmegaConf.to_object(cfg)
+    run = OmegaConf.to_object(cfg)
+    if not isinstance(run, RunConfig):  # (a merge onto RunConfig's structured config becomes one)
+        raise TypeError(f"typed(): the config became a {type(run).__name__}, not a RunConfig")
+    return run
 
 
 def sound(run: RunConfig, failed: Collection[str] = ()) -> Tuple[List[str], Set[str]]:

@@ -19,6 +19,8 @@ from bertaccel.config import CONF_DIR, ConfigError, HardwareConfig, first_line
 from bertaccel.option import Option, problems
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from bertaccel.config import RunConfig
 
 PROFILES_DIR = CONF_DIR / "hardware"
@@ -76,25 +78,37 @@ def load_profiles() -> List[Dict[str, Any]]:
     """Every profile of conf/hardware, read through the same schema (HardwareConfig) that Hydra
     applies to hardware=<name>: hardware=auto cannot accept a profile that hardware=<name> would
     refuse, or read a field the schema does not know."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     from bertaccel.config import HardwareConfig
     from bertaccel.options.checks import out_of_range
 
-    profiles = []
+    profiles: List[Dict[str, Any]] = []
     for path in sorted(PROFILES_DIR.glob("*.yaml")):
         try:
             node = OmegaConf.merge(OmegaConf.structured(HardwareConfig), OmegaConf.load(path))
         except Exception as e:  # noqa: BLE001 - OmegaConf's ValidationError and YAML errors alike
             key = getattr(e, "full_key", None)
             raise ConfigError(f"conf/hardware/{path.name}: {f'{key}: ' if key else ''}{first_line(e)}") from None
+        if not isinstance(node, DictConfig):  # (a merge onto the structured schema is one; a list would not merge)
+            raise ConfigError(f"conf/hardware/{path.name}: not a mapping of HardwareConfig's fields")
         # The ranges declared on the schema's fields, as validate() applies them to hardware=<name>:
         # --hardware in the plan reads every profile here, never through validate().
         for why in out_of_range(node, HardwareConfig)[:1]:
             raise ConfigError(f"conf/hardware/{path.name}: {why}")
         if node.name != "auto":
-            profiles.append(OmegaConf.to_container(node))
+            profiles.append(_plain(node))
     return profiles
+
+
+def _plain(node: DictConfig) -> Dict[str, Any]:
+    """A profile node as the plain dict a run and the record read (its keys: HardwareConfig's fields)."""
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(node)
+    if not isinstance(container, dict):  # (OmegaConf types it as any container; a DictConfig's is a dict)
+        raise TypeError(f"a profile is a mapping, not {type(container).__name__}")
+    return {str(k): v for k, v in container.items()}
 
 
 def profile_mismatch(prof: Mapping[str, Any], name: str, device_type: str) -> Optional[str]:
@@ -171,11 +185,11 @@ def resolve_profile(hw_cfg: Any, device: torch.device) -> tuple[Dict[str, Any], 
     if device.type == "cpu":
         prof = next(p for p in load_profiles() if p["name"] == "cpu")
         return prof, f"hardware=auto: no GPU, using profile 'cpu' for {name}"
-    prof = match_profile(name, load_profiles())
-    if prof is None:
+    matched = match_profile(name, load_profiles())
+    if matched is None:
         raise ConfigError(f"hardware=auto: no profile in conf/hardware matches GPU {name!r}; "
                           "pick one with hardware=<name> or add a profile there")
-    return prof, f"hardware=auto: detected {name!r}, using profile '{prof['name']}'"
+    return matched, f"hardware=auto: detected {name!r}, using profile '{matched['name']}'"
 
 
 @dataclass

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
     """Trainable parameters only; no decay on biases and LayerNorm weights (BERT's recipe)."""
-    decay, no_decay = [], []
+    decay: List[torch.nn.Parameter] = []
+    no_decay: List[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -37,7 +38,8 @@ def optimizer_class(cfg: OptimizerConfig) -> Callable[..., torch.optim.Optimizer
     """The option's class with its own settings bound (Hydra instantiate of a `_partial_`)."""
     from hydra.utils import instantiate
 
-    return instantiate(cfg.impl, _convert_="all")
+    bound: Callable[..., torch.optim.Optimizer] = instantiate(cfg.impl, _convert_="all")  # (instantiate is untyped)
+    return bound
 
 
 def _build(factory: Callable[..., torch.optim.Optimizer], groups: List[Dict[str, Any]], lr: float,
@@ -110,7 +112,7 @@ def optimizer_unusable(cfg: OptimizerConfig, device: torch.device) -> Optional[s
 # passes from the ops' operands: AdamW's foreach step is weight decay 2, lerp 3, mul 2, addcmul 3,
 # sqrt 2, div 2, add 2, addcdiv 4 = 20 passes; a fused step (_fused_adamw_ and the on-device step
 # count) reads param, grad and two states and writes three: 7.
-TORCH_STEP_COSTS = {torch.optim.AdamW: StepCost(20, foreach_ops=7.5, fused=StepCost(7, foreach_ops=2))}
+TORCH_STEP_COSTS: Dict[type, StepCost] = {torch.optim.AdamW: StepCost(20, foreach_ops=7.5, fused=StepCost(7, foreach_ops=2))}
 
 
 def _impl_class(cfg: OptimizerConfig) -> Optional[type]:
@@ -127,7 +129,7 @@ def step_cost(cfg: OptimizerConfig) -> Optional[StepCost]:
     """What one step of this option costs (its class's `step_cost`, as its settings run it), or
     None when its class declares none."""
     cls = _impl_class(cfg)
-    cost = getattr(cls, "step_cost", None) or TORCH_STEP_COSTS.get(cls)
+    cost = getattr(cls, "step_cost", None) or (TORCH_STEP_COSTS.get(cls) if cls is not None else None)
     return cost.configured(cfg.impl) if isinstance(cost, StepCost) else None
 
 

@@ -17,13 +17,18 @@ import inspect
 import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union, get_args, get_origin, get_type_hints
+from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union, get_args, get_origin,
+                    get_type_hints)
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from bertaccel.config import CONF_DIR, GROUP_SCHEMAS, RunConfig, register_configs, schema_fields
-from bertaccel.options.introspect import allowed_values, check_title, field_comments, section_checks, section_rules  # noqa: F401
+from bertaccel.options.introspect import (Check, allowed_values, check_title, field_comments,  # noqa: F401
+                                          section_checks, section_rules)
 from bertaccel.options.papers import ANCHOR, link_citations, papers_table
+
+if TYPE_CHECKING:
+    from bertaccel.options.rules import Rule
 
 COMMAND = "python -m bertaccel.options.reference --out docs/reference/config.md"
 
@@ -76,7 +81,7 @@ class Composer:
         self._init.__exit__(*exc)
         GlobalHydra.instance().clear()
 
-    def compose(self, overrides: List[str] = ()) -> Tuple[DictConfig, Dict[str, str]]:
+    def compose(self, overrides: Sequence[str] = ()) -> Tuple[DictConfig, Dict[str, str]]:
         """The composed run config and the groups' choices (precision: fp32, ...)."""
         from hydra import compose
 
@@ -159,7 +164,8 @@ def flatten(node: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
     if isinstance(node, DictConfig):
         for k in node.keys():
             value = "???" if OmegaConf.is_missing(node, k) else node[k]  # (a required value no option gave)
-            yield from flatten(value, f"{prefix}{k}.") if isinstance(value, DictConfig) else [(f"{prefix}{k}", value)]
+            key = f"{prefix}{k!s}"  # (our configs' keys are str; OmegaConf's key type also allows bytes, ints)
+            yield from flatten(value, f"{key}.") if isinstance(value, DictConfig) else [(key, value)]
     else:
         yield prefix.rstrip("."), node
 
@@ -177,7 +183,7 @@ def changes(base: DictConfig, other: DictConfig) -> List[str]:
 def _doc(obj: Any) -> str:
     """A docstring as one paragraph; a dataclass without one has a generated signature instead."""
     text = inspect.getdoc(obj) or ""
-    if is_dataclass(obj) and text.startswith(f"{obj.__name__}("):
+    if isinstance(obj, type) and is_dataclass(obj) and text.startswith(f"{obj.__name__}("):
         return ""
     return " ".join(text.split())
 
@@ -256,7 +262,7 @@ def options_table(composer: Composer, group: str, base: DictConfig, base_choices
     return rows + ["", f'??? note "What each option sets, against the default option"', ""] + sets
 
 
-def checks_list(checks: List[Callable], rules: List[Any]) -> List[str]:
+def checks_list(checks: List[Check], rules: List[Rule]) -> List[str]:
     """The checks, folded (pymdownx.details): a reader opens them when a config is refused."""
     if not checks and not rules:
         return ["Checks: none of its own, only the declared ranges and the finite-number check."]
@@ -266,7 +272,7 @@ def checks_list(checks: List[Callable], rules: List[Any]) -> List[str]:
 
 
 def render_section(composer: Composer, name: str, kind: str, cls: Optional[type], base: DictConfig,
-                   base_choices: Dict[str, str], checks: Dict[str, List[Callable]], rules: Dict[str, List[Any]],
+                   base_choices: Dict[str, str], checks: Dict[str, List[Check]], rules: Dict[str, List[Rule]],
                    allowed: Dict[str, str]) -> List[str]:
     keys = [key for key, _ in _top_level_fields()] if kind == "settings" else [name]
     own = [c for key in keys for c in checks.get(key, [])]

@@ -8,7 +8,7 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Dict, List, NoReturn, Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -25,7 +25,7 @@ from bertaccel.attention.option import jit_compiles
 from bertaccel.encoder.option import is_fused
 from bertaccel.options.freezing import apply_freezing, freezes
 from bertaccel.options.optimizer import lr_factor, set_lr
-from bertaccel.train.forward import real_rows
+from bertaccel.train.forward import Forward, real_rows
 from bertaccel.train.state import Callback, Run, Window, sync
 from bertaccel.train.step import uses_triton, windows
 from bertaccel.train.warmup import (WarmupPlan, compile_events, compiled_graph_count, new_events, run_warmup,
@@ -76,9 +76,9 @@ class CompileWarmup(Callback):
             eager = WarmupPlan(cfg.train.batch_size, cfg.train.eval_batch_size, self.plan.train_lengths[-1:],
                                [] if parallel else self.plan.eval_lengths[-1:], repeats=2 if parallel else 1)
             result.compile_time_s = run_warmup(run.model, eager, run.step.micro, run.step.eval_forward, run.device)
-            what = ("data-parallel warm-up before the first window (NCCL/gloo communicators, DDP bucket rebuild, "
-                    if parallel else "eager warm-up before the first window (")
-            result.compile_time_source = (f"nothing compiled (compile=off); wall clock of the {what}the allocator "
+            warm_up = ("data-parallel warm-up before the first window (NCCL/gloo communicators, DDP bucket rebuild, "
+                       if parallel else "eager warm-up before the first window (")
+            result.compile_time_source = (f"nothing compiled (compile=off); wall clock of the {warm_up}the allocator "
                                           f"grown to the longest batch, per-shape kernel choices): {eager.describe()}")
         else:
             result.compile_time_source = (f"nothing compiled (compile=off, attention={cfg.attention.name}"
@@ -89,7 +89,7 @@ class CompileWarmup(Callback):
         if epoch == 0 and warms_up(run) and not run.cfg.compile.step_graph:
             # The optimizer's first step, before the first window and counted in compile_time_s
             # (the step-graph capture below runs it eagerly anyway); then a fresh optimizer.
-            params = [p for p in run.model.parameters() if p.requires_grad]
+            params: List[torch.Tensor] = [p for p in run.model.parameters() if p.requires_grad]
             run.result.compile_time_s += warm_first_update(step.update, params, step.precision.scaler, run.device)
             step.renew_optimizer()
             run.result.compile_time_source += ("; then the optimizer's first update on zero gradients, undone "
@@ -162,7 +162,7 @@ class ProgressBar(Callback):
     """One tqdm bar per window, on rank 0 only (one bar per job, not per rank)."""
 
     def __init__(self) -> None:
-        self.bar: Optional[tqdm] = None
+        self.bar: Optional[tqdm[NoReturn]] = None  # (a bar of counts, over no iterable)
 
     def window_start(self, run: Run, win: Window) -> None:
         epochs = run.cfg.train.epochs
@@ -173,11 +173,18 @@ class ProgressBar(Callback):
     def step_end(self, run: Run, win: Window) -> None:
         if run.log_due(win):
             # One host sync every few steps (win.mean_loss, shared with the NaN check), not every step.
-            self.bar.set_postfix(loss=f"{win.mean_loss():.4f}", samples_s=f"{win.samples / win.elapsed_s():.1f}")
-        self.bar.update(1)
+            self.window_bar().set_postfix(loss=f"{win.mean_loss():.4f}",
+                                          samples_s=f"{win.samples / win.elapsed_s():.1f}")
+        self.window_bar().update(1)
 
     def window_end(self, run: Run, win: Window) -> None:
-        self.bar.close()
+        self.window_bar().close()
+
+    def window_bar(self) -> tqdm[NoReturn]:
+        """The window's bar (window_start opens one for every window)."""
+        if self.bar is None:
+            raise RuntimeError("ProgressBar: no bar open (window_start opens it)")
+        return self.bar
 
 
 class RanksTogether(Callback):
@@ -206,7 +213,7 @@ class CompileEventCount(Callback):
     window: the warm-up should leave none to happen inside it; any that do are logged."""
 
     def __init__(self) -> None:
-        self.before: dict = {}
+        self.before: Dict[str, int] = {}  # compile events by kind at the window's start
 
     def window_start(self, run: Run, win: Window) -> None:
         self.before = compile_events(run.device)
@@ -275,9 +282,9 @@ class LayerTiming(Callback):
         # After the last evaluation, on the eager model (hooks do not survive compile or
         # CUDA graphs): the run's forward and loss through it, the batch's mean over its data
         # rows; forward+backward only, the weights are not changed.
-        forward = run.step.forward.through(run.parallel or run.model)
+        forward: Forward = run.step.forward.through(run.parallel or run.model)  # (Run.step is typed Any)
 
-        def timing_loss(host_batch):
+        def timing_loss(host_batch: Dict[str, torch.Tensor]) -> torch.Tensor:
             return forward.loss(forward.inputs(host_batch), real_rows(host_batch))
 
         run.result.backprop = layer_timing.measure(run.model, timing_loss, run.train_loader, run.device,

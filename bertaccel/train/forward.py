@@ -10,7 +10,7 @@ callable that runs (the compiled model, DDP or the module), the module behind it
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Dict, Optional, Union
+from typing import Any, Callable, ContextManager, Dict, Mapping, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +36,17 @@ def sdpa_backends(cfg: RunConfig) -> AttentionContext:
     return lambda: sdpa_kernel(backends)
 
 
-def real_rows(batch: Dict[str, torch.Tensor]) -> int:
+def labels_of(batch: Mapping[str, Optional[torch.Tensor]]) -> torch.Tensor:
+    """A host or device batch's labels (a device `Batch` may lack its mask, never its labels)."""
+    labels = batch["labels"]
+    if labels is None:  # (model_inputs keeps the labels; only the mask may be dropped)
+        raise ValueError("a training batch without labels")
+    return labels
+
+
+def real_rows(batch: Mapping[str, Optional[torch.Tensor]]) -> int:
     """Rows that are data (compiled runs fill a short batch up with ignored rows: warmup.py)."""
-    return int((batch["labels"] != IGNORE_INDEX).sum())
+    return int((labels_of(batch) != IGNORE_INDEX).sum())
 
 
 def mark_length_dynamic(batch: Batch) -> None:
@@ -120,9 +128,7 @@ class Forward:
         n: a number, or a device tensor holding it (a CUDA graph reads it per replay). CUDA divides
         a tensor by a Python number as a multiplication by the number's reciprocal; a device n is
         applied the same way, so a captured step computes the bits an eager one does."""
-        labels = batch["labels"]
-        if labels is None:  # (model_inputs keeps the labels; only the mask may be dropped)
-            raise ValueError("a training batch without labels")
+        labels = labels_of(batch)
         summed = F.cross_entropy(self.logits(batch).float(), labels, reduction="sum",
                                  ignore_index=IGNORE_INDEX)
         return summed * torch.reciprocal(n) if isinstance(n, torch.Tensor) else summed / n

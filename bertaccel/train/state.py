@@ -10,7 +10,7 @@ import math
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -21,6 +21,9 @@ from bertaccel.options.freezing import count_trainable
 from bertaccel.train.accumulation import Accumulation
 from bertaccel.train.forward import real_rows
 from bertaccel.train.result import EpochStats, TrainResult
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
 
 
 def sync(device: torch.device) -> None:
@@ -109,7 +112,7 @@ class Run:
     device: torch.device
     log: Callable[[str], None]
     model: torch.nn.Module
-    parallel: Optional[torch.nn.Module]
+    parallel: Optional[DistributedDataParallel]  # the model under DDP when there are several ranks
     train_loader: Any
     test_loader: Any
     step: Any  # train.step.Step (not imported here: step.py imports this module)

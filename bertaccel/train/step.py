@@ -9,7 +9,7 @@ the loop will execute.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Union
 
 import torch
 
@@ -22,11 +22,16 @@ from bertaccel.measure.step_clock import PhaseClock
 from bertaccel.options.accumulation import GradVariance
 from bertaccel.options.optimizer import build_optimizer
 from bertaccel.train.accumulation import Accumulation
-from bertaccel.train.forward import Forward, real_rows
+from bertaccel.train.forward import Forward, labels_of, real_rows
 from bertaccel.train.result import TrainResult
 from bertaccel.train.state import Callback, Run, Window
 from bertaccel.train.step_graph import StepGraphs
 from bertaccel.train.warmup import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
+
+NoSync = Callable[[], ContextManager[object]]  # DDP's no_sync, or nullcontext with one rank
 
 
 def windows(batches: Iterable[Dict[str, torch.Tensor]], k: Union[int, Callable[[], int]]
@@ -46,7 +51,7 @@ def windows(batches: Iterable[Dict[str, torch.Tensor]], k: Union[int, Callable[[
 
 
 def accumulate_window(forward: Forward, window: List[Dict[str, torch.Tensor]],
-                      no_sync: Callable[[], Any] = nullcontext,
+                      no_sync: NoSync = nullcontext,
                       phases: Optional[PhaseClock] = None,
                       grad_variance: Optional[GradVariance] = None) -> torch.Tensor:
     """Forward+backward over one window of host batches; returns the window's mean loss (detached).
@@ -65,8 +70,8 @@ def accumulate_window(forward: Forward, window: List[Dict[str, torch.Tensor]],
     n = sum(real_rows(b) for b in window)
     total = torch.zeros((), device=forward.device)
     scaler = forward.precision.scaler
-    for i, batch in enumerate(window):
-        batch = forward.inputs(batch)
+    for i, host_batch in enumerate(window):
+        batch = forward.inputs(host_batch)
         with (no_sync() if i < len(window) - 1 else nullcontext()):
             loss = forward.loss(batch, n)
             if phases is not None:
@@ -80,16 +85,17 @@ def accumulate_window(forward: Forward, window: List[Dict[str, torch.Tensor]],
     return total
 
 
-def eval_batch(forward: Forward, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+def eval_batch(forward: Forward, host_batch: Dict[str, torch.Tensor]) -> torch.Tensor:
     """Correct predictions among the host batch's data rows (a device scalar: no host sync)."""
-    batch = forward.inputs(batch)
+    batch = forward.inputs(host_batch)
     with torch.no_grad():
         logits = forward.logits(batch)
-    return ((logits.argmax(-1) == batch["labels"]) & (batch["labels"] != IGNORE_INDEX)).sum()
+    labels = labels_of(batch)
+    return ((logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
 
 
 @torch.no_grad()
-def evaluate(forward: Forward, loader: Iterable) -> float:
+def evaluate(forward: Forward, loader: Iterable[Dict[str, torch.Tensor]]) -> float:
     """Test accuracy, through the run's forward (a compiled one's eval graphs were warmed up too)."""
     forward.module.eval()
     correct = torch.zeros((), dtype=torch.long, device=forward.device)
@@ -111,8 +117,8 @@ class Step(Callback):
     event objects ask it for them rather than set them. As an event object it follows the
     parameters trainable each epoch and keeps the one-step phase clock for the window only."""
 
-    def __init__(self, cfg: RunConfig, forward: Forward, no_sync: Callable, accumulation: Accumulation,
-                 result: TrainResult, base_lr: float):
+    def __init__(self, cfg: RunConfig, forward: Forward, no_sync: NoSync, accumulation: Accumulation,
+                 result: TrainResult, base_lr: float) -> None:
         self.cfg, self.forward, self.no_sync = cfg, forward, no_sync
         self.precision = forward.precision
         self.accumulation, self.result = accumulation, result
@@ -134,10 +140,16 @@ class Step(Callback):
         self.optimizer = build_optimizer(self.forward.module, self.cfg.optimizer,
                                          capturable=self.cfg.compile.step_graph, lr=self.base_lr)
 
+    def built_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer renew_optimizer built (the loop builds it before its first step)."""
+        if self.optimizer is None:
+            raise RuntimeError("Step: no optimizer yet (renew_optimizer builds it before the first step)")
+        return self.optimizer
+
     def capture_graphs(self, rows: int, lengths: List[int]) -> None:
         """compile.step_graph: the whole step captured per length (step_graph.py), over the
         optimizer built so far; the loop's steps replay them from then on."""
-        self.graphs = StepGraphs(self.forward, self.optimizer, self.max_grad_norm)
+        self.graphs = StepGraphs(self.forward, self.built_optimizer(), self.max_grad_norm)
         self.graphs.capture(rows, lengths)
 
     def __call__(self, window: List[Dict[str, torch.Tensor]]) -> torch.Tensor:
@@ -157,13 +169,13 @@ class Step(Callback):
 
     def update(self, params: List[torch.Tensor]) -> None:
         """Clip, step, zero: the update after a window's backward (also the warm-up's first update)."""
-        scaler = self.precision.scaler
+        scaler, optimizer = self.precision.scaler, self.built_optimizer()
         if self.max_grad_norm:
-            scaler.unscale_(self.optimizer)
+            scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        scaler.step(self.optimizer)
+        scaler.step(optimizer)
         scaler.update()
-        self.optimizer.zero_grad(set_to_none=not self.graph_grad_buffers)
+        optimizer.zero_grad(set_to_none=not self.graph_grad_buffers)
 
     def micro(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         """One micro-batch's forward+backward, no update (the warm-up)."""
@@ -205,13 +217,13 @@ def compiles_anything(cfg: RunConfig, device_type: str) -> bool:
     return compiles(cfg.compile) or uses_triton(cfg, device_type) or bool(cfg.compile.step_graph)
 
 
-def compile_model(model: torch.nn.Module, cfg: RunConfig) -> Callable:
+def compile_model(model: torch.nn.Module, cfg: RunConfig) -> Callable[..., Any]:
     if not compiles(cfg.compile):
         return model
     return torch.compile(model, mode=torch_compile_mode(cfg.compile))
 
 
-def data_parallel(model: torch.nn.Module, device: torch.device) -> Optional[torch.nn.Module]:
+def data_parallel(model: torch.nn.Module, device: torch.device) -> Optional[DistributedDataParallel]:
     """DDP around the model when this process is one rank of several (launch.py), else None.
 
     broadcast_buffers off: BERT's buffers (position ids) never change, and a broadcast per
@@ -227,13 +239,14 @@ def data_parallel(model: torch.nn.Module, device: torch.device) -> Optional[torc
     from torch.nn.parallel import DistributedDataParallel
 
     # torch 2.13 renamed the switch (and deprecated the old name); the GPU image's 2.11 has only the old.
-    params = inspect.signature(DistributedDataParallel.__init__).parameters
-    no_buffer_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   gradient_as_bucket_view=True, **no_buffer_sync)
+    device_ids = [device.index] if device.type == "cuda" else None
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True,
+                                       forward_sync_buffers=False)
+    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True, broadcast_buffers=False)
 
 
-def dynamo_settings(cfg: RunConfig, n_shapes: int):
+def dynamo_settings(cfg: RunConfig, n_shapes: int) -> ContextManager[object]:
     """Per-run dynamo settings (a context: nothing leaks into the next run of the process).
 
     - fail_on_recompile_limit_hit: past the recompile limit dynamo would otherwise run new
@@ -246,5 +259,8 @@ def dynamo_settings(cfg: RunConfig, n_shapes: int):
     if not compiles(cfg.compile):
         return nullcontext()
     limit = max(8, 4 * n_shapes + 8)  # train/eval x padded/unpadded per length, and slack
-    return torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, 4 * limit),
-                                      fail_on_recompile_limit_hit=True, automatic_dynamic_local_pgo=False)
+    # (dynamo's config is a module of dynamic attributes: its patch() is untyped, a context manager)
+    settings: ContextManager[object] = torch._dynamo.config.patch(
+        recompile_limit=limit, accumulated_recompile_limit=max(256, 4 * limit),
+        fail_on_recompile_limit_hit=True, automatic_dynamic_local_pgo=False)
+    return settings
