@@ -11,7 +11,7 @@ import os
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple
 
 # (cfg below is a config.RunConfig and device a torch.device: the base layer imports neither)
 
@@ -76,8 +76,9 @@ class Range:
         return f"{key}={value!r} must be {self.text()}" + (f" ({self.note})" if self.note else "")
 
 
-def not_one_of(key: str, value: Any, allowed: Tuple[str, ...]) -> Optional[str]:
-    """Why `key=value` is none of a setting's named options (one line), or None."""
+def not_one_of(key: str, value: Any, allowed: Iterable[str]) -> Optional[str]:
+    """Why `key=value` is none of a setting's named options (one line), or None. allowed: the
+    names, or a mapping keyed by them (what each name is)."""
     return None if value in allowed else f"{key}={value!r} is not one of {', '.join(allowed)}"
 
 

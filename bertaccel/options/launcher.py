@@ -56,7 +56,7 @@ class LauncherOption(Option):
         """Refuses an unknown name or start_method, and launcher=inline with runs_at_once > 1, which
         needs processes of its own (inline with num_gpus > 1: a rule, options/rules.py)."""
         launcher = cfg.launcher
-        found = problems(not_one_of("launcher.name", launcher.name, tuple(LAUNCHERS)),
+        found = problems(not_one_of("launcher.name", launcher.name, LAUNCHERS),
                          not_one_of("launcher.start_method", launcher.start_method, START_METHODS))
         if runs_inline(launcher) and launcher.runs_at_once > 1:
             found.append(f"launcher.runs_at_once={launcher.runs_at_once} runs configurations side by side, each "
