@@ -1,5 +1,5 @@
-"""The `sweep` block's option: its one check beyond the declared ranges (sweep.concurrent, runs
-sharing a GPU, with what cannot share one), and the predicates the code reads the mode through.
+"""The `sweep` block's option: its declared ranges are its checks (what cannot share a GPU is a rule
+between sections: options/rules.py), and the predicates the code reads sweep.concurrent through.
 
 sweep.concurrent=N (N > 1): a sweep runs up to N runs at once on each GPU (launcher.runs_at_once
 x N in all: options/launcher.py runs_side_by_side), each in processes of its own; every run's timed
@@ -9,14 +9,9 @@ and its time, energy and samples/s are projected from that window (bertaccel/rec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, List
 
 from bertaccel.config import SweepConfig
 from bertaccel.option import Option, user_path
-from bertaccel.options.launcher import runs_inline
-
-if TYPE_CHECKING:
-    from bertaccel.config import RunConfig
 
 
 def shares_gpu(sweep: SweepConfig) -> bool:
@@ -30,23 +25,9 @@ def lock_directory(cache_dir: str, sweep_id: str) -> Path:
 
 
 class SweepOption(Option):
+    """No check of its own beyond the declared ranges; what cannot share a GPU (launcher=inline,
+    num_gpus > 1) is a rule between sections (options/rules.py: concurrent_inline, concurrent_num_gpus)."""
     section, schema = "sweep", SweepConfig
-
-    def check(self, cfg: "RunConfig") -> List[str]:
-        """Refuses sweep.concurrent > 1 with launcher=inline (the runs need processes of their own)
-        and with num_gpus > 1 (a window times one GPU's run alone; a data-parallel run's ranks span
-        several)."""
-        n = cfg.sweep.concurrent
-        if n <= 1:
-            return []
-        found = []
-        if runs_inline(cfg.launcher):
-            found.append(f"sweep.concurrent={n} trains runs side by side, each in processes of its own: "
-                         "launcher=inline would run them in one process; use launcher=process (the default)")
-        if cfg.num_gpus > 1:
-            found.append(f"sweep.concurrent={n} shares one GPU between runs and times each alone, but num_gpus="
-                         f"{cfg.num_gpus} is a data-parallel run over several; use num_gpus=1 or sweep.concurrent=1")
-        return found
 
 
 OPTION = SweepOption()
