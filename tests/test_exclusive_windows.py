@@ -141,13 +141,16 @@ def test_the_projection_is_the_window_times_the_run_over_the_window_steps():
 
     fig = _figures(steps=5, time_s=0.5)
     step_ms = [90.0, 80.0, 70.0, 10.0, 12.0, 11.0, 13.0, 14.0, 50.0, 60.0]  # steps 4-8 are the window's
-    result = TrainResult(epochs=[EpochStats(0, 0.7, 0.5, 10, 9.0, 1.0, 10, 160, step_ms=step_ms),
+    phases = [{"forward_ms": t / 2, "backward_ms": t / 4, "optimizer_ms": t / 4} for t in step_ms]
+    result = TrainResult(epochs=[EpochStats(0, 0.7, 0.5, 10, 9.0, 1.0, 10, 160, step_ms=step_ms, phase_ms=phases),
                                  EpochStats(1, 0.6, 0.6, 10, 8.0, 1.0, 10, 160)])
     projected = projected_result(result, fig)
     # By hand: 0.5 s for 5 steps, the run has 20 steps: 0.5 x 20 / 5 = 2.0 s (the shared clock said 17 s).
     assert projected.train_time_s == pytest.approx(2.0)
     assert projected.shared_train_time_s == pytest.approx(17.0)
     assert projected.step_time_ms == 12.0  # median of 10, 12, 11, 13, 14
+    assert projected.phase_ms == {"forward_ms": 6.0, "backward_ms": 3.0, "optimizer_ms": 3.0}  # the window's too
+    assert result.step_time_ms != 12.0  # (the whole epoch's median would be another)
     assert projected.test_accuracy == 0.6 and projected.samples == 320  # the full training's
     readings = window_readings({"energy_kwh": Reading(0.001, "NVML energy counter"),
                                 "avg_power_w": Reading(300.0, "energy / window")}, fig, 20)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from bertaccel.measure.collectors import Reading
+from bertaccel.measure.step_clock import PHASES, steady_phase_medians
 from bertaccel.train.exclusive import WindowFigures
 from bertaccel.train.result import TrainResult
 
@@ -33,6 +34,7 @@ class ProjectedResult(TrainResult):
     rest (epochs, losses, accuracy, samples, tokens, FLOPs) is the full training's."""
     projected_train_time_s: float = 0.0
     window_step_ms: Optional[float] = None
+    window_phase_ms: Dict[str, Optional[float]] = field(default_factory=dict)
 
     @property
     def train_time_s(self) -> float:
@@ -41,6 +43,10 @@ class ProjectedResult(TrainResult):
     @property
     def step_time_ms(self) -> Optional[float]:
         return self.window_step_ms
+
+    @property
+    def phase_ms(self) -> Dict[str, Optional[float]]:
+        return self.window_phase_ms
 
     @property
     def shared_train_time_s(self) -> float:
@@ -54,10 +60,17 @@ def projection(fig: WindowFigures, total_steps: int) -> float:
 
 
 def projected_result(result: TrainResult, fig: WindowFigures) -> ProjectedResult:
-    first = result.epochs[0].step_ms[fig.first_step:fig.first_step + fig.steps] if result.epochs else []
+    """The result with the window's time projected, and its step and phase medians over the window's
+    steps alone (the other steps shared the device: their times are not this run's speed)."""
+    span = slice(fig.first_step, fig.first_step + fig.steps)
+    steps = result.epochs[0].step_ms[span] if result.epochs else []
+    phases = result.epochs[0].phase_ms[span] if result.epochs else []
+    marked = bool(phases) and any(phases[0].values())  # (none under step graphs: TrainResult.phase_ms)
     return ProjectedResult(**{f.name: getattr(result, f.name) for f in fields(TrainResult)},
                            projected_train_time_s=fig.time_s * projection(fig, result.optimizer_steps),
-                           window_step_ms=statistics.median(first) if first else None)
+                           window_step_ms=statistics.median(steps) if steps else None,
+                           window_phase_ms=(steady_phase_medians([phases], skip=0) if marked
+                                            else dict.fromkeys(PHASES)))
 
 
 def window_readings(readings: Mapping[str, Reading], fig: WindowFigures, total_steps: int) -> Dict[str, Reading]:
@@ -74,11 +87,10 @@ def window_readings(readings: Mapping[str, Reading], fig: WindowFigures, total_s
     return out
 
 
-def window_record(fig: WindowFigures, n: int, shared_train_time_s: float,
+def window_record(fig: WindowFigures, projected: ProjectedResult,
                   timer_source: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """The window's own figures (metrics) and the sources of the metrics it changes (tags); n: the
-    run's optimizer steps."""
-    k = fig.steps
+    """The window's own figures (metrics) and the sources of the metrics it changes (tags)."""
+    k, n, shared_train_time_s = fig.steps, projected.optimizer_steps, projected.shared_train_time_s
     arithmetic = f"window_time_s x optimizer_steps / window_steps = {fig.time_s:.6g} x {n} / {k}"
     metrics = {"window_steps": k, "window_time_s": fig.time_s, "window_samples": fig.samples,
                "window_throughput_samples_s": fig.samples / fig.time_s if fig.time_s > 0 else None,
@@ -91,6 +103,8 @@ def window_record(fig: WindowFigures, n: int, shared_train_time_s: float,
         "step_time_ms_source": f"median over the exclusive window's {k} steps (first epoch, steps {fig.first_step + 1}"
                                f"-{fig.first_step + k}); CUDA events or time.perf_counter between optimizer steps",
         "step_time_mean_ms_source": f"train_time_s / optimizer steps{projected_note}",
+        **{f"{p}_source": f"one-step breakdown (step_clock.PhaseClock): median over the exclusive window's {k} steps"
+           for p in PHASES if projected.phase_ms.get(p) is not None},
         "window_steps_source": "optimizer steps timed with the device to this run alone"
                                + (f" ({fig.note})" if fig.note else ""),
         "window_time_s_source": f"{timer_source}, {over(fig)}",

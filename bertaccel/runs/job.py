@@ -249,10 +249,14 @@ def _train_and_measure(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, d
     window, memory_wait_s = _exclusive(cfg, model, collectors, device)
     marks["train called"] = time.time()
     # (`train` is looked up in this module at the call: tests/launcher_poison replaces it there)
-    result = train(model, loaders[0], loaders[1], cfg, device, log=log.info,
-                   collectors=collectors if window is None else CollectorSet(), profile_dir=prof_dir,
-                   after_training=lambda: peak.append(memory.read()), warmup_plan=plan,
-                   outermost=[window] if window is not None else [])
+    try:
+        result = train(model, loaders[0], loaders[1], cfg, device, log=log.info,
+                       collectors=collectors if window is None else CollectorSet(), profile_dir=prof_dir,
+                       after_training=lambda: peak.append(memory.read()), warmup_plan=plan,
+                       outermost=[window] if window is not None else [])
+    finally:  # (a run that raised lets the others go before it records its failure)
+        if window is not None:
+            window.lock.close()
     peak_gib, peak_source = peak[0]
     if world > 1:  # the largest of the ranks (-1: a rank that could not read its peak)
         (largest,) = distributed.max_across([-1.0 if peak_gib is None else peak_gib], device)
@@ -323,8 +327,7 @@ def _record_window(tracker: Any, trained: _Trained, metrics: Dict[str, Any], sou
     """sweep.concurrent > 1: the exclusive window's figures beside the projections, whose sources say so."""
     fig, result = trained.window, trained.result
     assert fig is not None and isinstance(result, exclusive.ProjectedResult)
-    window_metrics, tags = exclusive.window_record(fig, result.optimizer_steps, result.shared_train_time_s,
-                                                   TIMER_SOURCE)
+    window_metrics, tags = exclusive.window_record(fig, result, TIMER_SOURCE)
     window_metrics["memory_wait_s"] = trained.memory_wait_s
     tags["memory_wait_s_source"] = (f"waited before training until the device's free memory (cudaMemGetInfo) held "
                                     f"{BYTES_PER_PARAMETER} bytes per parameter (weights, gradients, 2 optimizer "

@@ -64,8 +64,11 @@ class SweepLock:
         fcntl.flock(self._turnstile, fcntl.LOCK_UN)
 
     def close(self) -> None:
+        """Drops whatever is still held (closing a file drops its locks); again: nothing."""
         for fd in (self._rw, self._turnstile):
-            os.close(fd)  # (closing drops any lock still held)
+            if fd >= 0:
+                os.close(fd)
+        self._rw = self._turnstile = -1
 
 
 def window_plan(steps_per_epoch: int, wanted: int, skip: int = STEADY_SKIP) -> Tuple[int, int, str]:
