@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bertaccel.train.exclusive import SweepLock, admits, wait_for_memory, window_plan
+from bertaccel.train.exclusive import SweepLock, WindowFigures, admits, wait_for_memory, window_plan
 
 
 def _reader(directory: str, hold_s: float, started, out) -> None:
@@ -127,9 +127,7 @@ def test_a_run_that_does_not_fit_waits_until_the_memory_is_free():
     assert slept == [1.5, 1.5]
 
 
-def _figures(steps: int = 5, time_s: float = 0.5) -> "WindowFigures":
-    from bertaccel.train.exclusive import WindowFigures
-
+def _figures(steps: int = 5, time_s: float = 0.5) -> WindowFigures:
     return WindowFigures(wanted_steps=steps, first_step=3, steps=steps, samples=steps * 16, time_s=time_s,
                          start_unix=100.0, end_unix=100.0 + time_s)
 
@@ -200,7 +198,7 @@ def test_a_concurrent_sweep_times_each_window_alone_and_projects_it(cli):
         assert m["step_time_mean_ms"] == pytest.approx(1000 * m["window_time_s"] / 5, rel=1e-9)
         assert t["train_time_s_source"].startswith("projected from an exclusive window of 5 steps: window_time_s "
                                                    "x optimizer_steps / window_steps = ")
-        assert f"x 16 / 5" in t["train_time_s_source"]
+        assert "x 16 / 5" in t["train_time_s_source"]
         assert t["window_end_unix_source"] and m["window_start_unix"] == windows[k.info.run_id][0]
         assert "shared with the sweep's other runs" in t["shared_train_time_s_source"]
         assert m["shared_train_time_s"] > 0 and "test_accuracy" in m  # accuracy: the full training's
