@@ -172,14 +172,20 @@ def _children(store):
 
 
 @pytest.mark.slow
-def test_a_concurrent_sweep_times_each_window_alone_and_projects_it(cli):
+def test_a_concurrent_sweep_times_each_window_alone_and_projects_it(cli, monkeypatch):
     import json
 
+    # One "GPU" by name: the launcher hands its slots out as on a GPU host (the runs use the CPU).
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "gpuA")
     done = cli(CONCURRENT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "3 at a time" in done.stdout + done.stderr and "each timed alone over an exclusive window" in done.stdout + done.stderr
     kids = _children(cli.store)
     assert sorted(k.data.tags["status"] for k in kids) == ["finished"] * 3  # every run finishes
+    # The three share the one GPU, and their training overlaps (side by side, not one after another).
+    assert {k.data.tags["cuda_visible_devices"] for k in kids} == {"gpuA"}
+    trained = sorted(json.loads(k.data.tags["train_windows_unix"])[0] for k in kids)
+    assert trained[1][0] < trained[0][1] and trained[2][0] < trained[0][1]
     windows = {k.info.run_id: json.loads(k.data.tags["exclusive_window_unix"]) for k in kids}
     holds = {k.info.run_id: json.loads(k.data.tags["exclusive_holds_unix"]) for k in kids}
     for rid, (start, end) in windows.items():
