@@ -100,8 +100,9 @@ def section_checks() -> Dict[str, List[Check]]:
 
     out: Dict[str, List[Check]] = {}
     for option in options():
+        own = [option.check] if type(option).check is not Option.check else []  # (the sweep block has none)
         machine = [option.unusable] if type(option).unusable is not Option.unusable else []
-        out[option.section] = [option.check, *machine, *option.later]
+        out[option.section] = [*own, *machine, *option.later]
     return out
 
 

@@ -49,6 +49,13 @@ def runs_inline(launcher_cfg: LauncherConfig) -> bool:
     return launcher_cfg.name in LAUNCHERS and launcher_for(launcher_cfg.name).shares_process
 
 
+def runs_side_by_side(cfg: "RunConfig") -> int:
+    """How many runs of a sweep train at once (hydra_plugins/bertaccel_launcher, and the CPU
+    cores each gets: runs/cores.py): launcher.runs_at_once, each GPU shared by sweep.concurrent of
+    them (options/sweep.py)."""
+    return int(cfg.launcher.runs_at_once) * int(cfg.sweep.concurrent)
+
+
 class LauncherOption(Option):
     section, schema = "launcher", LauncherConfig
 

@@ -21,7 +21,7 @@ from bertaccel.option import Option
 OPTION_MODULES = ("bertaccel.options.precision", "bertaccel.options.compile", "bertaccel.attention.option",
                   "bertaccel.encoder.option", "bertaccel.options.accumulation", "bertaccel.options.freezing",
                   "bertaccel.options.optimizer", "bertaccel.measure.carbon", "bertaccel.options.hardware",
-                  "bertaccel.options.launcher",
+                  "bertaccel.options.launcher", "bertaccel.options.sweep",
                   "bertaccel.options.model", "bertaccel.options.dataset", "bertaccel.options.train",
                   "bertaccel.options.search", "bertaccel.options.cache_dir", "bertaccel.options.tracking")
 

@@ -168,6 +168,27 @@ def _auto_batch_num_gpus(cfg: "RunConfig") -> Optional[str]:
     return None
 
 
+def _concurrent_inline(cfg: "RunConfig") -> Optional[str]:
+    """sweep.concurrent > 1 with launcher=inline: runs side by side need processes of their own."""
+    from bertaccel.options.launcher import runs_inline
+    from bertaccel.options.sweep import shares_gpu
+
+    if shares_gpu(cfg.sweep) and runs_inline(cfg.launcher):
+        return (f"sweep.concurrent={cfg.sweep.concurrent} trains runs side by side, each in processes of its own: "
+                "launcher=inline would run them in one process; use launcher=process (the default)")
+    return None
+
+
+def _concurrent_num_gpus(cfg: "RunConfig") -> Optional[str]:
+    """sweep.concurrent > 1 with num_gpus > 1: a window times one GPU's run alone (train/exclusive.py)."""
+    from bertaccel.options.sweep import shares_gpu
+
+    if shares_gpu(cfg.sweep) and cfg.num_gpus > 1:
+        return (f"sweep.concurrent={cfg.sweep.concurrent} shares one GPU between runs and times each alone, but "
+                f"num_gpus={cfg.num_gpus} is a data-parallel run over several; use num_gpus=1 or sweep.concurrent=1")
+    return None
+
+
 # --- precision=fp8: what torchao's float8 training (options/fp8.py) needs around it, and what the
 # fused encoder's own FP8 GEMMs (encoder/fp8_ops.py) need -------------------------------------
 
@@ -262,6 +283,8 @@ RULES: Tuple[Rule, ...] = (
     Rule("freezing_num_gpus", _freezing_num_gpus),
     Rule("inline_num_gpus", _inline_num_gpus),
     Rule("auto_batch_num_gpus", _auto_batch_num_gpus),
+    Rule("concurrent_inline", _concurrent_inline),
+    Rule("concurrent_num_gpus", _concurrent_num_gpus),
     Rule("fp8_compile_off", _fp8_compile_off),
     Rule("fp8_fused_encoder", _fp8_fused_encoder),
     Rule("step_graph_optimizer", _step_graph_optimizer, stage="later"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 import time
 import traceback
@@ -23,7 +24,7 @@ from bertaccel import distributed
 from bertaccel.config import ConfigError, RunConfig, first_line
 from bertaccel.data import Batching, DatasetUnavailable, load_raw, make_loader, tokenize_cached
 from bertaccel.measure.carbon import co2e
-from bertaccel.measure.collectors import Reading, build_collectors
+from bertaccel.measure.collectors import CollectorSet, Reading, build_collectors
 from bertaccel.measure.memory import PeakMemory
 from bertaccel.measure.profiling import write_report
 from bertaccel.model import ModelUnavailable, build_model, built_shape, load_tokenizer
@@ -33,9 +34,12 @@ from bertaccel.options.hardware import check_gpu_count, device_name, probe, reso
 from bertaccel.plan.hook import log_prediction
 from bertaccel.runs.cuda_free_imports import run_process_cuda_check
 from bertaccel.record.datasets import dataset_inputs
+from bertaccel.record import exclusive
+from bertaccel.record.sweep import context_from_env
+from bertaccel.options.sweep import lock_directory, shares_gpu
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.options.launcher import launcher_for
-from bertaccel.record.readings import derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
+from bertaccel.record.readings import TIMER_SOURCE, derived, log_accumulation, log_backprop, run_metric_sources, run_metrics
 from bertaccel.record.run_record import Outcome, RankTracker, logged_config, open_tracker, restated_tags, resumed
 from bertaccel.runs.startup import Mark, startup_phases
 from bertaccel.record.store_failure import close_or_name, failed
@@ -43,6 +47,7 @@ from bertaccel.record.tracking import RunTracker
 from bertaccel.store import store_lock
 from bertaccel.train.batch_fit import cpu_refusal, fitted_batch
 from bertaccel.train.compile_cache import compile_caches
+from bertaccel.train.exclusive import BYTES_PER_PARAMETER, ExclusiveWindow, WindowFigures, wait_for_memory
 from bertaccel.train.isolation import isolated_run
 from bertaccel.train.loop import train
 from bertaccel.train.step import uses_fixed_shapes
@@ -207,6 +212,23 @@ class _Trained:
     peak_source: str
     cache_state: str  # compile cache: cold / warm / fresh / none
     measured: Dict[str, Reading]  # the collectors' readings and what is derived from them
+    window: Optional[WindowFigures] = None  # sweep.concurrent > 1: the exclusive window (result: projected)
+    memory_wait_s: Optional[float] = None  # sweep.concurrent > 1 on a GPU: waited for the others' memory
+
+
+def _exclusive(cfg: RunConfig, model: torch.nn.Module, collectors: CollectorSet,
+               device: torch.device) -> Tuple[Optional[ExclusiveWindow], Optional[float]]:
+    """sweep.concurrent > 1: the run's side of the shared device (train/exclusive.py), after it
+    waited for the memory it needs; (None, None) otherwise."""
+    if not shares_gpu(cfg.sweep):
+        return None, None
+    waited = None
+    if device.type == "cuda":  # (a CPU host's memory has no free figure that a run could wait on)
+        need = BYTES_PER_PARAMETER * sum(p.numel() for p in model.parameters())
+        waited = wait_for_memory(lambda: torch.cuda.mem_get_info(device)[0], need, log.info)
+    sweep = context_from_env()  # (a single run: its own lock, which nobody shares)
+    directory = lock_directory(cfg.cache_dir, sweep.sweep_id if sweep is not None else f"run-{os.getpid()}")
+    return ExclusiveWindow(directory, cfg.sweep.window_steps, collectors), waited
 
 
 def _train_and_measure(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, data: Any, device: torch.device,
@@ -224,11 +246,17 @@ def _train_and_measure(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, d
     memory = PeakMemory(device)
     memory.reset()
     peak = []  # read before the profiler window, whose event buffers would count on a CPU
+    window, memory_wait_s = _exclusive(cfg, model, collectors, device)
     marks["train called"] = time.time()
     # (`train` is looked up in this module at the call: tests/launcher_poison replaces it there)
-    result = train(model, loaders[0], loaders[1], cfg, device, log=log.info,
-                   collectors=collectors, profile_dir=prof_dir,
-                   after_training=lambda: peak.append(memory.read()), warmup_plan=plan)
+    try:
+        result = train(model, loaders[0], loaders[1], cfg, device, log=log.info,
+                       collectors=collectors if window is None else CollectorSet(), profile_dir=prof_dir,
+                       after_training=lambda: peak.append(memory.read()), warmup_plan=plan,
+                       outermost=[window] if window is not None else [])
+    finally:  # (a run that raised lets the others go before it records its failure)
+        if window is not None:
+            window.lock.close()
     peak_gib, peak_source = peak[0]
     if world > 1:  # the largest of the ranks (-1: a rank that could not read its peak)
         (largest,) = distributed.max_across([-1.0 if peak_gib is None else peak_gib], device)
@@ -236,10 +264,15 @@ def _train_and_measure(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, d
         peak_source += f", the largest over {world} ranks"
     ccache.mark_warmed_up()  # (after training: a compile inside a window also counts as cold)
     cache_state = ccache.state(result.compiled_anything)
-    measured = derived(collectors.results(), result, profile, cfg.precision.mfu_peak, cfg.num_gpus)
+    readings = collectors.results()
+    if window is not None:  # time and energy projected from the exclusive window (record/exclusive.py)
+        readings = exclusive.window_readings(readings, window.figures, result.optimizer_steps)
+        result = exclusive.projected_result(result, window.figures)
+    measured = derived(readings, result, profile, cfg.precision.mfu_peak, cfg.num_gpus)
     measured["co2e_kg"] = co2e(measured.get("energy_kwh", Reading.null("no energy collector")),
                                cfg.carbon, profile)
-    return _Trained(result, peak_gib, peak_source, cache_state, measured)
+    return _Trained(result, peak_gib, peak_source, cache_state, measured,
+                    None if window is None else window.figures, memory_wait_s)
 
 
 def _fill_record(cfg: RunConfig, tracker: Any, trained: _Trained, data: Any, raw: Any, weights_note: str,
@@ -261,9 +294,10 @@ def _fill_record(cfg: RunConfig, tracker: Any, trained: _Trained, data: Any, raw
     metrics = run_metrics(cfg, result, data, raw, trained.peak_gib, price, started_at)
     tracker.log_metrics({k: v for k, v in metrics.items() if k not in ("test_accuracy", "train_loss")},
                         step=result.epochs[-1].epoch)
+    sources = run_metric_sources(cfg, result, trained.peak_source, price, profile, what_if_note, device,
+                                 started_source)
     tracker.set_tags({
-        **run_metric_sources(cfg, result, trained.peak_source, price, profile, what_if_note, device,
-                             started_source),
+        **sources,
         "compile_cache": trained.cache_state,
         "compile_cache_dir": ccache.describe(),
         "tokenize_cache": "hit" if data.cache_hit else "miss",
@@ -284,7 +318,25 @@ def _fill_record(cfg: RunConfig, tracker: Any, trained: _Trained, data: Any, raw
                       for k, r in measured.items()})
     tracker.set_tags({"train_windows_unix": json.dumps([list(e.window_unix) for e in result.epochs])})
     metrics.update({k: r.value for k, r in measured.items()})
+    if trained.window is not None:
+        _record_window(tracker, trained, metrics, {**sources, **{f"{k}_source": r.source for k, r in measured.items()}})
     return {k: v for k, v in metrics.items() if v is not None}
+
+
+def _record_window(tracker: Any, trained: _Trained, metrics: Dict[str, Any], sources: Mapping[str, str]) -> None:
+    """sweep.concurrent > 1: the exclusive window's figures beside the projections, whose sources say so."""
+    fig, result = trained.window, trained.result
+    assert fig is not None and isinstance(result, exclusive.ProjectedResult)
+    window_metrics, tags = exclusive.window_record(fig, result, TIMER_SOURCE)
+    window_metrics["memory_wait_s"] = trained.memory_wait_s
+    tags["memory_wait_s_source"] = (f"waited before training until the device's free memory (cudaMemGetInfo) held "
+                                    f"{BYTES_PER_PARAMETER} bytes per parameter (weights, gradients, 2 optimizer "
+                                    "moments)" if trained.memory_wait_s is not None else
+                                    "null: on a CPU, no free-memory figure to wait on")
+    tracker.log_metrics(window_metrics, step=result.epochs[-1].epoch)
+    tags.update(exclusive.from_projected(fig, metrics, sources))
+    tracker.set_tags(tags)
+    metrics.update(window_metrics)
 
 
 def _end(tracker: RunTracker, outcome: Outcome, status: str, reason: Optional[str] = None) -> Outcome:

@@ -51,7 +51,7 @@ from bertaccel.runs import interrupt
 from bertaccel.runs.claims import second_turn, wait_for_others
 from bertaccel.runs.cores import share_the_cores
 from bertaccel.runs.forkserver import start_forkserver
-from bertaccel.options.launcher import launcher_for
+from bertaccel.options.launcher import launcher_for, runs_side_by_side
 from bertaccel.runs.startup import (LAUNCH_CHECKS, LAUNCH_RESUME, PROCESS_FORK, PROCESS_IMPORTS, PROCESS_SETUP,
                                     PROCESS_SPAWN, Mark, fork_marks, process_started_at, resume_collector, stamp)
 from bertaccel.record.store_failure import (StoreFailed, close_left_open, failed, quiet_store_errors,
@@ -196,7 +196,7 @@ def _worker(local_rank: int, job: Job, results: Any, init_method: str, world: in
         # this was built on forbid), and plain ring/tree all-reduce is what the thesis measured.
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # this worker's own environment only
     if not torch.cuda.is_available():
-        share_the_cores(world * job.run.launcher.runs_at_once)
+        share_the_cores(world * runs_side_by_side(job.run))
     from bertaccel.config import ConfigError
     from bertaccel.data import DataError
 

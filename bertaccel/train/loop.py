@@ -76,13 +76,15 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: RunC
           device: torch.device, log: Callable[[str], None] = print,
           collectors: Optional[CollectorSet] = None, profile_dir: Optional[Path] = None,
           after_training: Optional[Callable[[], None]] = None,
-          warmup_plan: Optional[WarmupPlan] = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
+          warmup_plan: Optional[WarmupPlan] = None, callbacks: Sequence[Callback] = (),
+          outermost: Sequence[Callback] = ()) -> TrainResult:
     """collectors: started/stopped around each training window. after_training: called after
     the last evaluation, before the optional profiler window (cfg.profile), which writes its
     trace to profile_dir. warmup_plan: the shapes to compile before the first window (job.py
     builds it from the data); None = derive the lengths from max_length (every multiple).
     callbacks: more event objects, innermost (their start hooks run last before the window's
-    clock starts, their end hooks first after it stops)."""
+    clock starts, their end hooks first after it stops). outermost: event objects listed first
+    (their run_start before the warm-up, their run_end after all else: train/exclusive.py)."""
     collectors = collectors or CollectorSet()
     run = _prepare(model, train_loader, test_loader, cfg, device, log)
     every_length = padded_lengths(cfg.dataset.max_length, cfg.train.pad_to_multiple_of)
@@ -92,7 +94,7 @@ def train(model: torch.nn.Module, train_loader: Any, test_loader: Any, cfg: RunC
     # layer timing and after_training run last at run end, after evaluation; the optimizer exists
     # before the warm-up's first update and step graphs; the collectors start last before the
     # window's clock and stop first after it; the lr is set right before each step.
-    events = Events([Profiler(profile_dir), LayerTiming(), AfterTraining(after_training), FreezingSchedule(),
+    events = Events([*outermost, Profiler(profile_dir), LayerTiming(), AfterTraining(after_training), FreezingSchedule(),
                      CompileWarmup(plan), run.step, Evaluation(), ProgressBar(), NonFiniteCheck(), RanksTogether(),
                      CompileEventCount(), Collectors(collectors), LrSchedule(cfg.optimizer), *callbacks])
     with dynamo_settings(cfg, len(plan.train_lengths) + len(plan.eval_lengths)):

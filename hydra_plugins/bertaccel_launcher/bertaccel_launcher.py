@@ -96,8 +96,10 @@ class BertaccelLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         user_path(self.config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
-        at_once = int(self.config.launcher.runs_at_once)
-        from bertaccel.options.launcher import launcher_for
+        from bertaccel.options.launcher import launcher_for, runs_side_by_side
+
+        # (sweep.concurrent=N: N runs on each GPU, side by side as runs_at_once's are)
+        at_once = runs_side_by_side(self.config)
 
         own_processes = not launcher_for(self.config.launcher.name).shares_process
         if own_processes and self.config.launcher.start_method == "forkserver":
@@ -164,7 +166,10 @@ class BertaccelLauncher(Launcher):
         from bertaccel.runs.claims import deferred, job_turn
 
         gpus = visible_gpus()
-        pool = GpuPool(gpus) if gpus else None
+        # Each GPU is sweep.concurrent slots (1: a GPU per run); slots of different GPUs alternate,
+        # so the runs spread over the GPUs before two share one.
+        slots = [gpu for _ in range(int(self.config.sweep.concurrent)) for gpu in gpus]
+        pool = GpuPool(slots) if gpus else None
         hydra_side = threading.Lock()  # Hydra's job set-up and tear-down: one job at a time
 
         def one(idx: int, overrides: List[str], first: bool = True) -> JobReturn:
@@ -198,7 +203,9 @@ class BertaccelLauncher(Launcher):
                 return ret
 
         log.info(f"Launching {len(jobs)} jobs, {at_once} at a time"
-                 + (f" on GPUs {','.join(gpus)}" if gpus else " (no GPUs: they share this host's CPUs)"))
+                 + (f" on GPUs {','.join(gpus)}" if gpus else " (no GPUs: they share this host's CPUs)")
+                 + (f", {self.config.sweep.concurrent} to a device, each timed alone over an exclusive window"
+                    if int(self.config.sweep.concurrent) > 1 else ""))
         with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="bertaccel-job") as ex:
             futures = [ex.submit(one, idx, overrides) for idx, overrides in jobs]
             try:
