@@ -16,7 +16,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
@@ -148,6 +148,15 @@ def planned_jobs(hydra_context: Any, job_overrides: Sequence[Sequence[str]],
             jobs.append((idx, list(overrides), planned.config if planned is not None else None,
                          planned.run if planned is not None else None))
     return jobs
+
+
+def untrained_jobs(hydra_context: Any) -> Dict[int, str]:
+    """The jobs (the added baseline's) the launcher records skipped instead of training them, each
+    with the plan's one line why (runs/untrained_baseline.py); empty when the baseline trains."""
+    plan = plan_of(hydra_context)
+    if plan is None or plan.untrained is None:
+        return {}
+    return {idx: plan.untrained for idx in plan.baseline}
 
 
 def expand_dir(config: Any, mode: str) -> None:
