@@ -116,3 +116,23 @@ def test_an_untrained_baseline_is_not_taken_as_skipped_before(tmp_path):
     machine = previous_outcome(uri, "bertaccel", ["aaa"], retry_failed=False)
     assert machine is not None and machine.status == "not_retried"
     assert previous_outcome(uri, "bertaccel", ["bbb"], retry_failed=False) is None
+
+
+@pytest.mark.slow
+@cpu_only
+def test_the_card_sweep_resumed_on_a_gpus_store_is_compared_as_before(tmp_path):
+    """On a CPU, in a folder holding the H200's store of the same sweep (the README's figure): its
+    four configurations are already finished there, so the baseline has them to be compared with:
+    no untrained line, and it is found finished too."""
+    import gzip
+    import shutil
+    from pathlib import Path
+
+    with gzip.open(Path(__file__).parent / "data" / "h200_card_sweep.db.gz") as src, \
+            open(tmp_path / "mlflow.db", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    proc = _cli(CARD_SWEEP, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "baseline not trained" not in proc.stdout
+    assert "[sweep] run 5 of 5 already_finished (defaults)" in proc.stdout, proc.stdout[-3000:]
+    assert "5 runs: finished=0 skipped=0 failed=0 | resumed: already finished=5" in proc.stdout

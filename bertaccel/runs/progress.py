@@ -29,6 +29,7 @@ from bertaccel.runs import interrupt, run_dir
 from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
 from bertaccel.runs.sweep_jobs import grid_axes, naming_keys, values_count
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
+from bertaccel.runs.untrained_baseline import untrained_after_resume
 from bertaccel.record.sweep import SweepContext, close_parent, context_from_env, open_parent, set_env, sweep_identity
 from bertaccel.record.tracking import experiment_id_of, ui_address
 from bertaccel.record.store_failure import exit_if_experiment_deleted, parent_failed, quiet_store_errors
@@ -244,8 +245,12 @@ class SweepProgress(Callback):
             set_env(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
         state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
-        for line in state.plan.said if state.plan is not None else ():
-            print(f"[sweep] {line}", flush=True)
+        if state.plan is not None and state.plan.untrained is not None:
+            # A finished earlier run of another configuration (resumed) is one to compare with.
+            state.plan.untrained = untrained_after_resume(state.plan, state.uri, config.tracking.experiment)
+        for line in [*state.plan.said, state.plan.untrained or ""] if state.plan is not None else ():
+            if line:
+                print(f"[sweep] {line}", flush=True)
         mark_main(MAIN_SWEEP_START)
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:

@@ -168,8 +168,9 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
     _refuse_if_nothing_to_run(plan)
     if str(config.hydra.launcher.get("_target_", "")).endswith(UNTRAINED_BY):
         # (the baseline trains here only if something else does: runs/untrained_baseline.py)
+        # (said once the store is open: a finished earlier run of another configuration is one to
+        # compare with, runs/progress.py asks the store)
         plan.untrained = untrained_reason(plan.baseline, plan.distinct())
-        plan.said += [plan.untrained] if plan.untrained else []
     return plan
 
 

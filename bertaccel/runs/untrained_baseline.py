@@ -63,3 +63,22 @@ def _not_run(job: Any) -> Optional[str]:
     if device.type == "cuda" or skip_reason(job.run, device, probe()) is None:
         return None
     return "machine"
+
+
+def untrained_after_resume(plan: Any, uri: str, experiment: str) -> Optional[str]:
+    """plan.untrained, or None where the store has a finished run of another configuration of the
+    sweep that the sweep takes instead of running it (sweep.resume, the default): that run is one
+    to compare the baseline with (the README's sweep run again on a GPU's store, on a CPU)."""
+    from omegaconf import OmegaConf
+
+    from bertaccel.record.run_record import logged_config
+    from bertaccel.record.tracking import legacy_config_hashes, search_runs
+
+    for job in plan.distinct():
+        if job.idx in plan.baseline or job.run is None or not job.run.sweep.resume:
+            continue
+        resolved = OmegaConf.to_container(logged_config(job.run), resolve=True)
+        for h in dict.fromkeys([job.config_hash, *legacy_config_hashes(resolved)]):
+            if search_runs(uri, experiment, f"tags.config_hash = '{h}' and tags.status = 'finished'"):
+                return None
+    return plan.untrained
