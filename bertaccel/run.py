@@ -130,15 +130,16 @@ def job_info(hc: DictConfig) -> JobInfo:
 
 
 def run_one(cfg: DictConfig, info: JobInfo, devices: Optional[Sequence[str]] = None,
-            typed: Optional[RunConfig] = None):
+            typed: Optional[RunConfig] = None, untrained: Optional[str] = None):
     """One configuration, recorded; returns its Outcome. devices: the GPUs (as CUDA_VISIBLE_DEVICES
     names) the run's processes may see, when the sweep launcher hands each run its own. typed: cfg
-    as the sweep's plan typed it (runs/sweep_plan.py), not converted again (runs/launch.py)."""
+    as the sweep's plan typed it (runs/sweep_plan.py), not converted again (runs/launch.py).
+    untrained: why the sweep's plan leaves this run (its added baseline) untrained: recorded skipped."""
     try:
         if not info.multirun:
             refuse_repeats_alone(cfg)
         outcome = launch(cfg, info.choices, info.name, info.started_at, info.started_source, devices=devices,
-                         startup=info.startup, typed=typed)
+                         startup=info.startup, typed=typed, untrained=untrained)
     except (ConfigError, DataError) as e:
         if not info.multirun:
             print(said("error: ", e), file=sys.stderr)

@@ -12,7 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 from bertaccel.config import CONF_DIR, GROUP_SCHEMAS, MODEL_SHAPE_FIELDS, RunConfig
 from bertaccel.options.dataset import data_name
 from bertaccel.context import current as run_context
-from bertaccel.record.sweep import RUNNING_ELSEWHERE, adopt, previous_outcome, process_tags, scheduler_tags
+from bertaccel.record.sweep import (RUNNING_ELSEWHERE, UNTRAINED_TAG, adopt, previous_outcome, process_tags,
+                                   scheduler_tags, untrained_before)
 from bertaccel.record.tracking import (IDENTITY_VERSION, IDENTITY_VERSION_TAG, RunTracker, config_hash, flatten, git_sha,
                                      legacy_config_hashes)
 
@@ -168,14 +169,23 @@ def record_bad_input(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     return Outcome("failed", run_name, reason, tracker.run_id)
 
 
-def record_skipped(cfg: DictConfig, choices: Mapping[str, str], run_name: str, reason: str) -> Outcome:
+def record_skipped(cfg: DictConfig, choices: Mapping[str, str], run_name: str, reason: str,
+                   untrained: bool = False) -> Outcome:
     """A run that cannot run here, known before anything loads (hub.hub_skip_reason): recorded
     skipped with its reason, without starting a process for it (a resumed sweep keeps its earlier
-    outcome, as for any run)."""
+    outcome, as for any run). untrained: a baseline the sweep leaves untrained, with nothing to
+    compare it with (runs/untrained_baseline.py): tagged so (record/sweep.py UNTRAINED_TAG), and the
+    sweep's own earlier such record taken again rather than a second one made."""
     earlier = resumed(cfg, run_name)
     if earlier is not None:
         return earlier
-    tracker = open_tracker(cfg, choices, run_name, {})
+    sweep = run_context().sweep
+    if untrained and sweep is not None and cfg.sweep.resume:
+        again = untrained_before(cfg.tracking.uri, cfg.tracking.experiment, sweep.sweep_id,
+                                 [cfg_hash(cfg), *legacy_config_hashes(OmegaConf.to_container(cfg, resolve=True))])
+        if again is not None:
+            return Outcome("skipped", run_name, reason, again)
+    tracker = open_tracker(cfg, choices, run_name, {UNTRAINED_TAG: "true"} if untrained else {})
     tracker.finish("skipped", reason)
     return Outcome("skipped", run_name, reason, tracker.run_id)
 

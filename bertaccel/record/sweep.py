@@ -50,6 +50,10 @@ RUNNING_ELSEWHERE = "running_elsewhere"  # Previous / Outcome status: a live pro
 RUN_NAME_CHARS = 250  # MLflow's store keeps this much of a run's name
 PROCESSES_TAG = "sweep_processes"  # on a parent run: the live sweep processes on it, host:pid:start
 MEMBER_TAG = "in_sweep."  # + sweep id, on an earlier run a sweep took for a configuration: how it counted it
+# On a baseline a sweep recorded skipped, untrained, for want of anything to compare it with
+# (runs/untrained_baseline.py): not this machine's verdict on the configuration, so a later sweep
+# that has something to compare trains it (previous_outcome does not take it as "skipped before").
+UNTRAINED_TAG = "untrained_baseline"
 
 
 def process_tags(pid: Optional[int] = None) -> Dict[str, str]:
@@ -227,10 +231,21 @@ def previous_outcome(uri: str, experiment: str, hashes: Sequence[str], retry_fai
         return None
     for r in reversed(runs):
         status = r.data.tags.get("status")
-        if status in ("failed", "skipped"):
+        if status in ("failed", "skipped") and UNTRAINED_TAG not in r.data.tags:
             return Previous("not_retried", r.info.run_id,
                             f"{status} before as run {r.info.run_id} ({r.data.tags.get('reason', '')[:120]}); "
                             "sweep.retry_failed=true runs it again")
+    return None
+
+
+def untrained_before(uri: str, experiment: str, sweep_id: str, hashes: Sequence[str]) -> Optional[str]:
+    """The run id of this sweep's earlier untrained record of a baseline (UNTRAINED_TAG) under these
+    config hashes, or None: a sweep run again with still nothing to compare takes it, not a second one."""
+    for h in dict.fromkeys(hashes):
+        runs = search_runs(uri, experiment, f"tags.config_hash = '{h}' and tags.{UNTRAINED_TAG} = 'true' "
+                                            f"and tags.sweep_id = '{sweep_id}'")
+        if runs:
+            return runs[-1].info.run_id
     return None
 
 

@@ -35,7 +35,7 @@ from bertaccel.plan.hook import log_prediction
 from bertaccel.runs.cuda_free_imports import run_process_cuda_check
 from bertaccel.record.datasets import dataset_inputs
 from bertaccel.record import exclusive
-from bertaccel.record.sweep import context_from_env
+from bertaccel.context import current as run_context
 from bertaccel.options.sweep import lock_directory, shares_gpu
 from bertaccel.runs.interrupt import Interrupted
 from bertaccel.options.launcher import launcher_for
@@ -226,7 +226,7 @@ def _exclusive(cfg: RunConfig, model: torch.nn.Module, collectors: CollectorSet,
     if device.type == "cuda":  # (a CPU host's memory has no free figure that a run could wait on)
         need = BYTES_PER_PARAMETER * sum(p.numel() for p in model.parameters())
         waited = wait_for_memory(lambda: torch.cuda.mem_get_info(device)[0], need, log.info)
-    sweep = context_from_env()  # (a single run: its own lock, which nobody shares)
+    sweep = run_context().sweep  # (a single run: its own lock, which nobody shares)
     directory = lock_directory(cfg.cache_dir, sweep.sweep_id if sweep is not None else f"run-{os.getpid()}")
     return ExclusiveWindow(directory, cfg.sweep.window_steps, collectors), waited
 

@@ -99,15 +99,15 @@ class Job:
 
 def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
            started_source: str, devices: Optional[Sequence[str]] = None, startup: Sequence[Mark] = (),
-           typed: Optional[RunConfig] = None) -> Any:
-    """Run one configuration where cfg.launcher says; returns its record.Outcome. Bad input
-    (ConfigError, DataError) is raised here, in the caller's process, before anything starts.
-    devices: the GPUs the job's processes may see (the sweep launcher's share for this run).
-    startup: the job's start-up marks so far (runs/startup.py).
-    typed: cfg as the sweep's plan typed it, or None: typed here, once either way (runs/checked.py)."""
+           typed: Optional[RunConfig] = None, untrained: Optional[str] = None) -> Any:
+    """Run one configuration where cfg.launcher says; returns its record.Outcome. Bad input (ConfigError,
+    DataError) is raised here, in the caller's process, before anything starts. devices: the GPUs the
+    job's processes may see (the sweep launcher's share for this run). startup: the job's start-up marks
+    so far (runs/startup.py). typed: cfg as the sweep's plan typed it, or None: typed here, once either way
+    (runs/checked.py). untrained: why the plan leaves it (the added baseline) untrained: recorded skipped."""
     quiet_store_errors()
     try:
-        return _launch(cfg, choices, run_name, started_at, started_source, devices, startup, typed)
+        return _launch(cfg, choices, run_name, started_at, started_source, devices, startup, typed, untrained)
     except Exception as e:
         stop = failed(e, cfg.tracking.uri, cfg.tracking.experiment)
         if stop is None:
@@ -117,7 +117,7 @@ def launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_a
 
 def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_at: float,
             started_source: str, devices: Optional[Sequence[str]], startup: Sequence[Mark],
-            typed: Optional[RunConfig]) -> Any:
+            typed: Optional[RunConfig], untrained: Optional[str]) -> Any:
     started_at, started_source, startup = second_turn(started_at, started_source, list(startup))
     startup = stamp(startup, LAUNCH_CHECKS)
     from bertaccel.options.hardware import check_gpu_count, resolve_device
@@ -134,13 +134,13 @@ def _launch(cfg: DictConfig, choices: Mapping[str, str], run_name: str, started_
         refuse_deleted_experiment(run.tracking.uri, run.tracking.experiment)
         repair_store(run.tracking.uri)  # a store left half-created by an older version: rebuilt (no runs in it)
         # Needs the hub and it is unreachable (probed once per sweep): skipped now, not after
-        # each run's process waited on connection retries.
-        hub_reason = hub_skip_reason(run)
+        # each run's process waited on connection retries. (Or a baseline with nothing to compare.)
+        hub_reason = untrained or hub_skip_reason(run)
     finally:
         resume_collector()  # (the main process's start-up is over: bertaccel.run paused the collector for it)
     if hub_reason is not None:
         log.warning(f"run {run_name} skipped: {hub_reason}")
-        return record_skipped(cfg, choices, run_name, hub_reason)
+        return record_skipped(cfg, choices, run_name, hub_reason, untrained=untrained is not None)
     startup = stamp(startup, LAUNCH_RESUME)  # (a wait on another sweep's run of it counts here too)
     while True:
         # A resumed sweep starts no process for a finished run, and none for a configuration that

@@ -16,7 +16,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
@@ -30,6 +30,7 @@ from bertaccel.runs.startup import MAIN_PARENT_RUN, MAIN_SWEEP_START, mark_main
 from bertaccel.runs.sweep_jobs import grid_axes, naming_keys, values_count
 from bertaccel.runs.sweep_plan import SweepPlan, SweepRefused, plan_sweep
 from bertaccel.context import SweepContext, current as run_context
+from bertaccel.runs.untrained_baseline import untrained_after_resume
 from bertaccel.record.sweep import close_parent, open_parent, set_sweep, sweep_identity
 from bertaccel.record.tracking import experiment_id_of, ui_address
 from bertaccel.record.store_failure import exit_if_experiment_deleted, parent_failed, quiet_store_errors
@@ -151,6 +152,15 @@ def planned_jobs(hydra_context: Any, job_overrides: Sequence[Sequence[str]],
     return jobs
 
 
+def untrained_jobs(hydra_context: Any) -> Dict[int, str]:
+    """The jobs (the added baseline's) the launcher records skipped instead of training them, each
+    with the plan's one line why (runs/untrained_baseline.py); empty when the baseline trains."""
+    plan = plan_of(hydra_context)
+    if plan is None or plan.untrained is None:
+        return {}
+    return {idx: plan.untrained for idx in plan.baseline}
+
+
 def expand_dir(config: Any, mode: str) -> None:
     """hydra.<mode>.dir through option.user_path: Hydra makes the folder as given, `~` included."""
     with read_write(config.hydra), open_dict(config.hydra):
@@ -236,8 +246,12 @@ class SweepProgress(Callback):
             set_sweep(state.context)  # first: from here a Ctrl-C closes the parent run (run.interrupted)
         state.ui = ui_address(state.uri, experiment_id_of(state.uri, parent))
         print(f"[sweep] {state.total or '?'} runs; sweep id {sweep_id}", flush=True)
-        for line in state.plan.said if state.plan is not None else ():
-            print(f"[sweep] {line}", flush=True)
+        if state.plan is not None and state.plan.untrained is not None:
+            # A finished earlier run of another configuration (resumed) is one to compare with.
+            state.plan.untrained = untrained_after_resume(state.plan, state.uri, config.tracking.experiment)
+        for line in [*state.plan.said, state.plan.untrained or ""] if state.plan is not None else ():
+            if line:
+                print(f"[sweep] {line}", flush=True)
         mark_main(MAIN_SWEEP_START)
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:

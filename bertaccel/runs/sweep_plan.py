@@ -42,11 +42,14 @@ from bertaccel.hydra_adapter import BasicSweeper, basic_sweeper_name
 from bertaccel.runs import interrupt
 from bertaccel.runs.checked import LEFT_TO_THE_RUNS
 from bertaccel.runs.sweep_jobs import SweepJobs, SweepJobsRefused, refuse_oversized, sweep_jobs
+from bertaccel.runs.untrained_baseline import untrained_reason
 
 BASIC_SWEEPER = basic_sweeper_name()
 BERTACCEL_SWEEPER = "hydra_plugins.bertaccel_sweeper.bertaccel_sweeper.BertaccelSweeper"
 # The launchers that run a sweep's runs on this machine: its devices are theirs (_machine_refusal).
 LOCAL_LAUNCHERS = ("BertaccelLauncher", "BasicLauncher")
+# The launcher that leaves an untrained baseline untrained (it hands the plan's reason to launch).
+UNTRAINED_BY = "BertaccelLauncher"
 KEPT_CONFIGS = 100     # the composed configs held for the launcher: the first jobs' (~0.3 MB each)
 SAID_FROM = 50         # a sweep of more configurations says its planning as it goes (PlanningSaid)
 PROGRESS_EVERY_S = 30.0
@@ -82,6 +85,9 @@ class SweepPlan:
     baseline: Set[int] = field(default_factory=set)  # the jobs sweep.baseline added (runs/sweep_jobs.py)
     repeats: int = 1                                 # sweep.repeats: the job list is this many rounds
     defaulted: List[str] = field(default_factory=list)  # swept settings the baseline has at their defaults
+    # Why the added baseline is not trained (every other configuration skipped or refused here:
+    # runs/untrained_baseline.py), or None: it trains.
+    untrained: Optional[str] = None
     _composed: Optional[Set[tuple]] = field(default=None, repr=False)  # (composed(): built once)
 
     def distinct(self) -> List[PlannedJob]:
@@ -160,6 +166,11 @@ def plan_sweep(config: DictConfig) -> Optional[SweepPlan]:
         raise SweepRefused(error=e) from e
     plan.said = _repeats_said(config, plan) + _baseline_said(plan)
     _refuse_if_nothing_to_run(plan)
+    if str(config.hydra.launcher.get("_target_", "")).endswith(UNTRAINED_BY):
+        # (the baseline trains here only if something else does: runs/untrained_baseline.py)
+        # (said once the store is open: a finished earlier run of another configuration is one to
+        # compare with, runs/progress.py asks the store)
+        plan.untrained = untrained_reason(plan.baseline, plan.distinct())
     return plan
 
 

@@ -87,6 +87,7 @@ class BertaccelLauncher(Launcher):
         self.hydra_context: Optional[HydraContext] = None
         self._planned: Dict[int, DictConfig] = {}  # job index -> its sweep config, composed by the sweep's frame
         self._typed: Dict[int, Any] = {}  # job index -> its config typed by the sweep's frame (a RunConfig)
+        self._untrained: Dict[int, str] = {}  # job index -> why it is recorded skipped, not trained (a baseline)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
@@ -106,7 +107,7 @@ class BertaccelLauncher(Launcher):
             from bertaccel.runs.forkserver import start_forkserver
 
             start_forkserver()  # from this, the main thread: see its docstring
-        from bertaccel.runs.progress import planned_jobs
+        from bertaccel.runs.progress import planned_jobs, untrained_jobs
 
         # A configuration given twice runs once; the sweep's frame composed each job's config
         # already (runs/sweep_plan.py): _sweep_config takes it instead of composing it again.
@@ -115,6 +116,8 @@ class BertaccelLauncher(Launcher):
         # (kept for a job run again: the typed config is not changed by its run, unlike a DictConfig by Hydra's job)
         self._typed = {idx: run for idx, _, _, run in planned if run is not None}
         jobs = [(idx, overrides) for idx, overrides, _, _ in planned]
+        # (the added baseline, when nothing else of the sweep trains here: runs/untrained_baseline.py)
+        self._untrained = untrained_jobs(self.hydra_context)
         if at_once <= 1:
             # A job whose configuration another live sweep runs now is put off in its first turn
             # and run after the others, waiting for that sweep if it must (runs/claims.py).
@@ -145,14 +148,14 @@ class BertaccelLauncher(Launcher):
     def _task(self, idx: int, task: TaskFunction) -> TaskFunction:
         """The job's task: bertaccel.run's, handed the config the sweep's frame typed, when it did
         (a grid: runs/sweep_plan.py), so that the run converts it no second time (runs/launch.py)."""
-        run = self._typed.get(idx)
-        if run is None:
+        run, untrained = self._typed.get(idx), self._untrained.get(idx)
+        if run is None and untrained is None:
             return task
         from hydra.core.hydra_config import HydraConfig
 
         from bertaccel.run import job_info, run_one
 
-        return lambda cfg: run_one(cfg, job_info(HydraConfig.get()), typed=run)
+        return lambda cfg: run_one(cfg, job_info(HydraConfig.get()), typed=run, untrained=untrained)
 
     def _run(self, idx: int, overrides: List[str], task: TaskFunction) -> JobReturn:
         ret = run_job(hydra_context=self.hydra_context, task_function=self._task(idx, task),
@@ -178,6 +181,7 @@ class BertaccelLauncher(Launcher):
                 info = job_info(sweep_cfg.hydra)
                 need = int(sweep_cfg.num_gpus)
                 typed = self._typed.get(idx)  # (the sweep's frame typed it: runs/sweep_plan.py)
+                untrained = self._untrained.get(idx)  # (a baseline with nothing to compare: not trained)
 
                 def task(cfg: DictConfig) -> Any:
                     # Entered with hydra_side held (run_job's set-up); the run itself goes
@@ -187,10 +191,10 @@ class BertaccelLauncher(Launcher):
                         devices = None
                         if pool is not None:
                             if need > pool.size:
-                                return run_one(cfg, info, typed=typed)  # launch refuses it: one recorded line
+                                return run_one(cfg, info, typed=typed, untrained=untrained)  # launch refuses it: one recorded line
                             devices = pool.take(need)
                         try:
-                            return run_one(cfg, info, devices=devices, typed=typed)
+                            return run_one(cfg, info, devices=devices, typed=typed, untrained=untrained)
                         finally:
                             if devices is not None:
                                 pool.give_back(devices)
