@@ -75,9 +75,22 @@ class Packing:
 
 
 def must_be_static() -> bool:
-    """True where data-dependent shapes and host reads are not allowed (graph capture, dynamo)."""
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    return capturing or torch.compiler.is_compiling()
+    """True where data-dependent shapes and host reads are not allowed (dynamo, graph capture).
+
+    Dynamo is asked first: under it is_compiling() is a constant True, so the capture query is
+    never traced. Dynamo cannot trace that query (a torch.* call that returns a bool breaks the
+    graph); asked first, on a GPU (on a CPU is_available() is a constant False and stops it) the
+    break ran this function, a frame without tensors, eagerly, where is_compiling() is False: a
+    compiled run packed its batches exactly, with data-dependent token counts and a host sync,
+    so evaluation met token counts the warm-up's batches never had and compiled them inside
+    eval_time_s (encoder=fused compile=default, H200 2026-11-28: 5 compiles, 5.9 s)."""
+    return torch.compiler.is_compiling() or stream_capturing()
+
+
+def stream_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA). Not traceable
+    by dynamo: call it only outside a compiled region (must_be_static asks dynamo first)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def pack_exact(keep: torch.Tensor) -> Packing:
