@@ -78,12 +78,12 @@ def must_be_static() -> bool:
     """True where data-dependent shapes and host reads are not allowed (dynamo, graph capture).
 
     Dynamo is asked first: under it is_compiling() is a constant True, so the capture query is
-    never traced. Dynamo cannot trace that query (a torch.* call that returns a bool breaks the
-    graph); asked first, on a GPU (on a CPU is_available() is a constant False and stops it) the
-    break ran this function, a frame without tensors, eagerly, where is_compiling() is False: a
-    compiled run packed its batches exactly, with data-dependent token counts and a host sync,
-    so evaluation met token counts the warm-up's batches never had and compiled them inside
-    eval_time_s (encoder=fused compile=default, H200 2026-11-28: 5 compiles, 5.9 s)."""
+    never traced. Dynamo cannot trace that query (a torch.* call returning a bool breaks the
+    graph). Asked first, on a GPU (on a CPU is_available() is a constant False and stops it) it
+    broke every compiled packed forward around pack(): a tiny fused model's 2 graphs became 14
+    (the CPU with the query made untraceable, tests/test_eval_compiles.py), in frames whose
+    inputs (the Packing's lengths, the packed tokens) dynamo specializes per shape, which no
+    CPU test saw (H200 2026-11-28, encoder=fused compile=default: 5 compiles inside evaluation)."""
     return torch.compiler.is_compiling() or stream_capturing()
 
 
