@@ -75,9 +75,22 @@ class Packing:
 
 
 def must_be_static() -> bool:
-    """True where data-dependent shapes and host reads are not allowed (graph capture, dynamo)."""
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    return capturing or torch.compiler.is_compiling()
+    """True where data-dependent shapes and host reads are not allowed (dynamo, graph capture).
+
+    Dynamo is asked first: under it is_compiling() is a constant True, so the capture query is
+    never traced. Dynamo cannot trace that query (a torch.* call returning a bool breaks the
+    graph). Asked first, on a GPU (on a CPU is_available() is a constant False and stops it) it
+    broke every compiled packed forward around pack(): a tiny fused model's 2 graphs became 14
+    (the CPU with the query made untraceable, tests/test_eval_compiles.py), in frames whose
+    inputs (the Packing's lengths, the packed tokens) dynamo specializes per shape, which no
+    CPU test saw (H200 2026-11-28, encoder=fused compile=default: 5 compiles inside evaluation)."""
+    return torch.compiler.is_compiling() or stream_capturing()
+
+
+def stream_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA). Not traceable
+    by dynamo: call it only outside a compiled region (must_be_static asks dynamo first)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def pack_exact(keep: torch.Tensor) -> Packing:
