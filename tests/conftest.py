@@ -147,3 +147,29 @@ def cli(tmp_path):
     _run.store = store
     _run.dir = tmp_path
     return _run
+
+
+def sweep_children(store: str) -> list:
+    """A store's runs other than the sweeps' parent runs."""
+    from bertaccel.record.tracking import search_runs
+
+    return [r for r in search_runs(store, "bertaccel") if r.data.tags.get("bertaccel.role") != "sweep"]
+
+
+def kill_mid_run(proc: subprocess.Popen, store: str, timeout_s: float) -> bool:
+    """SIGKILL a sweep's process group (started with start_new_session=True) as soon as one of its
+    runs has finished and another is running, i.e. caught mid-way; then reap it. False: the sweep
+    ended (or timeout_s passed) before that moment came."""
+    import time
+    from collections import Counter
+
+    deadline, killed = time.time() + timeout_s, False
+    while time.time() < deadline and proc.poll() is None:
+        status = Counter(r.data.tags.get("status") for r in sweep_children(store))
+        if status["finished"] >= 1 and status["running"] >= 1:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed = True
+            break
+        time.sleep(0.1)
+    proc.wait()
+    return killed

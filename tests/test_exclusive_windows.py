@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import kill_mid_run, sweep_children
 
 from bertaccel.train.exclusive import SweepLock, WindowFigures, admits, wait_for_memory, window_plan
 
@@ -165,12 +166,6 @@ CONCURRENT = ["-m", "train.seed=1,2,3", "model=tiny", "train.device=cpu", "datas
               "sweep.window_steps=5"]
 
 
-def _children(store):
-    from bertaccel.record.tracking import search_runs
-
-    return [r for r in search_runs(store, "bertaccel") if r.data.tags.get("bertaccel.role") != "sweep"]
-
-
 @pytest.mark.slow
 def test_a_concurrent_sweep_times_each_window_alone_and_projects_it(cli, monkeypatch):
     import json
@@ -180,7 +175,7 @@ def test_a_concurrent_sweep_times_each_window_alone_and_projects_it(cli, monkeyp
     done = cli(CONCURRENT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "3 at a time" in done.stdout + done.stderr and "each timed alone over an exclusive window" in done.stdout + done.stderr
-    kids = _children(cli.store)
+    kids = sweep_children(cli.store)
     assert sorted(k.data.tags["status"] for k in kids) == ["finished"] * 3  # every run finishes
     # The three share the one GPU, and their training overlaps (side by side, not one after another).
     assert {k.data.tags["cuda_visible_devices"] for k in kids} == {"gpuA"}
@@ -223,7 +218,7 @@ def test_the_mode_leaves_the_losses_alone_and_the_default_records_no_window(cli,
     alone_store = f"sqlite:///{tmp_path / 'alone.db'}"
     alone = cli(["-m", "train.seed=1", *one, "sweep.baseline=false"], uri=alone_store)
     assert alone.returncode == 0, alone.stderr[-2000:]
-    (a,), (b,) = _children(cli.store), _children(alone_store)
+    (a,), (b,) = sweep_children(cli.store), sweep_children(alone_store)
     assert a.data.metrics["train_loss"] == b.data.metrics["train_loss"]  # bit for bit
     assert a.data.metrics["test_accuracy"] == b.data.metrics["test_accuracy"]
     assert "window_time_s" not in b.data.metrics and "exclusive_window_unix" not in b.data.tags
@@ -242,7 +237,6 @@ def test_contradictory_combinations_are_refused_one_line_each(cli):
 @pytest.mark.slow
 def test_a_killed_concurrent_sweep_is_resumed_like_any_other(cli, tmp_path):
     import os
-    import signal
     import subprocess
     import sys
     from collections import Counter
@@ -253,20 +247,13 @@ def test_a_killed_concurrent_sweep_is_resumed_like_any_other(cli, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    deadline, killed = time.time() + 400, False
-    while time.time() < deadline and proc.poll() is None:
-        status = Counter(r.data.tags.get("status") for r in _children(cli.store))
-        if status["finished"] >= 1 and status["running"] >= 1:  # one done, another mid-way
-            os.killpg(proc.pid, signal.SIGKILL)
-            killed = True
-            break
-        time.sleep(0.1)
-    proc.wait()
+    killed = kill_mid_run(proc, cli.store, timeout_s=400)  # one done, another mid-way
     assert killed, "the sweep ended before it could be killed mid-run"
     rerun = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    kids = _children(cli.store)
+    kids = sweep_children(cli.store)
     finished = [k for k in kids if k.data.tags["status"] == "finished"]
     assert sorted(Counter(k.data.tags["config_hash"] for k in finished).values()) == [1, 1, 1]  # each exactly once
     assert Counter(k.data.tags["status"] for k in kids)["interrupted"] >= 1  # the killed run(s), labelled
     assert all("exclusive_window_unix" in k.data.tags for k in finished)
+

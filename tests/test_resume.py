@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import pytest
 
-from conftest import TINY
+from conftest import TINY, kill_mid_run, sweep_children
 
 from bertaccel.record.tracking import runs_by_status, search_runs
 
@@ -23,16 +21,12 @@ SWEEP = ["-m", "train.seed=1,2,3", *TINY, "dataset.train_subset=384", "train.epo
 QUICK_SWEEP = ["-m", "train.seed=1,2,3", *TINY, "train.max_steps_per_epoch=2"]
 
 
-def _children(store):
-    return [r for r in search_runs(store, "bertaccel") if r.data.tags.get("bertaccel.role") != "sweep"]
-
-
 def test_sweep_has_a_parent_run_and_a_rerun_skips_finished_configurations(cli):
     first = cli(QUICK_SWEEP)
     assert first.returncode == 0, first.stderr[-2000:]
     (parent,) = [r for r in search_runs(cli.store, "bertaccel") if r.data.tags.get("bertaccel.role") == "sweep"]
     assert parent.data.tags["status"] == "finished (3 of 3 runs finished)" and parent.data.tags["runs_finished"] == "3"
-    kids = _children(cli.store)
+    kids = sweep_children(cli.store)
     assert len(kids) == 3
     assert {k.data.tags["mlflow.parentRunId"] for k in kids} == {parent.info.run_id}
     assert {k.data.tags["sweep_id"] for k in kids} == {parent.data.tags["sweep_id"]}
@@ -40,7 +34,7 @@ def test_sweep_has_a_parent_run_and_a_rerun_skips_finished_configurations(cli):
     again = cli(QUICK_SWEEP)
     assert again.returncode == 0
     assert "resumed: already finished=3" in again.stdout
-    assert len(_children(cli.store)) == 3  # nothing ran twice
+    assert len(sweep_children(cli.store)) == 3  # nothing ran twice
     assert len([r for r in search_runs(cli.store, "bertaccel") if r.data.tags.get("bertaccel.role") == "sweep"]) == 1
 
 
@@ -63,23 +57,14 @@ def test_sigkill_mid_sweep_then_rerun_finishes_every_configuration_exactly_once(
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    deadline = time.time() + 300
-    killed = False
-    while time.time() < deadline and proc.poll() is None:
-        status = Counter(r.data.tags.get("status") for r in _children(cli.store))
-        if status["finished"] >= 1 and status["running"] >= 1:  # one done, the next one mid-way
-            os.killpg(proc.pid, signal.SIGKILL)
-            killed = True
-            break
-        time.sleep(0.1)
-    proc.wait()
+    killed = kill_mid_run(proc, cli.store, timeout_s=300)  # one done, the next one mid-way
     assert killed, "the sweep ended before it could be killed mid-run"
-    before = Counter(r.data.tags.get("status") for r in _children(cli.store))
+    before = Counter(r.data.tags.get("status") for r in sweep_children(cli.store))
     assert before["running"] == 1 and before["finished"] >= 1
 
     rerun = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    kids = _children(cli.store)
+    kids = sweep_children(cli.store)
     finished = [k for k in kids if k.data.tags["status"] == "finished"]
     per_config = Counter(k.data.tags["config_hash"] for k in finished)
     assert len(per_config) == 3 and set(per_config.values()) == {1}  # each exactly once

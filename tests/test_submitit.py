@@ -12,7 +12,7 @@ from collections import Counter
 
 import psutil
 import pytest
-from conftest import TINY
+from conftest import TINY, sweep_children
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
@@ -29,10 +29,6 @@ from hydra_plugins.bertaccel_launcher.submitit_launchers import BertaccelSlurmLa
 SWEEP = ["-m", "hydra/launcher=local_jobs", "optimizer.lr=1e-4,2e-4,3e-4,4e-4,-1", "launcher.name=inline",
          *TINY, "dataset.train_subset=256", "dataset.max_length=32"]
 BAD = "optimizer.lr=-1"
-
-
-def _children(store):
-    return [r for r in search_runs(store, "bertaccel") if r.data.tags.get("bertaccel.role") != "sweep"]
 
 
 def _kill_job_running(pid: int) -> int:
@@ -59,7 +55,7 @@ def test_four_jobs_land_four_runs_a_bad_one_is_not_submitted_a_killed_one_is_res
     killed, deadline = None, time.time() + 300
     while killed is None and time.time() < deadline and sweep.poll() is None:
         # (in a job: the bad configuration's record is "running" for an instant in the sweep's process)
-        running = [r for r in _children(cli.store)
+        running = [r for r in sweep_children(cli.store)
                    if r.data.tags.get("status") == "running" and "scheduler_job_id" in r.data.tags]
         if running:
             killed = running[0]
@@ -75,7 +71,7 @@ def test_four_jobs_land_four_runs_a_bad_one_is_not_submitted_a_killed_one_is_res
     assert f"error in run {BAD}: optimizer.lr=-1.0 must be > 0" in err
     assert "Submitted 4 local job(s)" in out + err
 
-    runs = {k.info.run_name: k for k in _children(cli.store)}
+    runs = {k.info.run_name: k for k in sweep_children(cli.store)}
     assert runs.pop(BAD).data.tags["status"] == "failed" and len(runs) == 4
     kids = list(runs.values())
     # one submitit job, hence one process, per configuration; none for the bad one
@@ -93,7 +89,7 @@ def test_four_jobs_land_four_runs_a_bad_one_is_not_submitted_a_killed_one_is_res
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "Submitted 1 local job(s)" in rerun.stdout + rerun.stderr  # the finished three are not submitted
     assert "resumed: already finished=3, failed/skipped before and not retried=1" in rerun.stdout
-    kids = [k for k in _children(cli.store) if k.info.run_name != BAD]
+    kids = [k for k in sweep_children(cli.store) if k.info.run_name != BAD]
     finished = Counter(k.data.tags["config_hash"] for k in kids if k.data.tags["status"] == "finished")
     assert len(finished) == 4 and set(finished.values()) == {1}  # each configuration exactly once
     assert killed.data.tags["config_hash"] in finished
