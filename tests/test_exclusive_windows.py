@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import kill_mid_run, sweep_children
 
+ROOT = Path(__file__).resolve().parent.parent
+
 from bertaccel.train.exclusive import SweepLock, WindowFigures, admits, wait_for_memory, window_plan
 
 
@@ -257,3 +259,34 @@ def test_a_killed_concurrent_sweep_is_resumed_like_any_other(cli, tmp_path):
     assert Counter(k.data.tags["status"] for k in kids)["interrupted"] >= 1  # the killed run(s), labelled
     assert all("exclusive_window_unix" in k.data.tags for k in finished)
 
+
+@pytest.mark.slow
+def test_the_proof_script_compares_a_sweep_alone_and_shared_on_the_cpu(tmp_path):
+    """benchmarks/exclusive_proof.sh (the GPU proof of issue 62, item 2) at a tiny size on the CPU:
+    both sweeps run, and each row's ratio is the shared runs' mean projected train time over the
+    alone runs' mean, read back from the two stores."""
+    import os
+    import re
+    import subprocess
+    import statistics
+
+    out = tmp_path / "proof"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "exclusive_proof.sh"), str(out), "2", "-m",
+                           "accumulation=1,2", "model=tiny", "train.device=cpu", "dataset.train_subset=128",
+                           "dataset.test_subset=32", "train.batch_size=8", "sweep.baseline=false",
+                           "sweep.repeats=2", "sweep.window_steps=5"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "alone: sweep.concurrent=1, exit 0" in done.stdout and "shared: sweep.concurrent=2, exit 0" in done.stdout
+    for k in (1, 2):
+        row = next(line for line in done.stdout.splitlines() if line.startswith(f"| accumulation={k} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == "2/2", row
+        means = []
+        for mode in ("alone", "shared"):
+            runs = [r for r in sweep_children(f"sqlite:///{out / mode}.db") if r.info.run_name.startswith(f"accumulation={k}")]
+            means.append(statistics.mean(r.data.metrics["train_time_s"] for r in runs))
+        assert re.match(rf"{means[1] / means[0]:.3f}x, (inside|OUTSIDE)$", cells[4]), (row, means)
+    assert re.search(r"projection inside the alone runs' interval: [0-2] of 2 figures", done.stdout)
+    assert (out / "table.md").read_text().startswith("| configuration |")
