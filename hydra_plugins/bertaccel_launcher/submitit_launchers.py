@@ -26,7 +26,7 @@ callback: parent run, "run k of N" lines, summary, exit status) lives:
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from hydra.core.singleton import Singleton
 from hydra_plugins.hydra_submitit_launcher import config as plugin_config
@@ -35,6 +35,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 # (bertaccel/__init__ and the adapter import nothing heavy: Hydra's names are asked for lazily)
 from bertaccel.hydra_adapter import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+
+if TYPE_CHECKING:  # (at run time bertaccel's own modules are imported lazily: see above)
+    from bertaccel.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,22 @@ def _last_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[-1] if lines else ''}"
 
 
+class _TypedTask:
+    """bertaccel.run's task for a job whose config the submitting process typed (as the bertaccel
+    launcher's _task): a class, not a closure, so that a job checkpointed for requeue (the plugin's
+    checkpoint pickles the launcher) still pickles."""
+
+    def __init__(self, typed: "RunConfig") -> None:
+        self.typed = typed
+
+    def __call__(self, cfg: DictConfig) -> Any:
+        from hydra.core.hydra_config import HydraConfig
+
+        from bertaccel.run import job_info, run_one
+
+        return run_one(cfg, job_info(HydraConfig.get()), typed=self.typed)
+
+
 class _BertaccelSubmitit:
     """The submitting side for both executors (mixed in before the plugin's class)."""
     POLL_S = 1.0
@@ -71,7 +90,7 @@ class _BertaccelSubmitit:
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         returns: Dict[int, JobReturn] = {}
-        groups: Dict[str, List[Tuple[int, List[str], DictConfig, Dict[str, Any]]]] = {}
+        groups: Dict[str, List[Tuple[int, List[str], DictConfig, Dict[str, Any], Optional["RunConfig"]]]] = {}
         from bertaccel.runs.progress import planned_jobs
 
         for idx, overrides, _, typed in planned_jobs(self.hydra_context, job_overrides, initial_job_idx):  # (a repeat: once)
@@ -82,16 +101,17 @@ class _BertaccelSubmitit:
             if here is not None:
                 returns[idx] = self._run_here(sweep_cfg, here)
             else:
-                groups.setdefault(repr(sorted(params.items())), []).append((idx, overrides, sweep_cfg, params))
+                groups.setdefault(repr(sorted(params.items())), []).append((idx, overrides, sweep_cfg, params, typed))
         from bertaccel.runs.startup import resume_collector
 
         resume_collector()  # (checked: the submitting process's start-up is over; bertaccel.run paused it)
         submitted = []
         for members in groups.values():
             executor = self._executor(members[0][3])
-            args = [(o, "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
-                    for idx, o, _, _ in members]
-            for (idx, _, sweep_cfg, _), job in zip(members, executor.map_array(self, *zip(*args))):
+            # (the plugin's arguments, then the job's RunConfig as typed here: see __call__)
+            args = [(o, "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state(), typed)
+                    for idx, o, _, _, typed in members]
+            for (idx, _, sweep_cfg, _, _), job in zip(members, executor.map_array(self, *zip(*args))):
                 submitted.append((job, idx, sweep_cfg))
         if submitted:
             log.info(f"Submitted {len(submitted)} {self._EXECUTOR} job(s) "
@@ -99,6 +119,21 @@ class _BertaccelSubmitit:
                      f"{self.params['submitit_folder'].replace('%j', '<job id>')}")
         self._collect(submitted, returns)
         return [returns[idx] for idx in sorted(returns)]
+
+    def __call__(self, sweep_overrides: List[str], job_dir_key: str, job_num: int, job_id: str,
+                 singleton_state: Dict[type, Singleton], typed: Optional["RunConfig"] = None) -> JobReturn:
+        """The job, in its own process: the plugin's (Hydra's run_job around the run), with
+        bertaccel.run's task handed typed, the job's RunConfig as the submitting process typed it
+        (runs/sweep_plan.py), pickled with the job's arguments: the job converts it no second
+        time (runs/checked.py). None (no grid plan typed it): bertaccel.run's task as it is."""
+        if typed is None:
+            return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+        task = self.task_function
+        self.task_function = _TypedTask(typed)
+        try:
+            return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+        finally:
+            self.task_function = task
 
     def _sweep_config(self, idx: int, overrides: List[str]) -> DictConfig:
         log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
