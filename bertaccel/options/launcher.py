@@ -6,7 +6,7 @@ runs that need processes of their own (side by side, one per rank).
 - `inline`: in the calling process (the sweep's own); train/isolation.py resets what it can
   between the runs that share it;
 - `process` (default): a process per run, one per rank for num_gpus=N (DDP), forked from the
-  forkserver or spawned (runs/launch.py _in_processes). A submitit job (hydra_plugins) runs its
+  forkserver or spawned (runs/worker_processes.py in_processes). A submitit job (hydra_plugins) runs its
   configuration with one of these two in the job's own process.
 """
 from __future__ import annotations

@@ -38,7 +38,7 @@ GONE, FULL, DELETED, READONLY = "gone", "full", "deleted_experiment", "read_only
 class StoreFailed(BaseException):
     """The store failed under a run: the sweep stops (run.cli: stopped). Picklable (a run's
     process sends it to its launcher as its outcome). kind: GONE, FULL, DELETED, READONLY."""
-    status = "store_failed"  # (launch._watch reads a status off whatever a run's process sends)
+    status = "store_failed"  # (runs/worker_processes.py _watch reads a status off whatever a run's process sends)
 
     def __init__(self, reason: str, left_open: Sequence[str] = (), kind: str = "") -> None:
         super().__init__(reason, tuple(left_open), kind)

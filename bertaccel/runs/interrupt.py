@@ -4,8 +4,8 @@ a sweep's parent run is closed, one line is printed and the exit status is 128 +
 
 The signal handler (installed by run.cli in the launching process) raises Interrupted in the
 main thread and sets STOP, which a run waiting on its worker processes in another thread
-(launcher.runs_at_once > 1) sees within launch.POLL_S. Whoever holds the run's record marks it:
-launch._in_processes for a worker's run (it stops the worker first), job._run for an inline one.
+(launcher.runs_at_once > 1) sees within worker_processes.POLL_S. Whoever holds the run's record marks
+it: worker_processes.in_processes for a worker's run (it stops the worker first), job._run for an inline one.
 Workers ignore SIGINT (Ctrl-C in a terminal reaches the whole process group): their launcher
 stops them, so a run is marked once and no worker prints a traceback.
 """

@@ -36,7 +36,7 @@ cache_bytecode()
 MODULES = ("torch", "transformers", "transformers.models.bert.modeling_bert",
            "transformers.models.bert.tokenization_bert", "transformers.models.auto.modeling_auto",
            "transformers.models.auto.tokenization_auto", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
-           "bertaccel.runs.job", "bertaccel.runs.launch", "bertaccel.train.loop")
+           "bertaccel.runs.job", "bertaccel.runs.launch", "bertaccel.runs.worker_processes", "bertaccel.train.loop")
 # What torch.compile imports on a run's first compile (Inductor, Triton): 0.8-0.9 s of a later
 # compiled run's start-up on an H200 host when each run imports it itself (2-4 s without
 # bytecode). Only for a sweep that compiles (the run context's preload_compile, set by
