@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Tuple
 
 import psutil
 from omegaconf import DictConfig
@@ -20,6 +20,9 @@ from omegaconf import DictConfig
 from bertaccel.runs import interrupt
 from bertaccel.runs.startup import Mark, job_marks
 from bertaccel.record.sweep import RUNNING_ELSEWHERE
+
+if TYPE_CHECKING:
+    from bertaccel.record.run_record import Outcome
 
 log = logging.getLogger("bertaccel")
 
@@ -62,7 +65,8 @@ def deferred(job_return: Any) -> bool:
     return isinstance(getattr(job_return, "_return_value", None), Deferred)
 
 
-def wait_for_others(cfg: DictConfig, run_name: str, resumed: Callable[..., Any]) -> Any:
+def wait_for_others(cfg: DictConfig, run_name: str,
+                    resumed: Callable[[DictConfig, str], Optional[Outcome]]) -> Optional[Outcome]:
     """resumed()'s outcome, once no other live process runs this configuration (in a job's
     first turn: Deferred at once instead)."""
     told, stopped_told = False, None
@@ -85,9 +89,11 @@ def wait_for_others(cfg: DictConfig, run_name: str, resumed: Callable[..., Any])
         interrupt.check()
 
 
-def _stopped_holder(cfg: DictConfig, run_id: str) -> Optional[int]:
+def _stopped_holder(cfg: DictConfig, run_id: Optional[str]) -> Optional[int]:
     """The pid of the process running `run_id` on this host when it is stopped (SIGSTOP, Ctrl-Z),
     else None: a wait on it lasts until someone continues or ends it."""
+    if run_id is None:  # (no run to look at: nothing the log could say)
+        return None
     from mlflow.tracking import MlflowClient
 
     from bertaccel.record.sweep import process_alive

@@ -15,7 +15,11 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence
+
+if TYPE_CHECKING:  # (Hydra is imported lazily here: the names only)
+    from hydra.core.config_loader import ConfigLoader
+    from hydra.core.override_parser.types import Override
 
 # Override prefixes by Hydra's OverrideType name (rebuilding a sweep override at its first value).
 _PREFIX = {"CHANGE": "", "ADD": "+", "FORCE_ADD": "++", "DEL": "~"}
@@ -36,7 +40,7 @@ def study_dir(config_dir: str) -> Path:
 
 
 @contextmanager
-def composing(config_dir: Optional[str] = None, job_name: str = "app") -> Iterator[Any]:
+def composing(config_dir: Optional[str] = None, job_name: str = "app") -> Iterator[ConfigLoader]:
     """Hydra set up with bertaccel's config groups, its studies and the user's --config-dir, as
     run.py's hydra.main sets it up; yields its config loader. Hydra's global state is cleared after."""
     from hydra import version
@@ -91,21 +95,21 @@ def study_error(e: BaseException) -> Optional[str]:
 def _culprit(e: BaseException) -> Optional[str]:
     """The key (or config group) of the override Hydra refused, when the error names one."""
     missing = getattr(e, "missing_cfg_file", None)  # group=option that is no option: the group
-    if missing and "/" in missing:
+    if isinstance(missing, str) and "/" in missing:
         return missing.rsplit("/", 1)[0]
     key = getattr(e.__cause__, "full_key", None)
     text = str(e)
-    if key and not key.startswith("hydra.") and text.startswith(("Could not override", "Error merging override")):
+    if isinstance(key, str) and key and not key.startswith("hydra.") and text.startswith(("Could not override", "Error merging override")):
         return key
     return None
 
 
-def _names(override: Any, key: str) -> bool:
+def _names(override: Override, key: str) -> bool:
     own = override.key_or_group
     return own == key or own.startswith(key + ".")
 
 
-def _first_value(override: Any) -> Optional[str]:
+def _first_value(override: Override) -> Optional[str]:
     """A sweep override at its first value (the sweep's first configuration), else as typed."""
     if not override.is_sweep_override():
         return override.input_line

@@ -80,9 +80,10 @@ def hub_skip_reason(cfg: RunConfig) -> Optional[str]:
     """Why this run cannot load what it needs from the hub, or None (nothing from the hub, the
     hub reachable, or all of it in the local cache)."""
     needs = []
-    if model_from_hub(cfg.model) and not _cached(cfg.model.pretrained, "model"):
+    pretrained, hub_id = cfg.model.pretrained, cfg.dataset.hub_id  # (from the hub: validate() saw them named)
+    if model_from_hub(cfg.model) and (pretrained is None or not _cached(pretrained, "model")):
         needs.append(f"model={cfg.model.name} ({cfg.model.pretrained})")
-    if dataset_from_hub(cfg.dataset) and not _cached(cfg.dataset.hub_id, "dataset"):
+    if dataset_from_hub(cfg.dataset) and (hub_id is None or not _cached(hub_id, "dataset")):
         needs.append(f"dataset={cfg.dataset.name} ({cfg.dataset.hub_id})")
     if not needs:
         return None

@@ -16,13 +16,13 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import torch
 
 from bertaccel import distributed
 from bertaccel.config import ConfigError, RunConfig, first_line
-from bertaccel.data import Batching, DatasetUnavailable, load_raw, make_loader, tokenize_cached
+from bertaccel.data import Batching, DatasetUnavailable, RawData, TokenizedData, load_raw, make_loader, tokenize_cached
 from bertaccel.measure.carbon import co2e
 from bertaccel.measure.collectors import CollectorSet, Reading, build_collectors
 from bertaccel.measure.memory import PeakMemory
@@ -43,10 +43,10 @@ from bertaccel.record.readings import TIMER_SOURCE, derived, log_accumulation, l
 from bertaccel.record.run_record import Outcome, RankTracker, logged_config, open_tracker, restated_tags, resumed
 from bertaccel.runs.startup import Mark, startup_phases
 from bertaccel.record.store_failure import close_or_name, failed
-from bertaccel.record.tracking import RunTracker
 from bertaccel.store import store_lock
+from bertaccel.train.result import TrainResult
 from bertaccel.train.batch_fit import cpu_refusal, fitted_batch
-from bertaccel.train.compile_cache import compile_caches
+from bertaccel.train.compile_cache import CompileCache, compile_caches
 from bertaccel.train.exclusive import BYTES_PER_PARAMETER, ExclusiveWindow, WindowFigures, wait_for_memory
 from bertaccel.train.isolation import isolated_run
 from bertaccel.train.loop import train
@@ -54,6 +54,19 @@ from bertaccel.train.step import uses_fixed_shapes
 from bertaccel.train.warmup import WarmupPlan, data_lengths
 
 log = logging.getLogger("bertaccel")
+
+
+class Tracker(Protocol):
+    """What a run writes its record through: rank 0's MLflow run (record/tracking.py RunTracker), or
+    nothing on the other ranks of a data-parallel job (record/run_record.py RankTracker)."""
+    @property
+    def run_id(self) -> Optional[str]: ...
+    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: int = 0) -> None: ...
+    def log_series(self, key: str, values: Sequence[float]) -> None: ...
+    def log_artifacts(self, local_dir: str, artifact_path: str) -> None: ...
+    def log_inputs(self, datasets: Sequence[object]) -> None: ...  # (MLflow's DatasetInput: record/datasets.py)
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+    def finish(self, status: str, reason: Optional[str] = None) -> None: ...
 
 
 def _first_line(e: BaseException) -> str:
@@ -107,6 +120,7 @@ def execute(run: RunConfig, choices: Mapping[str, str], run_name: str,
     world = 1 if rank is None else rank.world_size
     what_if = {"hardware_what_if": f"hardware={profile['name']} priced and peaked a run that used "
                                    f"{device_name(device)} (hardware.what_if=true)"} if profile["what_if"] else {}
+    tracker: Tracker
     if not is_main:  # rank 0 looks up and writes the job's one run
         tracker, marks["looked up"] = RankTracker(), time.time()
     else:
@@ -132,11 +146,11 @@ def execute(run: RunConfig, choices: Mapping[str, str], run_name: str,
 
 
 def _run(run: RunConfig, run_name: str, started: Tuple[float, str, List[Mark]], device: torch.device,
-         profile: Mapping[str, Any], raw: Any, unavailable: Optional[str], tracker: Any, outcome: Outcome,
-         world: int, marks: Dict[str, float]) -> Outcome:
+         profile: Mapping[str, Any], raw: Optional[RawData], unavailable: Optional[str], tracker: Tracker,
+         outcome: Outcome, world: int, marks: Dict[str, float]) -> Outcome:
     try:
         reason = unavailable or skip_reason(run, device, probe())
-        if reason:
+        if reason or raw is None:  # (no raw data only where `unavailable` says why)
             return _end(tracker, outcome, "skipped", reason)
         tracker.log_inputs(dataset_inputs(run.dataset, raw))  # the UI's Dataset column (record/datasets.py)
         with isolated_run(run.train.seed, shared_process=launcher_for(run.launcher.name).shares_process), \
@@ -168,12 +182,14 @@ def _run(run: RunConfig, run_name: str, started: Tuple[float, str, List[Mark]], 
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the sweep goes on
         store = failed(e, run.tracking.uri, run.tracking.experiment)
         if store is not None:  # not the run's own: the store or the disk, the sweep stops (record/store_failure.py)
-            raise store.leaving(close_or_name(run.tracking.uri, [(outcome.run_id, run_name)], store.reason)) from None
+            # (the other ranks of a data-parallel job opened no run: rank 0's is the one to close)
+            opened = [(outcome.run_id, run_name)] if outcome.run_id is not None else []
+            raise store.leaving(close_or_name(run.tracking.uri, opened, store.reason)) from None
         log.error(f"run {run_name} failed:\n{traceback.format_exc()}")
         return _end(tracker, outcome, "failed", _first_line(e))
 
 
-def _prepare_data(cfg: RunConfig, raw: Any, marks: Dict[str, float]) -> Tuple[Any, Any]:
+def _prepare_data(cfg: RunConfig, raw: RawData, marks: Dict[str, float]) -> Tuple[Any, TokenizedData]:
     """The tokenizer and the tokenized splits (from the token cache when it has them)."""
     tokenizer = load_tokenizer(cfg.model)
     data = tokenize_cached(raw, tokenizer, cfg.dataset.max_length, cfg.cache_dir)
@@ -183,7 +199,7 @@ def _prepare_data(cfg: RunConfig, raw: Any, marks: Dict[str, float]) -> Tuple[An
     return tokenizer, data
 
 
-def _build_model(cfg: RunConfig, raw: Any, tokenizer: Any, tracker: Any,
+def _build_model(cfg: RunConfig, raw: RawData, tokenizer: Any, tracker: Tracker,
                  marks: Dict[str, float]) -> Tuple[torch.nn.Module, str]:
     """The model and where its weights came from; the built shape goes to the run's record."""
     model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention, len(tokenizer), cfg.encoder)
@@ -195,7 +211,7 @@ def _build_model(cfg: RunConfig, raw: Any, tokenizer: Any, tracker: Any,
     return model, weights_note
 
 
-def _loaders(cfg: RunConfig, data: Any, tokenizer: Any, device: torch.device, world: int) -> List[Any]:
+def _loaders(cfg: RunConfig, data: TokenizedData, tokenizer: Any, device: torch.device, world: int) -> List[Any]:
     """The train and test loaders, this rank's share of each."""
     batching = Batching.of(cfg.train, device, fixed_rows=uses_fixed_shapes(cfg))
     return [make_loader(split, batching.sized(bs), tokenizer.pad_token_id, shuffle, cfg.train.seed,
@@ -207,7 +223,7 @@ def _loaders(cfg: RunConfig, data: Any, tokenizer: Any, device: torch.device, wo
 @dataclass
 class _Trained:
     """What training and the measurements around it give the record."""
-    result: Any  # train()'s result
+    result: TrainResult  # train()'s result (projected from the exclusive window: record/exclusive.py)
     peak_gib: Optional[float]
     peak_source: str
     cache_state: str  # compile cache: cold / warm / fresh / none
@@ -231,8 +247,8 @@ def _exclusive(cfg: RunConfig, model: torch.nn.Module, collectors: CollectorSet,
     return ExclusiveWindow(directory, cfg.sweep.window_steps, collectors), waited
 
 
-def _train_and_measure(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, data: Any, device: torch.device,
-                       profile: Mapping[str, Any], world: int, ccache: Any, prof_dir: Path,
+def _train_and_measure(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, data: TokenizedData,
+                       device: torch.device, profile: Mapping[str, Any], world: int, ccache: CompileCache, prof_dir: Path,
                        marks: Dict[str, float]) -> _Trained:
     """Loaders, telemetry and the peak-memory reading around one call of train()."""
     loaders = _loaders(cfg, data, tokenizer, device, world)
@@ -275,8 +291,8 @@ def _train_and_measure(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, d
                     None if window is None else window.figures, memory_wait_s)
 
 
-def _fill_record(cfg: RunConfig, tracker: Any, trained: _Trained, data: Any, raw: Any, weights_note: str,
-                 ccache: Any, device: torch.device, profile: Mapping[str, Any], marks: Mapping[str, float],
+def _fill_record(cfg: RunConfig, tracker: Tracker, trained: _Trained, data: TokenizedData, raw: RawData,
+                 weights_note: str, ccache: CompileCache, device: torch.device, profile: Mapping[str, Any], marks: Mapping[str, float],
                  started: Tuple[float, str, List[Mark]]) -> Dict[str, Any]:
     """The finished run's metrics, series and tags (each metric with its _source); returns the
     metrics the Outcome carries (those with a value). started: (started_at, its source, the marks
@@ -323,7 +339,7 @@ def _fill_record(cfg: RunConfig, tracker: Any, trained: _Trained, data: Any, raw
     return {k: v for k, v in metrics.items() if v is not None}
 
 
-def _record_window(tracker: Any, trained: _Trained, metrics: Dict[str, Any], sources: Mapping[str, str]) -> None:
+def _record_window(tracker: Tracker, trained: _Trained, metrics: Dict[str, Any], sources: Mapping[str, str]) -> None:
     """sweep.concurrent > 1: the exclusive window's figures beside the projections, whose sources say so."""
     fig, result = trained.window, trained.result
     assert fig is not None and isinstance(result, exclusive.ProjectedResult)
@@ -339,7 +355,7 @@ def _record_window(tracker: Any, trained: _Trained, metrics: Dict[str, Any], sou
     metrics.update(window_metrics)
 
 
-def _end(tracker: RunTracker, outcome: Outcome, status: str, reason: Optional[str] = None) -> Outcome:
+def _end(tracker: Tracker, outcome: Outcome, status: str, reason: Optional[str] = None) -> Outcome:
     tracker.finish(status, reason)
     outcome.status, outcome.reason = status, reason
     if reason:

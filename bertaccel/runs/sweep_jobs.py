@@ -27,9 +27,9 @@ from __future__ import annotations
 import decimal
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+from hydra.core.override_parser.types import ChoiceSweep, Override, RangeSweep
 from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.config import TECHNIQUE_GROUPS, ConfigError, SweepConfig, TrainConfig
@@ -74,7 +74,7 @@ def _root(key: str) -> str:
     return key.replace("/", ".").split(".", 1)[0]
 
 
-def _swept_keys(parsed: Sequence[Any]) -> Set[str]:
+def _swept_keys(parsed: Sequence[Override]) -> Set[str]:
     """Keys given more than one value (`precision=fp16,fp32`); a one-value sweep fixes its key."""
     swept = set()
     for o in parsed:
@@ -95,7 +95,7 @@ def baseline_of(job: Sequence[str], swept: Set[str]) -> List[str]:
     return [o for o in job if kept(o)]
 
 
-def _context(job: Sequence[str]) -> tuple:
+def _context(job: Sequence[str]) -> Tuple[str, ...]:
     return tuple(o for o in job if _root(key_of(o)) in CONTEXT_ROOTS)
 
 
@@ -119,7 +119,7 @@ def refuse_repeats_alone(cfg: DictConfig) -> None:
                           f"it {repeats} times with seeds {SEED}, +1, ...")
 
 
-def values_count(override: Any) -> Optional[int]:
+def values_count(override: Override) -> Optional[int]:
     """How many values an override gives the grid, counted without listing them (range(0,10**9)
     is three numbers, not a billion strings); None for a sweep no grid enumerates (interval:
     the basic sweeper refuses it) or one Hydra cannot list (range with step 0: Hydra says it)."""
@@ -129,7 +129,7 @@ def values_count(override: Any) -> Optional[int]:
     if isinstance(value, RangeSweep):
         if value.start is None or value.stop is None or not value.step:
             return None
-        if all(isinstance(v, int) for v in (value.start, value.stop, value.step)):
+        if isinstance(value.start, int) and isinstance(value.stop, int) and isinstance(value.step, int):
             return len(range(value.start, value.stop, value.step))
         start, stop, step = (decimal.Decimal(v) for v in (value.start, value.stop, value.step))
         return max(0, math.ceil((stop - start) / step))  # (as Hydra's FloatRange steps)
@@ -142,7 +142,7 @@ def values_count(override: Any) -> Optional[int]:
     return None
 
 
-def grid_axes(parsed: Sequence[Any]) -> Dict[str, int]:
+def grid_axes(parsed: Sequence[Override]) -> Dict[str, int]:
     """Each key of the grid with its number of values, as the basic sweeper crosses them (a key
     given twice, in the params and on the command line, takes the later)."""
     axes: Dict[str, int] = {}
@@ -151,7 +151,7 @@ def grid_axes(parsed: Sequence[Any]) -> Dict[str, int]:
     return axes
 
 
-def refuse_oversized(config: Any, parsed: Sequence[Any], repeats: int = 1) -> None:
+def refuse_oversized(config: DictConfig, parsed: Sequence[Override], repeats: int = 1) -> None:
     """Past sweep.max_runs runs (configurations x repeats), the one line that says so, before
     anything is listed: counted from the parsed overrides in constant time and memory."""
     axes = grid_axes(parsed)
@@ -178,10 +178,11 @@ def _refuse_seeds(first_round: Sequence[Sequence[str]], default_seed: int, repea
                                f"give {room}, or fewer repeats")
 
 
-def sweep_jobs(config: Any, parsed: Sequence[Any]) -> SweepJobs:
+def sweep_jobs(config: DictConfig, parsed: Sequence[Override]) -> SweepJobs:
     """config: the sweep's config (its `sweep` and `train.seed`); parsed: Hydra's parsed overrides,
     the sweeper's params first, as the basic sweeper reads them. Linear in the jobs."""
-    settings: Dict[str, Any] = dict(config.get("sweep") or {})
+    # (the sweep block as composed, not typed yet: each value is checked where it is read)
+    settings: Dict[str, object] = dict(config.get("sweep") or {})
     repeats = settings.get("repeats", SweepConfig.repeats)
     if not isinstance(repeats, int) or repeats < 1:
         raise SweepJobsRefused(f"sweep.repeats={repeats}: give the number of runs per configuration, 1 or more")

@@ -28,10 +28,11 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, TextIO
+from typing import Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
@@ -88,7 +89,7 @@ class SweepPlan:
     # Why the added baseline is not trained (every other configuration skipped or refused here:
     # runs/untrained_baseline.py), or None: it trains.
     untrained: Optional[str] = None
-    _composed: Optional[Set[tuple]] = field(default=None, repr=False)  # (composed(): built once)
+    _composed: Optional[Set[Tuple[str, ...]]] = field(default=None, repr=False)  # (composed(): built once)
 
     def distinct(self) -> List[PlannedJob]:
         return [j for j in self.jobs if j.repeat_of is None]
@@ -241,11 +242,11 @@ def empty_axes(config: DictConfig) -> str:
     """The swept overrides that give no value (what makes a grid empty), as typed."""
     params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
     empty = [o.input_line for o in OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
-             if o.is_sweep_override() and not _values(o)]
+             if o.input_line is not None and o.is_sweep_override() and not _values(o)]  # (parsed: each has its line)
     return ", ".join(empty) or "its sweep"
 
 
-def _values(override: Any) -> List[str]:
+def _values(override: Override) -> List[str]:
     try:
         return [str(v) for v in override.sweep_iterator()]
     except Exception:  # noqa: BLE001 - a sweep Hydra cannot enumerate (interval): not a grid's
@@ -285,7 +286,7 @@ def _baseline_said(plan: SweepPlan) -> List[str]:
         said.append(f"each configuration {plan.repeats} times (seeds train.seed, +1, ...), interleaved: the whole "
                     f"list, then again, so host drift falls on all alike")
     for job in plan.jobs[:len(plan.jobs) // plan.repeats]:  # (the first round: the others repeat it)
-        if job.idx not in plan.baseline or job.refusal:
+        if job.idx not in plan.baseline or job.refusal or job.config is None:  # (a baseline's is kept: plan_sweep)
             continue
         shown = _technique_choices(job.config, plan.defaulted)
         if job.repeat_of is not None:
