@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from . import docs_sources as s
+from . import thesis_compare as thesis
 from .args import OneLineParser
 
 BLOCK = re.compile(r"<!-- figure: ([a-z0-9-]+) -->(.*?)<!-- /figure -->", re.S)
@@ -39,6 +40,8 @@ def _options(group: str) -> Callable[[s.Sources], str]:
         return ", ".join(f"{n} (default)" if n == choices.get(group) else n for n in names)
     return listed
 
+
+_ONE_GPU = "needs 2 or 4 GPUs of one host; the store was made on one"
 
 # KEY -> its computation. Kept in the order the pages read them.
 FIGURES: Dict[str, Callable[[s.Sources], str]] = {
@@ -75,6 +78,13 @@ FIGURES: Dict[str, Callable[[s.Sources], str]] = {
     "fp8-fused-warmup": s.fp8_fused_warmup,
     "fp8-table": s.fp8_table,
     "fp8-sentence": s.fp8_sentence,
+    "thesis-caption": lambda src: (f"*{src.device(s.THESIS_B16)}, {src.dates(s.THESIS_B16)}; from the committed "
+                                   f"store `{s.THESIS_B16.path}`.*"),
+    "thesis-table51": lambda src: thesis.table51(thesis.ours(src.rows(s.THESIS_B16)), _ONE_GPU),
+    "thesis-steps": lambda src: thesis.steps(thesis.ours(src.rows(s.THESIS_B16))),
+    "thesis-table54": lambda src: thesis.table54(thesis.ranked(thesis.ours(src.rows(s.THESIS_B16)))),
+    "thesis-tau": lambda src: thesis.tau_summary(thesis.ranked(thesis.ours(src.rows(s.THESIS_B16)))),
+    "thesis-grid-slice": lambda src: thesis.grid_slice(src.rows(s.THESIS_B16)),
     **{f"options-{g}": _options(g) for g in ("precision", "attention", "encoder", "compile", "freezing",
                                                "optimizer", "hardware", "model", "dataset", "preset")},
 }
@@ -112,6 +122,8 @@ PLACES: Dict[str, Sequence[str]] = {
     "fp8-fused-warmup": ("docs/accelerations.md",),
     "fp8-table": ("docs/accelerations.md",),
     "fp8-sentence": ("docs/accelerations.md",),
+    **{k: ("docs/results/thesis-h200.md",) for k in ("thesis-caption", "thesis-table51", "thesis-steps",
+                                                     "thesis-table54", "thesis-tau", "thesis-grid-slice")},
     **{f"options-{g}": ("docs/options.md",) for g in ("precision", "attention", "encoder", "compile", "freezing",
                                                        "optimizer", "hardware", "model", "dataset", "preset")},
 }

@@ -1,0 +1,257 @@
+"""The thesis' Tables 5.1-5.4 (Hardware Acceleration of Machine Learning, section 5.1) beside ours.
+
+The thesis scored six workloads, each adding one technique to the one before (fused Adan, then
+mixed precision, then the LightSeq encoder, then 2 and 4 GPUs), fine-tuning BERT on IMDb for 3
+epochs at batch 16 per device. Each workload is mapped here to the configuration of ours that does
+the same thing; our figure for it is the mean of the store's finished runs of that configuration.
+Both sides are normalized and scored by report/scoring.py, the report's one scoring (the thesis'
+own Table 5.1 through it gives its printed Tables 5.2 and 5.4: tests/test_thesis_compare.py), and
+the two rankings of the workloads both have are compared per strategy with Kendall's tau.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .repeats import Interval, t_interval
+from .scoring import STRATEGIES, Row, normalized, score
+
+BATCH_SIZE = 16  # "the batch size is 16 for each device" (the thesis, section 4.x, its Adan runs)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One row of the thesis' Table 5.1: its name, its figures, and the configuration of ours that
+    does the same (config group -> option; num_gpus as the run logs it)."""
+    name: str
+    short: str                       # the thesis' own column name in Table 5.4
+    choices: Tuple[Tuple[str, str], ...]
+    time_s: float
+    cost_usd: float
+    energy_kwh: float
+    occupancy_pct: float
+    num_gpus: int = 1
+
+    def row(self) -> Row:
+        return Row(name=self.name, time_s=self.time_s, cost_usd=self.cost_usd, energy_kwh=self.energy_kwh,
+                   occupancy_pct=self.occupancy_pct)
+
+    def runs(self, rows: Sequence[Row]) -> List[Row]:
+        """The store's runs of this workload's configuration."""
+        return [r for r in rows if r.batch_size == BATCH_SIZE and (r.num_gpus or 1) == self.num_gpus
+                and all(r.choices.get(k) == v for k, v in self.choices)]
+
+    def label(self) -> str:
+        gpus = f" num_gpus={self.num_gpus}" if self.num_gpus > 1 else ""
+        return " ".join(f"{k}={v}" for k, v in self.choices) + gpus
+
+
+_FUSED_FP16 = (("encoder", "fused"), ("optimizer", "adan_fused"), ("precision", "fp16"))
+# Table 5.1, as printed (time s, cost USD, energy kWh, occupancy %).
+THESIS: Tuple[Workload, ...] = (
+    Workload("Unfused Single Adan", "Unfused Adan",
+             (("encoder", "hf"), ("optimizer", "adan_single"), ("precision", "fp32")), 2286.85, 1.75, 0.1425, 48.66),
+    Workload("Fused Multi Adan", "Fused Adan",
+             (("encoder", "hf"), ("optimizer", "adan_fused"), ("precision", "fp32")), 2034.45, 1.55, 0.1243, 46.64),
+    Workload("Mixed precision", "FP16",
+             (("encoder", "hf"), ("optimizer", "adan_fused"), ("precision", "fp16")), 813.34, 0.62, 0.0425, 58.4),
+    Workload("FP16 LightSeq", "FP16_ls", _FUSED_FP16, 535.45, 0.41, 0.0325, 41.48),
+    Workload("FP16 LightSeq 2GPU", "2GPU", _FUSED_FP16, 457.55, 0.70, 0.0389, 22.37, num_gpus=2),
+    Workload("FP16 LightSeq 4GPU", "4GPU", _FUSED_FP16, 281.41, 0.86, 0.0441, 16.43, num_gpus=4),
+)
+MEAN_COLUMNS = ("time_s", "cost_usd", "energy_kwh", "occupancy_pct", "accuracy")
+
+
+@dataclass(frozen=True)
+class Ours:
+    """Our figure for one workload: each column's mean and interval over the store's runs of it."""
+    workload: Workload
+    runs: Tuple[Row, ...]
+    columns: Mapping[str, Interval]
+
+    def row(self) -> Optional[Row]:
+        """The means as one row to score, or None when the store has no run of it."""
+        if not self.runs:
+            return None
+        c = self.columns
+        return Row(name=self.workload.name, time_s=c["time_s"].mean, cost_usd=c["cost_usd"].mean,
+                   energy_kwh=c["energy_kwh"].mean, occupancy_pct=c["occupancy_pct"].mean, accuracy=c["accuracy"].mean)
+
+
+def ours(rows: Sequence[Row], workloads: Sequence[Workload] = THESIS) -> List[Ours]:
+    out = []
+    for w in workloads:
+        runs = w.runs(rows)
+        out.append(Ours(w, tuple(runs), {c: t_interval([v for v in (r.get(c) for r in runs) if v is not None])
+                                         for c in MEAN_COLUMNS}))
+    return out
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """Both sides' scores per strategy over the workloads both measured, and Kendall's tau between them."""
+    names: Tuple[str, ...]                         # the workloads both have, in the thesis' order
+    thesis: Dict[str, Tuple[float, ...]]            # strategy -> score per name (lower is better)
+    ours: Dict[str, Tuple[float, ...]]
+    tau: Dict[str, Tuple[float, float]]             # strategy -> (tau, two-sided p)
+
+
+def scores(rows: Sequence[Row], strategies: Mapping[str, Sequence[float]] = STRATEGIES
+           ) -> Dict[str, Tuple[Optional[float], ...]]:
+    """Table 5.4 for rows: each strategy's score per row, normalized over these rows (Table 5.2)."""
+    norm = normalized(rows)
+    return {s: tuple(score(n, w)[0] for n in norm) for s, w in strategies.items()}
+
+
+def _scored(value: Optional[float], name: str) -> float:
+    """A score to rank by: every compared row has a time (its store says why where it has not)."""
+    if value is None:
+        raise ValueError(f"{name}: no score (none of time, cost, energy, occupancy measured)")
+    return value
+
+
+def ranked(measured: Sequence[Ours], strategies: Mapping[str, Sequence[float]] = STRATEGIES) -> Ranked:
+    """Each side normalized over its own rows (the thesis over its six, as printed; ours over what the
+    store has), then both restricted to the workloads both have."""
+    from scipy.stats import kendalltau
+
+    mine = [(o.workload.name, o.row()) for o in measured]
+    ours_rows = [r for _, r in mine if r is not None]
+    common = tuple(n for n, r in mine if r is not None)
+    theirs = scores([w.row() for w in THESIS], strategies)
+    mine_scores = scores(ours_rows, strategies)
+    index = {w.name: i for i, w in enumerate(THESIS)}
+    t = {s: tuple(_scored(v[index[n]], n) for n in common) for s, v in theirs.items()}
+    o = {s: tuple(_scored(v[i], common[i]) for i in range(len(common))) for s, v in mine_scores.items()}
+    tau: Dict[str, Tuple[float, float]] = {}
+    for s in strategies:
+        result = kendalltau(t[s], o[s])
+        tau[s] = (float(result.statistic), float(result.pvalue))
+    return Ranked(common, t, o, tau)
+
+
+# The page's tables (docs/results/thesis-h200.md, filled by report/docs_figures.py).
+def _cell(iv: Interval, fmt: str) -> str:
+    if iv.mean is None:
+        return "-"
+    if iv.low is None or iv.high is None:
+        return f"{fmt.format(iv.mean)} ({iv.why})"
+    return f"{fmt.format(iv.mean)} [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
+
+
+_FORMATS = {"time_s": "{:.1f}", "cost_usd": "{:.3f}", "energy_kwh": "{:.4f}", "occupancy_pct": "{:.1f}",
+            "accuracy": "{:.4f}"}
+
+
+def table51(measured: Sequence[Ours], why_missing: str) -> str:
+    """Table 5.1, the thesis' figure then ours (mean [95 % t-interval] of n runs) per metric."""
+    head = ("| workload (thesis) | ours | n | time s | cost USD | energy kWh | occupancy % | test accuracy |\n"
+            "|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for o in measured:
+        w = o.workload
+        if not o.runs:
+            lines.append(f"| {w.name} | `{w.label()}` | 0 | {w.time_s} / - | {w.cost_usd} / - | {w.energy_kwh} / - | "
+                         f"{w.occupancy_pct} / - | not measured: {why_missing} |")
+            continue
+        c = o.columns
+        lines.append(f"| {w.name} | `{w.label()}` | {len(o.runs)} | {w.time_s} / {_cell(c['time_s'], _FORMATS['time_s'])}"
+                     f" | {w.cost_usd} / {_cell(c['cost_usd'], _FORMATS['cost_usd'])}"
+                     f" | {w.energy_kwh} / {_cell(c['energy_kwh'], _FORMATS['energy_kwh'])}"
+                     f" | {w.occupancy_pct} / {_cell(c['occupancy_pct'], _FORMATS['occupancy_pct'])}"
+                     f" | {_cell(c['accuracy'], _FORMATS['accuracy'])} |")
+    return "\n".join(lines)
+
+
+def _order(names: Sequence[str], values: Sequence[float]) -> str:
+    shorts = {w.name: w.short for w in THESIS}
+    return " < ".join(shorts[n] for _, n in sorted(zip(values, names)))
+
+
+def table54(r: Ranked) -> str:
+    """Table 5.4 over the workloads both have: each strategy's scores, thesis / ours, the two
+    orders (best first) and Kendall's tau between them."""
+    shorts = {w.name: w.short for w in THESIS}
+    head = ("| strategy | " + " | ".join(shorts[n] for n in r.names) + " | thesis order | our order | Kendall's tau (p) |\n"
+            "|---|" + "---|" * len(r.names) + "---|---|---|")
+    lines = [head]
+    for s in r.thesis:
+        cells = " | ".join(f"{t:.3f} / {o:.3f}" for t, o in zip(r.thesis[s], r.ours[s]))
+        tau, p = r.tau[s]
+        lines.append(f"| {s} | {cells} | {_order(r.names, r.thesis[s])} | {_order(r.names, r.ours[s])} | "
+                     f"{tau:+.2f} ({p:.2f}) |")
+    return "\n".join(lines)
+
+
+def tau_summary(r: Ranked) -> str:
+    """One sentence: the range of tau over the strategies and how many of them agree on the best."""
+    taus = [t for t, _ in r.tau.values()]
+    same_best = sum(1 for s in r.thesis if min(zip(r.thesis[s], r.names))[1] == min(zip(r.ours[s], r.names))[1])
+    lo, hi = min(taus), max(taus)
+    spread = f"{lo:+.2f}" if round(lo, 2) == round(hi, 2) else f"{lo:+.2f} to {hi:+.2f}"
+    return (f"Kendall's tau between the thesis' order and ours is {spread} over the {len(r.thesis)} strategies "
+            f"({len(r.names)} workloads, so tau moves in steps of {4 / (len(r.names) * (len(r.names) - 1)):.2f}; "
+            f"smallest two-sided p {min(p for _, p in r.tau.values()):.2f}); the best workload is the same under "
+            f"{same_best} of {len(r.thesis)} strategies")
+
+
+def grid_axes() -> Dict[str, List[str]]:
+    """The thesis grid's axes as its study file sweeps them (bertaccel/sweeps/thesis_grid.yaml)."""
+    from pathlib import Path
+
+    import yaml
+
+    study = Path(__file__).resolve().parents[1] / "sweeps" / "thesis_grid.yaml"
+    params = yaml.safe_load(study.read_text())["hydra"]["sweeper"]["params"]
+    return {k: [v.strip() for v in str(text).split(",")] for k, text in params.items()}
+
+
+def _in_grid(r: Row, axes: Mapping[str, Sequence[str]]) -> bool:
+    have = {**r.choices, "train.batch_size": str(r.batch_size)}
+    return all(have.get(k) in values for k, values in axes.items())
+
+
+def grid_slice(rows: Sequence[Row]) -> str:
+    """The store's runs that are configurations of the thesis grid: one line per configuration
+    (mean [95 % t-interval] of its runs), fastest first, and a last line on how much of the grid
+    (configurations x 3 repeats) they cover."""
+    from .repeats import group_rows
+
+    axes = grid_axes()
+    keys = [k for k in axes if len(axes[k]) > 1]
+    mine = [r for r in rows if _in_grid(r, axes)]
+    lines = ["| " + " / ".join(keys) + " | n | time s | energy kWh | test accuracy |", "|---|---|---|---|---|"]
+    groups = []
+    for g in group_rows(mine):
+        runs = [mine[i] for i in g.members]
+        first = {**runs[0].choices, "train.batch_size": str(runs[0].batch_size)}
+        iv = {c: t_interval([v for v in (r.get(c) for r in runs) if v is not None]) for c in MEAN_COLUMNS}
+        groups.append((iv["time_s"].mean or 0.0, " / ".join(first[k] for k in keys), len(runs), iv))
+    for _, name, n, iv in sorted(groups):
+        lines.append(f"| {name} | {n} | {_cell(iv['time_s'], '{:.1f}')} | {_cell(iv['energy_kwh'], '{:.4f}')} | "
+                     f"{_cell(iv['accuracy'], '{:.4f}')} |")
+    total = 1
+    for k in keys:
+        total *= len(axes[k])
+    lines.append("")
+    lines.append(f"{len(groups)} of the grid's {total} configurations, {len(mine)} of its {3 * total} runs "
+                 f"with 3 repeats")
+    return "\n".join(lines)
+
+
+def steps(measured: Sequence[Ours]) -> str:
+    """Each workload against the one before it (the thesis adds one technique per row): the thesis'
+    speed-up and energy saving beside ours, and whether our two time intervals overlap (then the
+    step is within the run-to-run noise of our repeats)."""
+    have = [o for o in measured if o.runs]
+    lines = ["| step | thesis: speed-up / energy ratio | ours: speed-up / energy ratio | our times' intervals |",
+             "|---|---|---|---|"]
+    for before, after in zip(have, have[1:]):
+        a, b = before.workload, after.workload
+        t_ours = (before.columns["time_s"].mean or 0.0) / (after.columns["time_s"].mean or 1.0)
+        e_ours = (after.columns["energy_kwh"].mean or 0.0) / (before.columns["energy_kwh"].mean or 1.0)
+        overlap = before.columns["time_s"].overlaps(after.columns["time_s"])
+        noise = {True: "overlap: within the noise", False: "apart", None: "no interval"}[overlap]
+        lines.append(f"| {a.short} -> {b.short} | {a.time_s / b.time_s:.2f}x / {b.energy_kwh / a.energy_kwh:.2f} | "
+                     f"{t_ours:.2f}x / {e_ours:.2f} | {noise} |")
+    return "\n".join(lines)
