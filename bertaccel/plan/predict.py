@@ -249,10 +249,10 @@ def with_overhead(cal: Calibration, refs: Sequence[Reference], key: Mapping[str,
                            f"{how} of this configuration here ({probe.measured_at}): {probe.fit['how']}",
                            cal.power_basis, [], probe.overhead_ms)
     used = exact or [r for r in refs if r.run_id in cal.run_ids and r.key["hardware"] == key["hardware"]]
-    points = [r for r in used if r.optimizer_steps]
+    points = [(r, r.optimizer_steps) for r in used if r.optimizer_steps]
     if len(points) >= 2:
-        fit = fit_overhead([r.model_flops / r.num_gpus for r in points], [r.train_time_s for r in points],
-                           [r.optimizer_steps for r in points])
+        fit = fit_overhead([r.model_flops / r.num_gpus for r, _ in points], [r.train_time_s for r, _ in points],
+                           [steps for _, steps in points])
         if fit.overhead_ms > 0:
             return Calibration(fit.tflops, cal.power_w_per_gpu, f"{cal.basis}; {fit.how}", cal.power_basis,
                                cal.run_ids, fit.overhead_ms)

@@ -34,6 +34,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -148,7 +149,7 @@ def _job(req: Request, warm_only: bool = False) -> Dict[str, Any]:
             "device": str(req.device), "warm_only": warm_only}
 
 
-def run_probes(reqs: Sequence[Request], ctx: Any, fills: Optional[Dict[str, Dict[str, Any]]] = None
+def run_probes(reqs: Sequence[Request], ctx: ForkServerContext, fills: Optional[Dict[str, Dict[str, Any]]] = None
                ) -> Tuple[List[Tuple[Optional[ProbeResult], str]], List[float]]:
     """Probe these configurations in one process of the runs' kind (ctx: the forkserver context
     the runs start from, its preload imported), one after the other: each one's (result, '') or
@@ -165,6 +166,7 @@ def run_probes(reqs: Sequence[Request], ctx: Any, fills: Optional[Dict[str, Dict
         if status != "ok":
             done.append((None, out))
             continue
+        assert first is not None  # (this job's own result is an "ok" one)
         fit = fit_overhead([p["window_flops"] for p in out["points"]], [p["step_ms"] / 1e3 for p in out["points"]])
         state, fill = out["state"], (fills or {}).get(str(req.path))
         cold_s = out["compile_time_s"] if state in ("cold", "fresh") else None

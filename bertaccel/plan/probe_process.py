@@ -11,6 +11,8 @@ import dataclasses
 import logging
 import statistics
 import time
+from multiprocessing.context import ForkServerContext, ForkServerProcess
+from multiprocessing.queues import SimpleQueue
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -102,10 +104,10 @@ def _loader(batches: List[List[int]], cfg: RunConfig, rows: Optional[int], vocab
         start += len(b)
     workers = int(cfg.train.num_workers)
     pin = device.type == "cuda" if cfg.train.pin_memory is None else bool(cfg.train.pin_memory)
-    extra = {"prefetch_factor": cfg.train.prefetch_factor} if workers > 0 and cfg.train.prefetch_factor else {}
+    prefetch = cfg.train.prefetch_factor if workers > 0 and cfg.train.prefetch_factor else None  # (None: torch's own)
     return DataLoader(split, batch_sampler=order, collate_fn=PadCollator(pad_id, int(cfg.train.pad_to_multiple_of), rows),
                       num_workers=workers, pin_memory=pin, persistent_workers=bool(cfg.train.persistent_workers) and workers > 0,
-                      **extra)
+                      prefetch_factor=prefetch)
 
 
 def _read_data(cfg: RunConfig, read: Dict[str, Tuple[Any, float]]) -> Tuple[Any, float]:
@@ -213,7 +215,7 @@ def _worker(jobs: List[Dict[str, Any]], results: Any) -> None:
     results.put((entered, outs))
 
 
-def in_probe_process(ctx: Any, jobs: List[Dict[str, Any]], timeout_s: float) -> Tuple[List[Tuple[str, Any]], float]:
+def in_probe_process(ctx: ForkServerContext, jobs: List[Dict[str, Any]], timeout_s: float) -> Tuple[List[Tuple[str, Any]], float]:
     """Run one probe process over its jobs; (each job's ("ok", result) or ("error", why), seconds
     from the process's start to its code: a later run's fork). timeout_s: per job."""
     results = ctx.SimpleQueue()
@@ -236,11 +238,12 @@ def in_probe_process(ctx: Any, jobs: List[Dict[str, Any]], timeout_s: float) -> 
     return outs, entered - t0
 
 
-def side_by_side(ctx: Any, jobs: List[Dict[str, Any]], at_once: int, timeout_s: float) -> List[Tuple[str, Any]]:
+def side_by_side(ctx: ForkServerContext, jobs: List[Dict[str, Any]], at_once: int, timeout_s: float) -> List[Tuple[str, Any]]:
     """Each job in a process of its own, at most at_once at a time: each one's ("ok", result) or
     ("error", why), in order. For work whose time is not what is measured (the compile caches'
     fill, probe.py): processes side by side share the host's cores."""
-    pending, running = list(enumerate(jobs)), {}
+    pending = list(enumerate(jobs))
+    running: Dict[int, Tuple[ForkServerProcess, SimpleQueue[Any], float]] = {}  # (process, its result, deadline)
     outs: List[Tuple[str, Any]] = [("error", "not run")] * len(jobs)
     while pending or running:
         while pending and len(running) < max(1, at_once):

@@ -26,6 +26,7 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from multiprocessing.context import ForkServerContext
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..config import RunConfig
@@ -41,24 +42,24 @@ class Machine:
     later_process_s: List[float] = field(default_factory=list)  # each probe's fork: as a later run's
     error: str = ""
     _thread: Optional[threading.Thread] = None
-    _ctx: Any = None
+    _ctx: Optional[ForkServerContext] = None
 
-    def start(self) -> None:
+    def start(self) -> threading.Thread:
         """Wait for the server in the background, the plan's own work going on meanwhile (the wait
         is a blocked read: no core taken). `python -m bertaccel.plan --probe` started the server
         before its own imports, as a sweep does (runs/forkserver.py start_now); else it starts here."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._measure, name="bertaccel-plan-startup", daemon=True)
             self._thread.start()
+        return self._thread
 
     @property
     def started(self) -> bool:
         return self._thread is not None
 
-    def context(self, timeout_s: float = 600.0) -> Any:
+    def context(self, timeout_s: float = 600.0) -> ForkServerContext:
         """The forkserver context, its server running (raises when it could not start)."""
-        self.start()
-        self._thread.join(timeout_s)
+        self.start().join(timeout_s)
         if self._ctx is None:
             raise RuntimeError(f"the runs' forkserver did not start: {self.error or 'timed out'}")
         return self._ctx
@@ -226,7 +227,8 @@ class SweepWalls:
     def sweep_wall_s(self) -> Optional[float]:
         """The sweep's wall: its runs' walls in order (None when one is not predicted)."""
         walls = [p.run_wall_s for p in self.runs]
-        return sum(walls) if walls and all(w is not None for w in walls) else None
+        known = [w for w in walls if w is not None]
+        return sum(known) if walls and len(known) == len(walls) else None
 
 
 def compiles(cfg: RunConfig) -> bool:
