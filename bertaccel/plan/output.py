@@ -165,7 +165,7 @@ def to_csv(preds: Sequence[Prediction], several_hardware: bool) -> str:
     for p in preds:
         k = p.work
 
-        def num(v):
+        def num(v: object) -> str:
             return "" if v is None else repr(float(v)) if isinstance(v, float) else str(v)
         w.writerow([label(p, several_hardware), num(p.train_time_s), num(p.cost_usd), num(p.energy_kwh), "", "",
                     p.hardware, p.precision, num(p.step_time_ms), p.num_gpus, num(k and k.epochs),

@@ -74,7 +74,8 @@ class ProbeResult:
 
     @property
     def tflops(self) -> Optional[float]:
-        return self.fit["tflops"]
+        tflops: Optional[float] = self.fit["tflops"]  # (fit.py's Fit as a dict: null without two points)
+        return tflops
 
 
 def machine_key(device: torch.device) -> Dict[str, str]:

@@ -13,7 +13,7 @@ import statistics
 import time
 from multiprocessing.context import ForkServerContext, ForkServerProcess
 from multiprocessing.queues import SimpleQueue
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 
@@ -268,7 +268,10 @@ def side_by_side(ctx: ForkServerContext, jobs: List[Dict[str, Any]], at_once: in
     return outs
 
 
-def _spread(items: List, n: int) -> List:
+T = TypeVar("T")
+
+
+def _spread(items: List[T], n: int) -> List[T]:
     """n items evenly spaced over the list (all when it has no more)."""
     if len(items) <= n:
         return items

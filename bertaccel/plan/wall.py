@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from multiprocessing.context import ForkServerContext
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Set
 
 from ..config import RunConfig
 from .pricing import Prediction
@@ -126,12 +126,22 @@ class Scratch:
                     f"{self.open_s:.2f} s, the record with {steps} lr steps {self.record_s:.2f} s")
 
 
+class ProbedParts(Protocol):
+    """The start-up parts a probe measured (probe.py ProbeResult; not imported: probe.py starts
+    the runs' Machine of this module), seconds."""
+    fork_s: float
+    data_s: float
+    model_build_s: float
+    device_ready_s: float
+    set_up_s: float
+
+
 @dataclass
 class SweepWalls:
     """The runs of one grid in launch order: which compiled graphs an earlier run already filled."""
     machine: Machine = field(default_factory=Machine)
     scratch: Scratch = field(default_factory=Scratch)
-    compiled: set = field(default_factory=set)               # graph keys compiled earlier in this grid
+    compiled: Set[str] = field(default_factory=set)              # graph keys compiled earlier in this grid
     runs: List[Prediction] = field(default_factory=list)
 
     def fill(self, pred: Prediction, work: Any, probe: Any, refs: Sequence[Any], key: Mapping[str, str],
@@ -189,11 +199,12 @@ class SweepWalls:
             pred.why.setdefault("run_wall_s", "null: a part of it is not predicted")
         self.runs.append(pred)
 
-    def _before_warmup(self, pred: Prediction, waits: List[Dict[str, Any]], probe: Any, first: bool) -> Optional[float]:
+    def _before_warmup(self, pred: Prediction, waits: List[Dict[str, Any]], probe: Optional[ProbedParts],
+                       first: bool) -> Optional[float]:
         """The start-up without the warm-up: runs of this configuration (first or later as this one),
         else the probe's parts and the machine's."""
         kind = "process start" if first else "job start"
-        same = [w["startup_overhead_s"] - w.get("compile_time_s", 0.0) for w in waits
+        same: List[float] = [w["startup_overhead_s"] - w.get("compile_time_s", 0.0) for w in waits
                 if "startup_overhead_s" in w and w.get("started_source", "").endswith(kind)]
         if same:
             pred.wait_basis["startup_overhead_s"] = f"runs of this configuration ({'first' if first else 'later'} run " \

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -25,6 +25,9 @@ from bertaccel.options.train import fits_batch
 from bertaccel.measure.flops import TokenCounts, bert_train_flops
 
 from .roofline import Trained, trained
+
+if TYPE_CHECKING:  # (bertaccel.data: imported where the batches are made)
+    from ..data import LengthGroupedBatches, ShuffledBatches
 
 WORK_SOURCE = ("data/batches.py's batch sampler replayed on the tokenized train split (same seed, epochs, ranks), "
                "batches padded as data.PadCollator pads; FLOPs by flops.py on the meta-device model, "
@@ -84,10 +87,12 @@ def meta_model(config: Any) -> torch.nn.Module:
     from transformers import AutoModelForSequenceClassification
 
     with torch.device("meta"):
-        return AutoModelForSequenceClassification.from_config(config)
+        model: torch.nn.Module = AutoModelForSequenceClassification.from_config(config)
+    return model
 
 
-def _sampler(lengths: torch.Tensor, cfg: RunConfig, rank: int, world: int):
+def _sampler(lengths: torch.Tensor, cfg: RunConfig, rank: int, world: int
+             ) -> Union[LengthGroupedBatches, ShuffledBatches]:
     from ..data import LengthGroupedBatches, ShuffledBatches
 
     generator = torch.Generator().manual_seed(cfg.train.seed)  # make_loader's: one per loader, all epochs
