@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import hydra
+from hydra.conf import HydraConf
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, OverrideParseException, SearchPathException
 from hydra.types import RunMode
@@ -112,8 +113,9 @@ class JobInfo:
     startup: List[Mark]  # where the start-up goes, up to now (runs/startup.py)
 
 
-def job_info(hc: DictConfig) -> JobInfo:
-    """From the job's Hydra config (HydraConfig.get() in a job, or the job's own sweep config)."""
+def job_info(hc: HydraConf) -> JobInfo:
+    """From the job's Hydra config (HydraConfig.get() in a job, or the job's own sweep config's
+    `hydra` node: both HydraConf's fields, as a DictConfig)."""
     multirun = hc.mode == RunMode.MULTIRUN
     sweep = run_context().sweep if multirun else None
     name = run_label(hc.overrides.task, sweep.swept if sweep is not None else ())
@@ -177,7 +179,7 @@ def group_options(group: str, found: Optional[Sequence[str]] = None) -> List[str
     return sorted(n for n in names if not n.endswith("_schema"))
 
 
-def input_error(e: Exception) -> str:
+def input_error(e: BaseException) -> str:
     """One line for a command line Hydra could not compose."""
     study = study_error(e)  # (a --config-dir that is not there, a file that is not YAML)
     if study:
@@ -223,7 +225,7 @@ def interrupted(e: Interrupted) -> int:
     return e.exit_code
 
 
-def said(prefix: str, e: Exception) -> str:
+def said(prefix: str, e: BaseException) -> str:
     """A refusal as the user reads it: each problem (validate() says every one, a line each) on a
     line of its own that starts with the prefix, so no line of stderr reads as a stray sentence."""
     return "\n".join(prefix + line for line in str(e).splitlines() or [""])
@@ -249,7 +251,7 @@ def cli() -> None:
     except SweepRefused as e:  # (before the sweep's store: runs/sweep_plan.py)
         if user_full_error and e.error is not None:
             raise e.error
-        print(said("error: ", e) if e.why else refused(e.error), file=sys.stderr)
+        print(refused(e.error) if not e.why and e.error is not None else said("error: ", e), file=sys.stderr)
         sys.exit(2)
     except Refused:
         # (its line is printed; here only without bertaccel's frame among Hydra's callbacks, e.g. a

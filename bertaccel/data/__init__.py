@@ -8,10 +8,10 @@ content itself rather than from a path that might point at changed files.
 """
 # The package's public names, from the module of each step (read -> tokens -> batches).
 from bertaccel.data.batches import Batching, LengthGroupedBatches, PadCollator, ShuffledBatches, make_loader
-from bertaccel.data.read import (DataError, DatasetUnavailable, RawData, RawSplit, encode_labels, file_digest, load_raw,
+from bertaccel.data.read import (DataError, DatasetSettings, DatasetUnavailable, RawData, RawSplit, encode_labels, file_digest, load_raw,
                                  read_csv_split, split_paths)
 from bertaccel.data.tokens import TokenizedData, TokenizedSplit, split_fingerprint, tokenize_cached, tokenizer_fingerprint
 
-__all__ = ["Batching", "DataError", "DatasetUnavailable", "LengthGroupedBatches", "PadCollator", "RawData", "RawSplit",
+__all__ = ["Batching", "DataError", "DatasetSettings", "DatasetUnavailable", "LengthGroupedBatches", "PadCollator", "RawData", "RawSplit",
            "ShuffledBatches", "TokenizedData", "TokenizedSplit", "encode_labels", "file_digest", "load_raw",
            "make_loader", "read_csv_split", "split_fingerprint", "split_paths", "tokenize_cached", "tokenizer_fingerprint"]

@@ -13,13 +13,38 @@ import pickle
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Protocol, Sequence, Tuple
 
-from bertaccel.config import DatasetConfig, first_line
+from bertaccel.config import first_line
 from bertaccel.data.cache import cached, entry_path
 from bertaccel.data.csv_text import CsvTextError, read_path
 
 SAMPLES_DIR = Path(__file__).resolve().parents[1] / "samples"  # bertaccel/samples
+
+
+class DatasetSettings(Protocol):
+    """What reading a dataset reads of its config: the typed DatasetConfig, or the section as
+    composed where validate() refused the config (a sweep records the refused run, and resume
+    compares the rows it would read: record/datasets.py current_digests)."""
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def hub_id(self) -> Optional[str]: ...
+    @property
+    def train_path(self) -> Optional[str]: ...
+    @property
+    def test_path(self) -> Optional[str]: ...
+    @property
+    def text_columns(self) -> Sequence[str]: ...
+    @property
+    def label_column(self) -> str: ...
+    @property
+    def train_subset(self) -> Optional[int]: ...
+    @property
+    def test_subset(self) -> Optional[int]: ...
+    @property
+    def subset_seed(self) -> int: ...
 
 
 class DataError(ValueError):
@@ -180,16 +205,18 @@ def _read_hub(hub_id: str, text_columns: Sequence[str], label_column: str):
     return out
 
 
-def split_paths(ds_cfg: DatasetConfig) -> Tuple[Path, Path]:
+def split_paths(ds_cfg: DatasetSettings) -> Tuple[Path, Path]:
     """The train and test files a local dataset (csv, bundled) reads: bundled ones from the
     package's samples, csv ones relative to the directory the run starts from."""
     base = SAMPLES_DIR if ds_cfg.source == "bundled" else Path.cwd()
-    # Set: options/dataset.py refuses csv without them, and each bundled dataset's YAML names its files.
-    assert ds_cfg.train_path is not None and ds_cfg.test_path is not None
+    # Set once validated: options/dataset.py refuses csv without them, and each bundled dataset's
+    # YAML names its files. A refused config's are read too (record/datasets.py current_digests).
+    if ds_cfg.train_path is None or ds_cfg.test_path is None:
+        raise DataError(f"dataset={ds_cfg.source} needs dataset.train_path and dataset.test_path")
     return base / os.path.expanduser(ds_cfg.train_path), base / os.path.expanduser(ds_cfg.test_path)
 
 
-def load_raw(ds_cfg: DatasetConfig, cache_dir: Optional[str] = None) -> RawData:
+def load_raw(ds_cfg: DatasetSettings, cache_dir: Optional[str] = None) -> RawData:
     """Read train and test splits as the dataset config says; raises DataError / DatasetUnavailable.
 
     With a cache_dir, local files (csv, bundled) are parsed once per content: the parsed splits

@@ -30,13 +30,19 @@ if __name__ == "__main__" and "--probe" in sys.argv[1:] and not {"-h", "--help"}
 
 import argparse  # noqa: E402 (after the server's start)
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from ..config import first_line
 from ..report.args import OneLineParser
 from ..report.folder import OutputFolderError, check_folder, write_folder
 from ..report.stop import held, run
 from .calibrate import DEFAULT_MFU, POWER_UTILISATION
+
+if TYPE_CHECKING:  # (imported where used: the forkserver starts first)
+    from ..report.scoring import Scored
+    from .grid import Grid
+    from .predict import Planner
+    from .pricing import Prediction
 
 SCALING = (f"--hardware: each configuration re-priced on the profile: achieved FLOP/s from runs on that hardware "
            f"when the store has similar ones, else the similar runs' times moved there through the roofline of "
@@ -82,7 +88,7 @@ def _targets(spec: Optional[str]) -> List[str]:
     return list(dict.fromkeys(names))
 
 
-def _plots(preds, several: bool) -> List[dict]:
+def _plots(preds: Sequence[Prediction], several: bool) -> List[Dict[str, Any]]:
     from ..report.plots import scatter_png
     from .output import score_rows_of
 
@@ -96,7 +102,8 @@ def _plots(preds, several: bool) -> List[dict]:
     return out
 
 
-def _notes(grid, planner, preds, scored, probed: bool, targets: List[str]) -> List[str]:
+def _notes(grid: Grid, planner: Planner, preds: Sequence[Prediction], scored: Scored, probed: bool,
+           targets: List[str]) -> List[str]:
     """The plan's notes: what was planned, where its numbers came from, what is left out."""
     from . import output
 
@@ -115,10 +122,10 @@ def _notes(grid, planner, preds, scored, probed: bool, targets: List[str]) -> Li
         notes.append(f"{len(short)} of {len(preds)} rows have no predicted {' or '.join(left)} (see their basis): "
                      f"they are scored without it, so their scores under strategies that weigh it are not comparable "
                      f"with the other rows'")
-    invalid = [c for c in grid.configs if c.invalid]
+    invalid = [(c.name, c.invalid) for c in grid.configs if c.invalid]
     if invalid:
         notes.append(f"{len(invalid)} configuration(s) the project's validation refuses: "
-                     + "; ".join(f"{c.name}: {'; '.join(c.invalid.splitlines())}" for c in invalid[:3]))
+                     + "; ".join(f"{name}: {'; '.join(why.splitlines())}" for name, why in invalid[:3]))
     return notes
 
 

@@ -153,10 +153,11 @@ def calibrate(refs: Sequence[Reference], key: Mapping[str, str], profile: Mappin
     else:
         return _from_profile(profile, precision, peak, peak_source, "no similar finished run")
     # Power only from runs on this hardware that measured energy; else the profile's TDP.
-    metered = [r for r in same_hw if r.energy_kwh is not None and r.energy_kwh > 0]
+    metered = [(r, r.energy_kwh) for r in same_hw if r.energy_kwh is not None and r.energy_kwh > 0]
+    power: Optional[float]
     if metered:
-        power = sum(r.energy_kwh * 3.6e6 for r in metered) / sum(r.train_time_s * r.num_gpus for r in metered)
-        power_basis = f"runs: {_names(metered)}"
+        power = sum(kwh * 3.6e6 for _, kwh in metered) / sum(r.train_time_s * r.num_gpus for r, _ in metered)
+        power_basis = f"runs: {_names([r for r, _ in metered])}"
     else:
         power, power_basis = _profile_power(profile)
     return Calibration(rate, power, basis, power_basis, [r.run_id for r in hits])
@@ -206,10 +207,10 @@ def _overhead_per_step(hits: Sequence[Reference]) -> Dict[str, float]:
     differ in FLOPs per step); the roofline keeps it as their launch part, the host's, not the GPU's."""
     out = {}
     for hardware in {r.key["hardware"] for r in hits}:
-        points = [r for r in hits if r.key["hardware"] == hardware and r.optimizer_steps]
+        points = [(r, r.optimizer_steps) for r in hits if r.key["hardware"] == hardware and r.optimizer_steps]
         if len(points) >= 2:
-            fit = fit_overhead([r.model_flops / r.num_gpus for r in points], [r.train_time_s for r in points],
-                               [r.optimizer_steps for r in points])
+            fit = fit_overhead([r.model_flops / r.num_gpus for r, _ in points], [r.train_time_s for r, _ in points],
+                               [steps for _, steps in points])
             if fit.overhead_ms > 0:
                 out[hardware] = fit.overhead_ms
     return out

@@ -44,12 +44,14 @@ def dominated(preds: Sequence[Prediction]) -> Dict[int, Tuple[int, List[str]]]:
     normalizing divides both by the same column maximum), so no strategy makes it best."""
     known = [i for i, p in enumerate(preds) if p.train_time_s is not None]
     metrics = [m for m in DOMINANCE if all(preds[i].get(m) is not None for i in known)]
+    # each known row's value of each metric compared (all predicted, by the choice of metrics)
+    values = {i: [v for m in metrics if (v := preds[i].get(m)) is not None] for i in known}
     out = {}
     for i in known:
-        a = preds[i]
+        a = values[i]
         for j in known:
-            b = preds[j]
-            if i != j and all(b.get(m) <= a.get(m) for m in metrics) and any(b.get(m) < a.get(m) for m in metrics):
+            b = values[j]
+            if i != j and all(y <= x for x, y in zip(a, b)) and any(y < x for x, y in zip(a, b)):
                 out[i] = (j, metrics)
                 break
     return out
@@ -163,7 +165,7 @@ def to_csv(preds: Sequence[Prediction], several_hardware: bool) -> str:
     for p in preds:
         k = p.work
 
-        def num(v):
+        def num(v: object) -> str:
             return "" if v is None else repr(float(v)) if isinstance(v, float) else str(v)
         w.writerow([label(p, several_hardware), num(p.train_time_s), num(p.cost_usd), num(p.energy_kwh), "", "",
                     p.hardware, p.precision, num(p.step_time_ms), p.num_gpus, num(k and k.epochs),
@@ -178,12 +180,12 @@ def to_csv(preds: Sequence[Prediction], several_hardware: bool) -> str:
 
 def _ranked(preds: Sequence[Prediction], column: str, unit: str, spec: str) -> Tuple[str, str]:
     """(the profiles from best to worst by the column, the best one), null ones last."""
-    known = sorted((p for p in preds if p.get(column) is not None), key=lambda p: p.get(column))
-    ranked = " < ".join(f"{p.hardware} {format(p.get(column), spec)}{unit}" for p in known)
+    known = sorted(((p, v) for p in preds if (v := p.get(column)) is not None), key=lambda pv: pv[1])
+    ranked = " < ".join(f"{p.hardware} {format(v, spec)}{unit}" for p, v in known)
     unknown = [p.hardware for p in preds if p.get(column) is None]
     if unknown:
         ranked += f"{'; ' if ranked else ''}null: {', '.join(unknown)}"
-    return ranked, known[0].hardware if known else "none predicted"
+    return ranked, known[0][0].hardware if known else "none predicted"
 
 
 def main_tables(preds: Sequence[Prediction], scored: Scored, several_hardware: bool) -> List[Table]:

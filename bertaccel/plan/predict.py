@@ -57,8 +57,11 @@ def own_profile(cfg: RunConfig) -> Tuple[Optional[Dict[str, Any]], str]:
         return None, f"hardware=auto cannot be resolved here ({e}); name a profile (hardware=h100)"
 
 
-def store_references(uri: str, experiment: str, memo: Optional[Dict[Tuple[str, str], Any]] = None
-                     ) -> Tuple[List[Reference], str]:
+StoreRefs = Tuple[List[Reference], str]  # a store's runs that can calibrate, and a note on the store
+
+
+def store_references(uri: str, experiment: str, memo: Optional[Dict[Tuple[str, str], StoreRefs]] = None
+                     ) -> StoreRefs:
     """The store's runs that can calibrate, and a note on the store ('' when it was read)."""
     from bertaccel.record.tracking import search_runs
     from bertaccel.store import sqlite_file, sqlite_state, store_problem
@@ -68,7 +71,7 @@ def store_references(uri: str, experiment: str, memo: Optional[Dict[Tuple[str, s
     db = sqlite_file(uri)
     why = store_problem(uri, create=False)  # (reading only: nothing is created in a path that is no store)
     if db is not None and sqlite_state(db)[0] == "missing":
-        found: Tuple[List[Reference], str] = ([], f"store {uri} does not exist yet: no run to calibrate from")
+        found: StoreRefs = ([], f"store {uri} does not exist yet: no run to calibrate from")
     elif why:
         found = ([], f"store {uri}: {why}: no run to calibrate from")
     else:
@@ -84,7 +87,7 @@ class Planner:
     targets: Sequence[str] = ()                       # --hardware: extra profiles to price on
     data_memo: Dict[str, DataShape] = field(default_factory=dict)
     work_memo: Dict[str, Tuple[DataShape, Any, Work]] = field(default_factory=dict)  # by config_hash
-    store_memo: Dict[Tuple[str, str], Any] = field(default_factory=dict)
+    store_memo: Dict[Tuple[str, str], StoreRefs] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     prober: Prober = field(default_factory=Prober)    # --probe: enabled
     walls: SweepWalls = field(default_factory=SweepWalls)
@@ -249,10 +252,10 @@ def with_overhead(cal: Calibration, refs: Sequence[Reference], key: Mapping[str,
                            f"{how} of this configuration here ({probe.measured_at}): {probe.fit['how']}",
                            cal.power_basis, [], probe.overhead_ms)
     used = exact or [r for r in refs if r.run_id in cal.run_ids and r.key["hardware"] == key["hardware"]]
-    points = [r for r in used if r.optimizer_steps]
+    points = [(r, r.optimizer_steps) for r in used if r.optimizer_steps]
     if len(points) >= 2:
-        fit = fit_overhead([r.model_flops / r.num_gpus for r in points], [r.train_time_s for r in points],
-                           [r.optimizer_steps for r in points])
+        fit = fit_overhead([r.model_flops / r.num_gpus for r, _ in points], [r.train_time_s for r, _ in points],
+                           [steps for _, steps in points])
         if fit.overhead_ms > 0:
             return Calibration(fit.tflops, cal.power_w_per_gpu, f"{cal.basis}; {fit.how}", cal.power_basis,
                                cal.run_ids, fit.overhead_ms)

@@ -22,33 +22,37 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from bertaccel.measure.backprop_estimator import error_pct, predict_step_ms, slowest_rank_step_ms
 from bertaccel.measure.step_clock import steady_steps
+
+if TYPE_CHECKING:  # (MLflow is imported when a run is read, not for --help)
+    from bertaccel.record.access import Reader, RecordedRun
 
 
 class PredictError(ValueError):
     """Bad input; the message is the one line the user sees."""
 
 
-def _run(client, run_id: str):
+def _run(client: Reader, run_id: str) -> RecordedRun:
     try:
         return client.get_run(run_id)
     except Exception as e:  # noqa: BLE001 - MLflow raises several types for an unknown id
         raise PredictError(f"run {run_id} not found in the store ({type(e).__name__})") from None
 
 
-def _layers(client, run) -> dict:
+def _layers(client: Reader, run: RecordedRun) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         try:
             path = client.download_artifacts(run.info.run_id, "layer_timing/layer_timing.json", d)
         except Exception:  # noqa: BLE001
             raise PredictError(f"run {run.info.run_id} has no layer_timing artifact: run it with layer_timing=true")
-        return json.loads(Path(path).read_text())
+        table: Dict[str, Any] = json.loads(Path(path).read_text())  # (layer_timing's JSON object)
+        return table
 
 
-def _steady_steps(client, run) -> List[float]:
+def _steady_steps(client: Reader, run: RecordedRun) -> List[float]:
     """The run's steps (its step_ms series) with each window's first steps left out, as
     step_time_ms leaves them out (step_clock.steady_steps); windows are the epochs, of equal step counts."""
     series = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "step_ms"), key=lambda m: m.step)]
@@ -97,7 +101,7 @@ def predict(uri: str, run_id: str, bus_gb_s: float, gpus: List[int], latency_ms:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--uri", default="sqlite:///mlflow.db")
     ap.add_argument("--run-id", required=True)

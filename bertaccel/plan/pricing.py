@@ -11,7 +11,7 @@ Each number is null with the reason when an input is.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from .calibrate import Calibration
 from .work import Work
@@ -39,7 +39,7 @@ class Prediction:
     basis: str = ""
     power_basis: str = ""
     why: Dict[str, str] = field(default_factory=dict)  # column -> why it is null
-    run_ids: list = field(default_factory=list)
+    run_ids: List[str] = field(default_factory=list)
     overhead_ms_per_step: float = 0.0
     # What a user waits for (wall.py fills them; null with the reason in `why` until then)
     warmup_s: Optional[float] = None
@@ -49,7 +49,8 @@ class Prediction:
     wait_basis: Dict[str, str] = field(default_factory=dict)  # column -> where it came from
 
     def get(self, column: str) -> Optional[float]:
-        return getattr(self, column)
+        value: Optional[float] = getattr(self, column)  # (a column: one of the Optional[float] fields)
+        return value
 
 
 def price(name: str, config_hash: str, work: Work, cal: Calibration, profile: Mapping[str, Any],

@@ -34,8 +34,9 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -43,7 +44,13 @@ from ..config import RunConfig, first_line
 from ..option import user_path
 from ..options.compile import keeps_cache
 from .fit import fit_overhead
-from .probe_process import in_probe_process, probe_lengths
+from .probe_process import ProbeJob, in_probe_process, probe_lengths
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from .wall import Machine
+    from .work import DataShape, Work
 
 
 
@@ -73,7 +80,8 @@ class ProbeResult:
 
     @property
     def tflops(self) -> Optional[float]:
-        return self.fit["tflops"]
+        tflops: Optional[float] = self.fit["tflops"]  # (fit.py's Fit as a dict: null without two points)
+        return tflops
 
 
 def machine_key(device: torch.device) -> Dict[str, str]:
@@ -134,21 +142,21 @@ def _write(path: Path, result: ProbeResult) -> None:
 class Request:
     """One configuration to probe on this machine, and where its probe is cached."""
     cfg: RunConfig
-    data: Any
-    config: Any
+    data: DataShape
+    config: PretrainedConfig
     device: torch.device
     key: Dict[str, Any]
     machine: Dict[str, str]
     path: Path
 
 
-def _job(req: Request, warm_only: bool = False) -> Dict[str, Any]:
+def _job(req: Request, warm_only: bool = False) -> ProbeJob:
     # (the typed config as it is: a dataclass pickles; the probe's process trains it as a run would)
     return {"cfg": req.cfg, "data": req.data, "config": req.config,
             "device": str(req.device), "warm_only": warm_only}
 
 
-def run_probes(reqs: Sequence[Request], ctx: Any, fills: Optional[Dict[str, Dict[str, Any]]] = None
+def run_probes(reqs: Sequence[Request], ctx: ForkServerContext, fills: Optional[Dict[str, Dict[str, Any]]] = None
                ) -> Tuple[List[Tuple[Optional[ProbeResult], str]], List[float]]:
     """Probe these configurations in one process of the runs' kind (ctx: the forkserver context
     the runs start from, its preload imported), one after the other: each one's (result, '') or
@@ -165,6 +173,7 @@ def run_probes(reqs: Sequence[Request], ctx: Any, fills: Optional[Dict[str, Dict
         if status != "ok":
             done.append((None, out))
             continue
+        assert first is not None  # (this job's own result is an "ok" one)
         fit = fit_overhead([p["window_flops"] for p in out["points"]], [p["step_ms"] / 1e3 for p in out["points"]])
         state, fill = out["state"], (fills or {}).get(str(req.path))
         cold_s = out["compile_time_s"] if state in ("cold", "fresh") else None
@@ -204,7 +213,7 @@ class Prober:
     filled: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # compile caches this plan filled (fill)
     probe_s: float = 0.0   # measured this time (not cache hits)
 
-    def request(self, cfg: RunConfig, data: Any, config: Any, work: Any, profile: Dict[str, Any],
+    def request(self, cfg: RunConfig, data: DataShape, config: PretrainedConfig, work: Work, profile: Dict[str, Any],
                 read_only: bool = False) -> Tuple[Optional[Request], str]:
         """What probing this configuration here takes, or (None, why it is not probed)."""
         from bertaccel.options.hardware import probe as machine_probe
@@ -236,8 +245,8 @@ class Prober:
         key = probe_key(cfg, config, [max(r) for r in probe_lengths(cfg, data.lengths)], work.eval_batches)
         return Request(cfg, data, config, device, key, machine, cache_path(cfg.cache_dir, machine, key)), ""
 
-    def get(self, cfg: RunConfig, data: Any, config: Any, work: Any, profile: Dict[str, Any],
-            read_only: bool = False, runs_machine: Any = None) -> Tuple[Optional[ProbeResult], str]:
+    def get(self, cfg: RunConfig, data: DataShape, config: PretrainedConfig, work: Work, profile: Dict[str, Any],
+            read_only: bool = False, runs_machine: Optional[Machine] = None) -> Tuple[Optional[ProbeResult], str]:
         """(the probe of this configuration, '' ) or (None, why there is none). read_only: from the
         cache only (a run's own prediction never probes)."""
         req, why = self.request(cfg, data, config, work, profile, read_only)
@@ -247,13 +256,15 @@ class Prober:
         if memo not in self.seen:
             self.seen[memo] = read_cached(req.path)
             if self.seen[memo] is None and not read_only:
+                if runs_machine is None:  # (a caller's mistake: only a cache read needs no machine)
+                    raise ValueError("Prober.get: probing needs runs_machine, the runs' forkserver (wall.Machine)")
                 self._probe([req], runs_machine)
         found = self.seen[memo]
         if found is not None:
             return found, ""
         return None, self.failed.get(memo, "no probe in the cache (plan --probe)")
 
-    def ahead(self, reqs: Sequence[Request], runs_machine: Any) -> None:
+    def ahead(self, reqs: Sequence[Request], runs_machine: Machine) -> None:
         """Probe together, in one process, the configurations not in the cache that compile
         nothing: one fork, one data read and one device start for all of them, not one each
         (1.5-2.5 s a configuration on an H100 host). Then fill the persistent compile caches of
@@ -278,7 +289,7 @@ class Prober:
         if persistent:
             self.fill(persistent, runs_machine)
 
-    def fill(self, reqs: List[Request], runs_machine: Any) -> None:
+    def fill(self, reqs: List[Request], runs_machine: Machine) -> None:
         """The compile caches of these configurations filled as their runs would fill them (the
         warm-up over every shape and one step), a process each, FILL_AT_ONCE at a time: a cold
         compile is mostly one core's Python for minutes (MiniLM, attention=eager: 3.5 min on an H100
@@ -310,7 +321,7 @@ class Prober:
                     else f"failed ({out}): probed cold later")
             print(f"[probe] compile cache of {_short(req.cfg)}: {said}", file=sys.stderr, flush=True)
 
-    def _probe(self, reqs: List[Request], runs_machine: Any) -> None:
+    def _probe(self, reqs: List[Request], runs_machine: Machine) -> None:
         """Probe these now (one process), cache each result, say each on stderr as it happens (a
         plan's probes take minutes on a GPU with compiled configurations)."""
         for req in reqs:

@@ -11,18 +11,34 @@ import dataclasses
 import logging
 import statistics
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from multiprocessing.context import ForkServerContext, ForkServerProcess
+from multiprocessing.queues import SimpleQueue
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, TypedDict, TypeVar
 
 import torch
 
 from bertaccel.config import RunConfig
 from bertaccel.options.accumulation import is_adaptive
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from .work import DataShape
+
 log = logging.getLogger("bertaccel")
 
 PROBE_QUANTILES = (0.1, 0.5, 0.9)  # of the run's micro-batch padded lengths
 PROBE_STEPS = 6                    # rounds of optimizer steps over the lengths; the first is dropped
 PROBE_EVAL_BATCHES = 8
+
+
+class ProbeJob(TypedDict):
+    """One configuration for a probe process (probe.py _job): sent as it is, a dataclass pickles."""
+    cfg: RunConfig
+    data: DataShape
+    config: PretrainedConfig  # the model's, as the run builds it
+    device: str               # torch.device's name
+    warm_only: bool           # only the warm-up: the compile caches' fill
 
 
 def probe_lengths(cfg: RunConfig, train_lengths: torch.Tensor) -> List[List[int]]:
@@ -102,10 +118,10 @@ def _loader(batches: List[List[int]], cfg: RunConfig, rows: Optional[int], vocab
         start += len(b)
     workers = int(cfg.train.num_workers)
     pin = device.type == "cuda" if cfg.train.pin_memory is None else bool(cfg.train.pin_memory)
-    extra = {"prefetch_factor": cfg.train.prefetch_factor} if workers > 0 and cfg.train.prefetch_factor else {}
+    prefetch = cfg.train.prefetch_factor if workers > 0 and cfg.train.prefetch_factor else None  # (None: torch's own)
     return DataLoader(split, batch_sampler=order, collate_fn=PadCollator(pad_id, int(cfg.train.pad_to_multiple_of), rows),
                       num_workers=workers, pin_memory=pin, persistent_workers=bool(cfg.train.persistent_workers) and workers > 0,
-                      **extra)
+                      prefetch_factor=prefetch)
 
 
 def _read_data(cfg: RunConfig, read: Dict[str, Tuple[Any, float]]) -> Tuple[Any, float]:
@@ -127,7 +143,7 @@ def _read_data(cfg: RunConfig, read: Dict[str, Tuple[Any, float]]) -> Tuple[Any,
     return read[key]
 
 
-def _probe_here(cfg: RunConfig, data: Any, config: Any, device: torch.device, warm_only: bool,
+def _probe_here(cfg: RunConfig, data: DataShape, config: PretrainedConfig, device: torch.device, warm_only: bool,
                 shared: bool = False, start_from: Optional[Dict[str, Any]] = None,
                 read: Optional[Dict[str, Tuple[Any, float]]] = None) -> Dict[str, Any]:
     """The body of a probe process: what a run does up to its windows, then the probe's steps
@@ -163,6 +179,7 @@ def _probe_here(cfg: RunConfig, data: Any, config: Any, device: torch.device, wa
     train_rows = [b for _ in range(rounds) for b in chosen for _ in range(k)]
     if warm_only:
         train_rows = train_rows[:k]
+    assert data.test_lengths is not None  # (probe.py requests no probe of data without them)
     # The evaluation's batches: evenly spaced over the run's own.
     picks = _spread(eval_row_lengths(data.test_lengths, c), 1 if warm_only else PROBE_EVAL_BATCHES)
     plan = WarmupPlan(int(c.train.batch_size), int(c.train.eval_batch_size),
@@ -185,7 +202,7 @@ def _probe_here(cfg: RunConfig, data: Any, config: Any, device: torch.device, wa
     return out
 
 
-def _worker(jobs: List[Dict[str, Any]], results: Any) -> None:
+def _worker(jobs: List[ProbeJob], results: SimpleQueue[Any]) -> None:
     """A probe process, forked from the runs' forkserver as a run is (module level: picklable):
     its jobs one after the other, each one's result or error (one line) in order. Several jobs
     share the process as runs of launcher=inline share theirs (train/isolation.py resets what it
@@ -213,7 +230,7 @@ def _worker(jobs: List[Dict[str, Any]], results: Any) -> None:
     results.put((entered, outs))
 
 
-def in_probe_process(ctx: Any, jobs: List[Dict[str, Any]], timeout_s: float) -> Tuple[List[Tuple[str, Any]], float]:
+def in_probe_process(ctx: ForkServerContext, jobs: List[ProbeJob], timeout_s: float) -> Tuple[List[Tuple[str, Any]], float]:
     """Run one probe process over its jobs; (each job's ("ok", result) or ("error", why), seconds
     from the process's start to its code: a later run's fork). timeout_s: per job."""
     results = ctx.SimpleQueue()
@@ -236,11 +253,12 @@ def in_probe_process(ctx: Any, jobs: List[Dict[str, Any]], timeout_s: float) -> 
     return outs, entered - t0
 
 
-def side_by_side(ctx: Any, jobs: List[Dict[str, Any]], at_once: int, timeout_s: float) -> List[Tuple[str, Any]]:
+def side_by_side(ctx: ForkServerContext, jobs: List[ProbeJob], at_once: int, timeout_s: float) -> List[Tuple[str, Any]]:
     """Each job in a process of its own, at most at_once at a time: each one's ("ok", result) or
     ("error", why), in order. For work whose time is not what is measured (the compile caches'
     fill, probe.py): processes side by side share the host's cores."""
-    pending, running = list(enumerate(jobs)), {}
+    pending = list(enumerate(jobs))
+    running: Dict[int, Tuple[ForkServerProcess, SimpleQueue[Any], float]] = {}  # (process, its result, deadline)
     outs: List[Tuple[str, Any]] = [("error", "not run")] * len(jobs)
     while pending or running:
         while pending and len(running) < max(1, at_once):
@@ -265,7 +283,10 @@ def side_by_side(ctx: Any, jobs: List[Dict[str, Any]], at_once: int, timeout_s: 
     return outs
 
 
-def _spread(items: List, n: int) -> List:
+T = TypeVar("T")
+
+
+def _spread(items: List[T], n: int) -> List[T]:
     """n items evenly spaced over the list (all when it has no more)."""
     if len(items) <= n:
         return items

@@ -44,6 +44,7 @@ def save_plan(cache_dir: str, sweep_id: str, preds: Sequence[Any], sweep_wall_s:
 def read_plan(cache_dir: str, sweep_id: str) -> Dict[str, Dict[str, Any]]:
     """config_hash -> the saved prediction ({} without a readable plan)."""
     try:
-        return json.loads(plan_path(cache_dir, sweep_id).read_text()).get("runs", {})
+        runs: Dict[str, Dict[str, Any]] = json.loads(plan_path(cache_dir, sweep_id).read_text()).get("runs", {})
+        return runs
     except (OSError, ValueError, AttributeError):
         return {}

@@ -26,7 +26,8 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from multiprocessing.context import ForkServerContext
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Set
 
 from ..config import RunConfig
 from .pricing import Prediction
@@ -41,24 +42,24 @@ class Machine:
     later_process_s: List[float] = field(default_factory=list)  # each probe's fork: as a later run's
     error: str = ""
     _thread: Optional[threading.Thread] = None
-    _ctx: Any = None
+    _ctx: Optional[ForkServerContext] = None
 
-    def start(self) -> None:
+    def start(self) -> threading.Thread:
         """Wait for the server in the background, the plan's own work going on meanwhile (the wait
         is a blocked read: no core taken). `python -m bertaccel.plan --probe` started the server
         before its own imports, as a sweep does (runs/forkserver.py start_now); else it starts here."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._measure, name="bertaccel-plan-startup", daemon=True)
             self._thread.start()
+        return self._thread
 
     @property
     def started(self) -> bool:
         return self._thread is not None
 
-    def context(self, timeout_s: float = 600.0) -> Any:
+    def context(self, timeout_s: float = 600.0) -> ForkServerContext:
         """The forkserver context, its server running (raises when it could not start)."""
-        self.start()
-        self._thread.join(timeout_s)
+        self.start().join(timeout_s)
         if self._ctx is None:
             raise RuntimeError(f"the runs' forkserver did not start: {self.error or 'timed out'}")
         return self._ctx
@@ -125,12 +126,22 @@ class Scratch:
                     f"{self.open_s:.2f} s, the record with {steps} lr steps {self.record_s:.2f} s")
 
 
+class ProbedParts(Protocol):
+    """The start-up parts a probe measured (probe.py ProbeResult; not imported: probe.py starts
+    the runs' Machine of this module), seconds."""
+    fork_s: float
+    data_s: float
+    model_build_s: float
+    device_ready_s: float
+    set_up_s: float
+
+
 @dataclass
 class SweepWalls:
     """The runs of one grid in launch order: which compiled graphs an earlier run already filled."""
     machine: Machine = field(default_factory=Machine)
     scratch: Scratch = field(default_factory=Scratch)
-    compiled: set = field(default_factory=set)               # graph keys compiled earlier in this grid
+    compiled: Set[str] = field(default_factory=set)              # graph keys compiled earlier in this grid
     runs: List[Prediction] = field(default_factory=list)
 
     def fill(self, pred: Prediction, work: Any, probe: Any, refs: Sequence[Any], key: Mapping[str, str],
@@ -188,11 +199,12 @@ class SweepWalls:
             pred.why.setdefault("run_wall_s", "null: a part of it is not predicted")
         self.runs.append(pred)
 
-    def _before_warmup(self, pred: Prediction, waits: List[Dict[str, Any]], probe: Any, first: bool) -> Optional[float]:
+    def _before_warmup(self, pred: Prediction, waits: List[Dict[str, Any]], probe: Optional[ProbedParts],
+                       first: bool) -> Optional[float]:
         """The start-up without the warm-up: runs of this configuration (first or later as this one),
         else the probe's parts and the machine's."""
         kind = "process start" if first else "job start"
-        same = [w["startup_overhead_s"] - w.get("compile_time_s", 0.0) for w in waits
+        same: List[float] = [w["startup_overhead_s"] - w.get("compile_time_s", 0.0) for w in waits
                 if "startup_overhead_s" in w and w.get("started_source", "").endswith(kind)]
         if same:
             pred.wait_basis["startup_overhead_s"] = f"runs of this configuration ({'first' if first else 'later'} run " \
@@ -226,7 +238,8 @@ class SweepWalls:
     def sweep_wall_s(self) -> Optional[float]:
         """The sweep's wall: its runs' walls in order (None when one is not predicted)."""
         walls = [p.run_wall_s for p in self.runs]
-        return sum(walls) if walls and all(w is not None for w in walls) else None
+        known = [w for w in walls if w is not None]
+        return sum(known) if walls and len(known) == len(walls) else None
 
 
 def compiles(cfg: RunConfig) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -25,6 +25,9 @@ from bertaccel.options.train import fits_batch
 from bertaccel.measure.flops import TokenCounts, bert_train_flops
 
 from .roofline import Trained, trained
+
+if TYPE_CHECKING:  # (bertaccel.data: imported where the batches are made)
+    from ..data import LengthGroupedBatches, ShuffledBatches
 
 WORK_SOURCE = ("data/batches.py's batch sampler replayed on the tokenized train split (same seed, epochs, ranks), "
                "batches padded as data.PadCollator pads; FLOPs by flops.py on the meta-device model, "
@@ -84,10 +87,12 @@ def meta_model(config: Any) -> torch.nn.Module:
     from transformers import AutoModelForSequenceClassification
 
     with torch.device("meta"):
-        return AutoModelForSequenceClassification.from_config(config)
+        model: torch.nn.Module = AutoModelForSequenceClassification.from_config(config)
+    return model
 
 
-def _sampler(lengths: torch.Tensor, cfg: RunConfig, rank: int, world: int):
+def _sampler(lengths: torch.Tensor, cfg: RunConfig, rank: int, world: int
+             ) -> Union[LengthGroupedBatches, ShuffledBatches]:
     from ..data import LengthGroupedBatches, ShuffledBatches
 
     generator = torch.Generator().manual_seed(cfg.train.seed)  # make_loader's: one per loader, all epochs
@@ -110,9 +115,18 @@ def _batch_counts(lengths: torch.Tensor, batch: List[int], multiple: int, rows: 
                        + fillers * (1 + (s - 1) * (s - 1)))
 
 
-def epoch_batches(lengths: torch.Tensor, cfg: RunConfig) -> Tuple[List[TokenCounts], List[int], List[int], int]:
+class EpochBatches(NamedTuple):
+    """What epoch_batches counts, as train/loop.py's loop takes the batches."""
+    tokens: List[TokenCounts]  # per epoch: the tokens trained (all ranks)
+    micro_batches: List[int]   # per epoch: micro-batches (all ranks)
+    optimizer_steps: List[int]  # per epoch
+    samples: int               # the rows trained in all (filler rows not counted)
+    rank0_lengths: List[int]   # rank 0's micro-batches, each as its padded length
+
+
+def epoch_batches(lengths: torch.Tensor, cfg: RunConfig) -> EpochBatches:
     """Per epoch: the tokens trained (all ranks), micro-batches (all ranks) and optimizer steps;
-    and the rows trained in all (filler rows not counted),
+    and the rows trained in all (filler rows not counted), and rank 0's padded lengths,
     as train/loop.py's loop takes them (windows of `accumulation`, train.max_steps_per_epoch)."""
     from bertaccel.train.step import uses_fixed_shapes
 
@@ -126,7 +140,11 @@ def epoch_batches(lengths: torch.Tensor, cfg: RunConfig) -> Tuple[List[TokenCoun
     if cfg.train.max_steps_per_epoch:
         steps = min(steps, cfg.train.max_steps_per_epoch)
     taken = per_rank if adaptive else min(per_rank, steps * k)  # micro-batches per rank per epoch
-    tokens, micro, opt_steps, samples, rank0_lengths = [], [], [], 0, []
+    tokens: List[TokenCounts] = []
+    micro: List[int] = []
+    opt_steps: List[int] = []
+    samples = 0
+    rank0_lengths: List[int] = []
     for _ in range(cfg.train.epochs):
         counts = TokenCounts()
         for r, sampler in enumerate(samplers):
@@ -141,7 +159,7 @@ def epoch_batches(lengths: torch.Tensor, cfg: RunConfig) -> Tuple[List[TokenCoun
         tokens.append(counts)
         micro.append(taken * world)
         opt_steps.append(steps)
-    return tokens, micro, opt_steps, samples, rank0_lengths
+    return EpochBatches(tokens, micro, opt_steps, samples, rank0_lengths)
 
 
 def eval_row_lengths(test_lengths: Optional[torch.Tensor], cfg: RunConfig) -> List[List[int]]:

@@ -15,16 +15,19 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, List, Mapping, Optional, Tuple
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.file_utils import local_file_uri_to_path
 
 from bertaccel.store import store_lock
 
+# What report/ and plan/ name a store's reading client and its runs by (MLflow's types, through this door).
+Reader = MlflowClient
+RecordedRun = Run
 SWEEP_ROLE_FILTER = "tags.`bertaccel.role` = 'sweep'"  # a sweep's parent run (record/sweep.py tags it)
 
 
-def reader(uri: str) -> MlflowClient:
+def reader(uri: str) -> Reader:
     """A client on the store at `uri` for reading runs, their metric histories and artifacts (the
     report's run_fields, the plan's predict_dp pass it on; they call its reading methods only)."""
     return MlflowClient(tracking_uri=uri)

@@ -14,17 +14,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional
 
 from mlflow.data.dataset_source import DatasetSource
 from mlflow.data.dataset_source_registry import get_registered_sources
 from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
 from mlflow.data.meta_dataset import MetaDataset
-from mlflow.entities import DatasetInput, InputTag
-from omegaconf import DictConfig
+from mlflow.entities import DatasetInput, InputTag, Run
 
 from bertaccel.config import DatasetConfig
-from bertaccel.data import DataError, RawData, load_raw, split_fingerprint, split_paths
+from bertaccel.data import DataError, DatasetSettings, RawData, load_raw, split_fingerprint, split_paths
 from bertaccel.options.dataset import label as dataset_label
 
 DIGEST_CHARS = 16  # of the sha256 hex; MLflow's store column holds 36
@@ -62,6 +61,7 @@ def _local_source(path: str) -> DatasetSource:
 
 def _sources(ds_cfg: DatasetConfig) -> Dict[str, DatasetSource]:
     if ds_cfg.source == "hub":
+        assert ds_cfg.hub_id is not None  # options/dataset.py refuses source=hub without it
         return {split: HuggingFaceDatasetSource(ds_cfg.hub_id, split=split) for split in ("train", "test")}
     train_path, test_path = split_paths(ds_cfg)
     return {"train": _local_source(str(train_path.resolve())), "test": _local_source(str(test_path.resolve()))}
@@ -72,7 +72,7 @@ def data_digests(raw: RawData) -> Dict[str, str]:
     return {split: split_fingerprint(getattr(raw, split))[:DIGEST_CHARS] for split in SPLITS}
 
 
-def current_digests(ds_cfg: Union[DatasetConfig, DictConfig], cache_dir: Optional[str]) -> Optional[Dict[str, str]]:
+def current_digests(ds_cfg: DatasetSettings, cache_dir: Optional[str]) -> Optional[Dict[str, str]]:
     """The digests of the rows a run of this dataset config would read now, read as the run reads
     them (load_raw: subsets included, CSVs parsed once per content in cache_dir). None for a hub
     dataset: reading it means a download, and its hub id in the config names it (not compared).
@@ -86,7 +86,7 @@ def current_digests(ds_cfg: Union[DatasetConfig, DictConfig], cache_dir: Optiona
         return {split: UNREADABLE for split in SPLITS}
 
 
-def recorded_digests(run: Any) -> Optional[Dict[str, str]]:
+def recorded_digests(run: Run) -> Optional[Dict[str, str]]:
     """split -> digest as an MLflow run recorded them (dataset_inputs); None when it recorded none
     (a run that never reached its data, or one of a version before the digests)."""
     inputs = getattr(getattr(run, "inputs", None), "dataset_inputs", None) or []
@@ -106,7 +106,7 @@ def same_data(recorded: Optional[Mapping[str, str]], current: Optional[Mapping[s
     return all(recorded.get(split) == current.get(split) for split in SPLITS)
 
 
-def data_key(run: Any) -> str:
+def data_key(run: Run) -> str:
     """A short name for the rows a run read (both splits' digests), "" when it recorded none: the
     report keeps runs on other data apart (report/runinfo.py group_keys)."""
     digests = recorded_digests(run)

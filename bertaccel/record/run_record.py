@@ -5,8 +5,9 @@ job.py trains and fills the record; the launchers record what never reaches trai
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Collection, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Collection, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from mlflow.entities import DatasetInput, Run
 from omegaconf import DictConfig, OmegaConf
 
 from bertaccel.config import CONF_DIR, GROUP_SCHEMAS, MODEL_SHAPE_FIELDS, RunConfig
@@ -16,6 +17,9 @@ from bertaccel.record.sweep import (RUNNING_ELSEWHERE, UNTRAINED_TAG, adopt, pre
                                    scheduler_tags, untrained_before)
 from bertaccel.record.tracking import (IDENTITY_VERSION, IDENTITY_VERSION_TAG, RunTracker, config_hash, flatten, git_sha,
                                      legacy_config_hashes)
+
+if TYPE_CHECKING:  # (bertaccel.data imports torch: not at a sweep's start-up)
+    from bertaccel.data import RawData
 
 
 @dataclass
@@ -33,11 +37,19 @@ def logged_config(run: RunConfig) -> DictConfig:
     """The run's config as MLflow is to see it (params, config_hash, config.yaml: open_tracker;
     the readings), derived from the typed one, never edited beside it: for a config validate()
     accepted, the same keys, order and values as Hydra composed (tests/test_typed_once.py)."""
-    return OmegaConf.structured(run)
+    logged: DictConfig = OmegaConf.structured(run)
+    return logged
+
+
+def resolved_values(cfg: DictConfig) -> Dict[str, Any]:
+    """The config as plain values, interpolations resolved: what config_hash and the params read."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)  # (a DictConfig's container is a dict)
+    return {str(k): v for k, v in resolved.items()}
 
 
 def cfg_hash(cfg: DictConfig) -> str:
-    return config_hash(OmegaConf.to_container(cfg, resolve=True))
+    return config_hash(resolved_values(cfg))
 
 
 def config_key_noseed(resolved: Mapping[str, Any]) -> str:
@@ -97,7 +109,7 @@ def restated_tags(settings: Mapping[str, Any]) -> Dict[str, str]:
     return {f"{CONFIG_TAG_PREFIX}{k}": str(v) for k, v in settings.items()}
 
 
-def run_settings(run: Any) -> Dict[str, str]:
+def run_settings(run: Run) -> Dict[str, str]:
     """A run's settings, flattened, as every reader of a run's configuration wants them: its params
     and the settings its group choices restate (tags config.*). Runs recorded before have them all
     as params, which this returns as they are."""
@@ -111,7 +123,7 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
     """profile: the hardware profile the run resolved (hardware.resolve_profile); params and
     config.yaml then say `hardware.*` as used (hardware=auto: the profile it picked), while the
     `hardware` param keeps the choice as typed and config_hash the configuration as typed."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = resolved_values(cfg)
     logged = dict(resolved)
     if profile is not None:
         logged["hardware"] = OmegaConf.to_container(OmegaConf.create(dict(profile)))
@@ -135,7 +147,7 @@ def open_tracker(cfg: DictConfig, choices: Mapping[str, str], run_name: str,
                       OmegaConf.to_yaml(OmegaConf.create(logged)))
 
 
-def resumed(cfg: DictConfig, run_name: str, raw: Any = None) -> Optional[Outcome]:
+def resumed(cfg: DictConfig, run_name: str, raw: Optional[RawData] = None) -> Optional[Outcome]:
     """In a sweep with sweep.resume: the outcome of an earlier run of this configuration, if
     that means it is not run again (see record/sweep.py previous_outcome). An earlier run is this
     configuration's when its config_hash is this one's (or the one an older version gave it) and
@@ -146,7 +158,7 @@ def resumed(cfg: DictConfig, run_name: str, raw: Any = None) -> Optional[Outcome
     sweep = run_context().sweep
     if sweep is None or not cfg.sweep.resume:
         return None
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = resolved_values(cfg)
     data = data_digests(raw) if raw is not None else current_digests(cfg.dataset, cfg.cache_dir)
     prev = previous_outcome(cfg.tracking.uri, cfg.tracking.experiment,
                             [config_hash(resolved), *legacy_config_hashes(resolved)], cfg.sweep.retry_failed, data)
@@ -182,7 +194,7 @@ def record_skipped(cfg: DictConfig, choices: Mapping[str, str], run_name: str, r
     sweep = run_context().sweep
     if untrained and sweep is not None and cfg.sweep.resume:
         again = untrained_before(cfg.tracking.uri, cfg.tracking.experiment, sweep.sweep_id,
-                                 [cfg_hash(cfg), *legacy_config_hashes(OmegaConf.to_container(cfg, resolve=True))])
+                                 [cfg_hash(cfg), *legacy_config_hashes(resolved_values(cfg))])
         if again is not None:
             return Outcome("skipped", run_name, reason, again)
     tracker = open_tracker(cfg, choices, run_name, {UNTRAINED_TAG: "true"} if untrained else {})
@@ -197,7 +209,7 @@ class RankTracker:
     def log_metrics(self, metrics: Mapping[str, Optional[float]], step: int = 0) -> None:
         pass
 
-    def log_series(self, key: str, values: Any) -> None:
+    def log_series(self, key: str, values: Sequence[float]) -> None:
         pass
 
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -206,7 +218,7 @@ class RankTracker:
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
         pass
 
-    def log_inputs(self, datasets: Any) -> None:
+    def log_inputs(self, datasets: Sequence[DatasetInput]) -> None:
         pass
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -234,7 +246,7 @@ def _data_named(items: List[str]) -> List[str]:
             if _key(o.split("=", 1)[0]) not in _DATA_PATHS]
 
 
-def run_label(overrides: Any, swept: Any = ()) -> str:
+def run_label(overrides: Iterable[object], swept: Collection[str] = ()) -> str:
     """A run name that reads like the command line: `precision=bf16,attention=sdpa`.
 
     In a sweep, only the swept keys (what tells its runs apart); otherwise every override. A CSV
@@ -248,5 +260,5 @@ def run_label(overrides: Any, swept: Any = ()) -> str:
     return ",".join(items) or "defaults"
 
 
-def group_choices(runtime_choices: Mapping[str, Any], groups: Any) -> Dict[str, str]:
+def group_choices(runtime_choices: Mapping[str, object], groups: Iterable[str]) -> Dict[str, str]:
     return {g: str(runtime_choices[g]) for g in groups if g in runtime_choices}

@@ -33,10 +33,10 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import psutil
-from mlflow.entities import RunTag
+from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from bertaccel.context import SweepContext, update
@@ -65,7 +65,7 @@ def process_tags(pid: Optional[int] = None) -> Dict[str, str]:
 def process_alive(host: Optional[str], pid: Optional[str], started_at: Optional[str] = None) -> Optional[bool]:
     """Whether the process a run's tags name still runs: None when it cannot be told (another
     host's process). Without a start time (runs of older versions), the pid alone decides."""
-    if host != socket.gethostname() or not (pid or "").isdigit():
+    if host != socket.gethostname() or pid is None or not pid.isdigit():
         return None
     try:
         proc = psutil.Process(int(pid))
@@ -99,7 +99,7 @@ def open_parent(uri: str, experiment: str, sweep_id: str, overrides: Sequence[st
         tags = {"bertaccel.role": "sweep", "sweep_id": sweep_id, "status": "running", **me, **(extra_tags or {})}
         if found:
             run = found[0]
-            run_id = run.info.run_id
+            run_id: str = run.info.run_id
             # Another sweep process of the same command may be on it now (two sweeps started together).
             tags[PROCESSES_TAG] = _processes_text(_live_processes(run.data.tags) + [_process_key(me)])
             client.update_run(run_id, status="RUNNING", name=name)
@@ -109,11 +109,11 @@ def open_parent(uri: str, experiment: str, sweep_id: str, overrides: Sequence[st
             return run_id
         tags[PROCESSES_TAG] = _processes_text([_process_key(me)])
         exp_id = experiment_id(client, uri, experiment)
-        run = client.create_run(exp_id, run_name=name, tags=tags)
-        client.log_param(run.info.run_id, "sweep_overrides", " ".join(overrides)[:6000])
+        new_id: str = client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+        client.log_param(new_id, "sweep_overrides", " ".join(overrides)[:6000])
         if total:
-            client.log_param(run.info.run_id, "sweep_configurations", str(total))
-        return run.info.run_id
+            client.log_param(new_id, "sweep_configurations", str(total))
+        return new_id
 
 
 def _process_key(tags: Mapping[str, str]) -> str:
@@ -182,12 +182,12 @@ class Previous:
 
 
 def _earlier_runs(uri: str, experiment: str, hashes: Sequence[str],
-                  data: Optional[Mapping[str, str]]) -> List[Any]:
+                  data: Optional[Mapping[str, str]]) -> List[Run]:
     """Configuration runs recorded under any of these config hashes, oldest first, but those that
     read other data than `data` (split -> digest; None: not compared)."""
     from bertaccel.record.datasets import recorded_digests, same_data  # (torch: not at a sweep's start-up)
 
-    by_id: Dict[str, Any] = {}
+    by_id: Dict[str, Run] = {}
     for h in dict.fromkeys(hashes):
         for r in search_runs(uri, experiment, f"tags.config_hash = '{h}'"):
             if r.data.tags.get("bertaccel.role") != "sweep":
@@ -245,7 +245,8 @@ def untrained_before(uri: str, experiment: str, sweep_id: str, hashes: Sequence[
         runs = search_runs(uri, experiment, f"tags.config_hash = '{h}' and tags.{UNTRAINED_TAG} = 'true' "
                                             f"and tags.sweep_id = '{sweep_id}'")
         if runs:
-            return runs[-1].info.run_id
+            run_id: str = runs[-1].info.run_id
+            return run_id
     return None
 
 
@@ -259,13 +260,13 @@ def adopt(uri: str, run_id: str, sweep_id: str, status: str) -> None:
             client.set_tag(run_id, MEMBER_TAG + sweep_id, status)
 
 
-def in_sweep(run: Any, sweep_id: str) -> bool:
+def in_sweep(run: Run, sweep_id: str) -> bool:
     """Whether a configuration run is one of a sweep's: opened by it, or adopted by it."""
     tags = run.data.tags
     return tags.get("bertaccel.role") != "sweep" and (tags.get("sweep_id") == sweep_id or MEMBER_TAG + sweep_id in tags)
 
 
-def sweep_runs(uri: str, experiment: str, sweep_id: str, filter_string: str = "") -> List[Any]:
+def sweep_runs(uri: str, experiment: str, sweep_id: str, filter_string: str = "") -> List[Run]:
     """A sweep's configuration runs matching an MLflow filter: those it ran and those it took from
     earlier runs or another sweep (parents of older versions have only the first: sweep_id)."""
     return [r for r in search_runs(uri, experiment, filter_string) if in_sweep(r, sweep_id)]

@@ -14,9 +14,9 @@ import re
 import sqlite3
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Concatenate, Dict, Iterable, List, Mapping, Optional, ParamSpec, Sequence, TypeVar
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import DatasetInput, Experiment, Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.file_utils import local_file_uri_to_path
@@ -171,18 +171,19 @@ def _moved_artifacts(uri: str, location: str) -> Optional[Path]:
     return here if here.is_dir() or (old.parent.name == "mlartifacts" and not old.parent.exists()) else None
 
 
-def _follow_moved_store(uri: str, exp: Any) -> None:
+def _follow_moved_store(uri: str, exp: Experiment) -> None:
     """Points an experiment of a moved SQLite store, and its runs, at the store's own mlartifacts
     folder (_moved_artifacts). MLflow keeps each run's artifact location as the absolute URI it
     was given and has no call to change it: it is updated in the store's tables, so that new runs
     write beside the store (not into a recreated old folder) and earlier runs' artifacts are
     found again. Called under the store's lock."""
+    db = sqlite_file(uri)
     here = _moved_artifacts(uri, exp.artifact_location)
-    if here is None:
+    if db is None or here is None:  # (here is None where db is: only a SQLite store moves)
         return
     old, new = exp.artifact_location.rstrip("/"), here.as_uri()
     try:  # (the one place that rewrites artifact locations: record/relocate.py)
-        repoint_experiment(sqlite_file(uri), int(exp.experiment_id), exp.artifact_location, new)
+        repoint_experiment(db, int(exp.experiment_id), exp.artifact_location, new)
     except sqlite3.Error as e:  # a store that cannot be written fails on the run's own first write
         logging.getLogger("bertaccel").warning(f"experiment {exp.name!r}: its artifacts folder is gone and the store "
                                                f"cannot be pointed at {here} ({e})")
@@ -202,6 +203,8 @@ def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
                                             tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except MlflowException:  # created meanwhile by a parallel run
             exp = client.get_experiment_by_name(name)
+            if exp is None:  # not created meanwhile: the create itself failed
+                raise
     _follow_moved_store(uri, exp)
     # A kind someone chose stays; none, or one MLflow's UI only guessed, is replaced.
     kind = exp.tags.get(EXPERIMENT_KIND_TAG, "")
@@ -220,9 +223,14 @@ def ui_address(uri: str, experiment_id: str) -> str:
     return f"http://127.0.0.1:5000/{page} (after `mlflow ui --backend-store-uri {uri}`)"
 
 
-def _locked(method):
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(method: Callable[Concatenate[RunTracker, _P], _R]) -> Callable[Concatenate[RunTracker, _P], _R]:
+    """A RunTracker method run under its store's lock."""
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
+    def wrapper(self: RunTracker, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with store_lock(self.uri):
             return method(self, *args, **kwargs)
     return wrapper
@@ -267,7 +275,7 @@ class RunTracker:
             self.client.log_batch(self.run_id, metrics=batch[i:i + MLFLOW_BATCH])
 
     @_locked
-    def log_inputs(self, datasets: Sequence[Any]) -> None:
+    def log_inputs(self, datasets: Sequence[DatasetInput]) -> None:
         """The run's datasets (record/datasets.py: DatasetInput per split).
 
         Once more after a unique-key clash: MLflow's store looks a dataset up and then inserts it
@@ -319,7 +327,7 @@ def experiment_id_of(uri: str, run_id: str) -> str:
         return MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
 
 
-def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]:
+def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Run]:
     """Runs of an experiment matching an MLflow filter ([] when the experiment does not exist).
     A read: a shared lock (report and plan read a store in a read-only folder, store_lock), and
     no store made where there is none (a run stopped before its store was made leaves none)."""
@@ -336,9 +344,9 @@ def search_runs(uri: str, experiment: str, filter_string: str = "") -> List[Any]
                                   order_by=["attributes.start_time ASC"])
 
 
-def runs_by_status(uri: str, experiment: str) -> Dict[str, Iterable[Any]]:
+def runs_by_status(uri: str, experiment: str) -> Dict[str, List[Run]]:
     """The configuration runs of an experiment (not sweep parent runs) grouped by status tag."""
-    grouped: Dict[str, list] = {}
+    grouped: Dict[str, List[Run]] = {}
     for run in search_runs(uri, experiment):
         if run.data.tags.get("bertaccel.role") == "sweep":
             continue

@@ -16,7 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import torch
 
@@ -53,6 +53,9 @@ from bertaccel.train.loop import train
 from bertaccel.train.step import uses_fixed_shapes
 from bertaccel.train.warmup import WarmupPlan, data_lengths
 
+if TYPE_CHECKING:  # (MLflow's entities: imported by the trackers that make them, not at job start)
+    from mlflow.entities import DatasetInput
+
 log = logging.getLogger("bertaccel")
 
 
@@ -64,7 +67,7 @@ class Tracker(Protocol):
     def log_metrics(self, metrics: Mapping[str, Optional[float]], step: int = 0) -> None: ...
     def log_series(self, key: str, values: Sequence[float]) -> None: ...
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None: ...
-    def log_inputs(self, datasets: Sequence[object]) -> None: ...  # (MLflow's DatasetInput: record/datasets.py)
+    def log_inputs(self, datasets: Sequence[DatasetInput]) -> None: ...  # (record/datasets.py builds them)
     def set_tags(self, tags: Mapping[str, str]) -> None: ...
     def finish(self, status: str, reason: Optional[str] = None) -> None: ...
 

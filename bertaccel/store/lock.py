@@ -131,7 +131,8 @@ def store_lock(uri: str, shared: bool = False, tidy: bool = False) -> Iterator[N
     lock file of its making either (a report's or plan's journal roll-back, _roll_back_journal).
     """
     depth = getattr(_held, "depth", 0)
-    if not uri.startswith("sqlite:///") or depth:
+    db = None if depth else sqlite_file(uri)  # (None: not a sqlite:/// store, or held already)
+    if db is None:
         if depth and not shared and getattr(_held, "shared", False):
             raise RuntimeError("store_lock: a write inside a shared (read) hold of the store lock")
         _held.depth = depth + 1
@@ -140,7 +141,6 @@ def store_lock(uri: str, shared: bool = False, tidy: bool = False) -> Iterator[N
         finally:
             _held.depth -= 1
         return
-    db = sqlite_file(uri)
     check_kept(db)  # (before the folder is made: one deleted with the store is not made again either)
     shared = shared and db.is_file() and db.stat().st_size > 0  # (a store to build takes the exclusive lock)
     lock = db.with_name(db.name + ".lock")
