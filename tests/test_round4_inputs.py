@@ -279,7 +279,8 @@ def test_a_report_of_a_10000_row_csv_finishes_and_crowns_the_right_run(tmp_path)
     _big_csv(tmp_path / "big.csv", 10_000)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     start = time.monotonic()
-    # 120 s on a loaded CI box: it took >290 s before issue 59, ~15 s of CPU after.
+    # 120 s on a loaded CI box: it took >290 s before issue 59, 83 s on an idle 2-core box until issue 61
+    # cached RepeatStats.repeated (asked per row, a walk over every configuration each time), 16-22 s after.
     r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--csv", "big.csv", "--out", "rep"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120, env=env)
     took = time.monotonic() - start
