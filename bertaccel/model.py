@@ -13,9 +13,12 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, TypeVar
 
 from bertaccel.config import AttentionConfig, EncoderConfig, ModelConfig, first_line
+
+if TYPE_CHECKING:  # (transformers: imported where a model is built)
+    from transformers import PretrainedConfig
 
 
 class ModelUnavailable(RuntimeError):
@@ -181,7 +184,7 @@ def _tensors(model: Any) -> Any:
     return itertools.chain(model.named_parameters(), model.named_buffers())
 
 
-def _rebuild(start_from: Dict[str, Any], config: Any, attention: str) -> Tuple[Any, str]:
+def _rebuild(start_from: Dict[str, Any], config: PretrainedConfig, attention: str) -> Tuple[Any, str]:
     """The model's modules built on the meta device (no init, no checkpoint read), then filled
     from start_from."""
     import torch

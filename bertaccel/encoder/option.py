@@ -78,7 +78,7 @@ class EncoderOption(Option):
 OPTION = EncoderOption()
 
 
-def half_params(cfg: Any, optimizer_factory: Any) -> bool:
+def half_params(cfg: RunConfig, optimizer_factory: Any) -> bool:
     """Whether the run keeps the model's parameters in the autocast dtype (fp32 masters in the
     optimizer): encoder=fused with half_params, a half precision, and an optimizer whose class
     keeps fp32 master weights of half parameters (`master_weights`). optimizer_factory: the

@@ -16,6 +16,7 @@ from bertaccel.attention.packing import (Packing, key_padding_mask, pack, pack_s
                                          pass_masks_through, unpack_tokens)
 from bertaccel.encoder.attention import core as core_of
 from bertaccel.encoder.attention import prepare
+from bertaccel.config import AttentionConfig, EncoderConfig
 from bertaccel.encoder.layer import FusedBertLayer, unfusable
 
 
@@ -94,7 +95,7 @@ class FusedEncoder(nn.Module):
         return out
 
 
-def fuse_encoder(model: HFModule, encoder: Any, attention: Any) -> str:
+def fuse_encoder(model: HFModule, encoder: EncoderConfig, attention: AttentionConfig) -> str:
     """Replace the model's encoder in place; returns what was done, in a few words. encoder: the
     encoder option's settings; attention: the attention option's (which core runs)."""
     why = unfusable(model.config)

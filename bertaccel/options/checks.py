@@ -18,7 +18,7 @@ import copy
 import difflib
 import math
 from dataclasses import MISSING, is_dataclass
-from typing import Any, Collection, Iterator, List, Set, Tuple, get_type_hints
+from typing import Any, Collection, Iterator, List, Set, Tuple, Union, get_type_hints
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
@@ -157,14 +157,15 @@ def _out_of_range(cfg: DictConfig, schema: type = RunConfig) -> List[Tuple[str, 
     return found
 
 
-def typed(cfg: Any) -> RunConfig:
+def typed(cfg: Union[DictConfig, RunConfig]) -> RunConfig:
     """The composed config as the schema's own objects (RunConfig, PrecisionConfig ...), so the
     checks read typed fields: a mistyped attribute is an AttributeError there, not a None."""
     if isinstance(cfg, RunConfig):
         return cfg
+    composed: Union[DictConfig, ListConfig] = cfg
     if OmegaConf.get_type(cfg) is not RunConfig:  # (a run's own process gets the config as plain data)
-        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
-    run = OmegaConf.to_object(cfg)
+        composed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+    run = OmegaConf.to_object(composed)
     if not isinstance(run, RunConfig):  # (a merge onto RunConfig's structured config becomes one)
         raise TypeError(f"typed(): the config became a {type(run).__name__}, not a RunConfig")
     return run
@@ -217,15 +218,14 @@ def later(run: RunConfig, leave: Collection[str], failed: Collection[str] = ()) 
                     for why in [rule.refusal(run)] if why]
 
 
-def validate(cfg: Any, leave: Collection[str] = ()) -> RunConfig:
+def validate(cfg: Union[DictConfig, RunConfig], leave: Collection[str] = ()) -> RunConfig:
     """Raise ConfigError saying every problem found, one line each (see the module's docstring);
     return the config typed (RunConfig) when there is none.
     leave: the names (optimizer.check_built, tracking.check_store) of later checks not asked here,
     because the run's own process asks them (runs/launch.py, runs/sweep_plan.py)."""
-    if isinstance(cfg, RunConfig):
-        cfg = OmegaConf.structured(cfg)
-    unknown = _unknown_paths(cfg)
-    known = _without(cfg, unknown)
+    composed = OmegaConf.structured(cfg) if isinstance(cfg, RunConfig) else cfg
+    unknown = _unknown_paths(composed)
+    known = _without(composed, unknown)
     values = _not_finite(known) + _out_of_range(known)
     failed = {_root(key) for key in unknown + [key for key, _ in values]}
     run = typed(known)

@@ -28,7 +28,7 @@ class FreezingOption(Option):
 OPTION = FreezingOption()
 
 
-def freezes(freezing_cfg: Any) -> bool:
+def freezes(freezing_cfg: FreezingConfig) -> bool:
     """Whether some parameters are frozen in some epoch (any strategy but none): the optimizer is
     then rebuilt per epoch over what trains, and a step graph or DDP cannot hold it."""
     return bool(freezing_cfg.name != "none")

@@ -11,7 +11,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Union
 
 import torch
 
@@ -165,13 +165,13 @@ class HardwareOption(Option):
 OPTION = HardwareOption()
 
 
-def resolve_profile(hw_cfg: Any, device: torch.device) -> tuple[Dict[str, Any], str]:
+def resolve_profile(hw_cfg: DictConfig, device: torch.device) -> tuple[Dict[str, Any], str]:
     """Returns the profile as a dict and a line saying how it was chosen. A named profile that
     does not match the device is a ConfigError, unless hardware.what_if=true. The dict's
     `what_if` says whether the run is one: true only for a profile used on a device it does not match."""
     name = device_name(device)
     if not picks_profile(hw_cfg):
-        prof = {k: hw_cfg[k] for k in hw_cfg}
+        prof: Dict[str, Any] = {str(k): hw_cfg[k] for k in hw_cfg}
         why = profile_mismatch(prof, name, device.type)
         if why is None:
             prof["what_if"] = False  # the profile describes this device: what_if=true changed nothing
@@ -215,7 +215,7 @@ def probe() -> Capabilities:
                         triton=importlib.util.find_spec("triton") is not None)
 
 
-def skip_reason(cfg: Any, device: torch.device, caps: Capabilities) -> Optional[str]:
+def skip_reason(cfg: Union[DictConfig, RunConfig], device: torch.device, caps: Capabilities) -> Optional[str]:
     """Why this machine cannot run this combination, or None if it can: the first registered
     option's machine check that finds a reason (options/registry.py), else the first machine rule
     between sections that does (options/rules.py: asked once each section it reads runs here)."""

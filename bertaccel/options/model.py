@@ -13,12 +13,12 @@ if TYPE_CHECKING:
     from bertaccel.config import RunConfig
 
 
-def from_hub(model: Any) -> bool:
+def from_hub(model: ModelConfig) -> bool:
     """The weights come from the Hugging Face hub (a run needs the hub, or its local cache)."""
     return bool(model.source == "hub")
 
 
-def check_model_option(model: Any) -> List[str]:
+def check_model_option(model: ModelConfig) -> List[str]:
     """Why the model settings cannot work, one line each. Its source decides what else is asked:
     an unknown one is said alone; the package or directory is looked for only once named."""
     why = not_one_of("model.source", model.source, MODEL_SOURCES)
@@ -44,7 +44,7 @@ class ModelOption(Option):
 OPTION = ModelOption()
 
 
-def _shape(model: Any) -> List[str]:
+def _shape(model: ModelConfig) -> List[str]:
     """A random-init model's shape is given in full and divides into its heads; a pretrained
     model's weights fix its shape, so none is given. One line per field."""
     if model.source != "random_init":
@@ -53,7 +53,7 @@ def _shape(model: Any) -> List[str]:
                 "model=bert_base_random)" for k in MODEL_SHAPE_FIELDS if getattr(model, k) is not None]
     missing = [f"model={model.name} (random_init) needs model.{k}: a random-init model's "
                "shape comes from the config" for k in MODEL_SHAPE_FIELDS if getattr(model, k) is None]
-    if not missing and model.hidden_size % model.num_attention_heads:
-        return [f"model.hidden_size={model.hidden_size} must be divisible by "
-                f"model.num_attention_heads={model.num_attention_heads}"]
+    hidden, heads = model.hidden_size, model.num_attention_heads  # (both set when nothing is missing)
+    if not missing and hidden is not None and heads is not None and hidden % heads:
+        return [f"model.hidden_size={hidden} must be divisible by model.num_attention_heads={heads}"]
     return missing

@@ -25,6 +25,8 @@ from bertaccel.config import SearchConfig
 from bertaccel.option import Option
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from bertaccel.config import RunConfig
 
 DIRECTIONS = ("minimize", "maximize")
@@ -44,7 +46,7 @@ class Objectives(tuple[float, ...]):
     outcome: Any = None
 
 
-def check_search(search: Any) -> List[str]:
+def check_search(search: SearchConfig) -> List[str]:
     """Why the search block cannot work, one line each."""
     objectives, directions = list(search.objectives), list(search.directions)
     found = []
@@ -71,13 +73,13 @@ class SearchOption(Option):
 OPTION = SearchOption()
 
 
-def uses_search(hydra_cfg: Any) -> bool:
+def uses_search(hydra_cfg: Any) -> bool:  # (HydraConf as typed by Hydra, a DictConfig when run)
     """Whether this job's sweeper is Optuna's, which needs the objective values back."""
     target = str((hydra_cfg.get("sweeper") or {}).get("_target_", ""))
     return "optuna" in target.lower()
 
 
-def parent_tags(hydra_cfg: Any, search: Any) -> Dict[str, str]:
+def parent_tags(hydra_cfg: DictConfig, search: SearchConfig) -> Dict[str, str]:
     """Tags of a search sweep's parent run: what searched, and for what. The report and the
     notebook find a search by them and mark the front it found (report/search_front.py)."""
     sampler = hydra_cfg.sweeper.get("sampler") or {}
@@ -88,7 +90,7 @@ def parent_tags(hydra_cfg: Any, search: Any) -> Dict[str, str]:
             "search.directions": ",".join(search.directions)}
 
 
-def trial_result(outcome: Any, search: Any) -> Tuple[float, ...]:
+def trial_result(outcome: Any, search: SearchConfig) -> Tuple[float, ...]:
     """The objective values of a finished run, in search.objectives' order; else TrialFailed."""
     if outcome.status not in ("finished", "already_finished"):
         raise TrialFailed(f"run {outcome.run_name} {outcome.status}: {outcome.reason}", outcome)

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from bertaccel.config import RunConfig
 
 
-def check_tracking(tracking: Any) -> List[str]:
+def check_tracking(tracking: TrackingConfig) -> List[str]:
     found = []
     if not tracking.uri:
         found.append("tracking.uri is empty: give an MLflow tracking URI, e.g. sqlite:///mlflow.db")

@@ -16,17 +16,20 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
 from ..config import RunConfig, first_line
 from .pricing import PREDICTED, PREDICTED_WAIT
 
+if TYPE_CHECKING:  # (transformers: imported where a model is built)
+    from transformers import PretrainedConfig
+
 log = logging.getLogger("bertaccel")
 
 
-def log_prediction(cfg: RunConfig, tracker: Any, lengths: torch.Tensor, num_labels: int, model_config: Any,
+def log_prediction(cfg: RunConfig, tracker: Any, lengths: torch.Tensor, num_labels: int, model_config: PretrainedConfig,
                    profile: Mapping[str, Any], run_name: str) -> None:
     """tracker: the run's RunTracker (rank 0); other ranks' trackers have no store: nothing to do."""
     if getattr(tracker, "client", None) is None:
@@ -41,7 +44,7 @@ def log_prediction(cfg: RunConfig, tracker: Any, lengths: torch.Tensor, num_labe
     log.info(f"prediction: {'not predicted: ' + why if why else 'logged'} ({time.perf_counter() - t0:.2f} s)")
 
 
-def _predict_and_log(cfg: RunConfig, tracker: Any, lengths: torch.Tensor, num_labels: int, model_config: Any,
+def _predict_and_log(cfg: RunConfig, tracker: Any, lengths: torch.Tensor, num_labels: int, model_config: PretrainedConfig,
                      profile: Mapping[str, Any], run_name: str) -> str:
     """Logs the prediction; returns why there is none ('' when there is)."""
     from bertaccel.options.hardware import load_profiles

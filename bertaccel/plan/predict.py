@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
@@ -25,10 +25,13 @@ from ..model import hf_config
 from ..options.compile import keeps_cache
 from .work import DataShape, Work, data_shape, meta_model, work_of
 
+if TYPE_CHECKING:  # (transformers: imported where a model is built)
+    from transformers import PretrainedConfig
+
 SCRATCH_BESIDE_PROBES_CORES = 4  # cores from which the scratch store is timed beside the probes
 
 
-def run_params(cfg: RunConfig, choices: Mapping[str, str], config: Any) -> Dict[str, str]:
+def run_params(cfg: RunConfig, choices: Mapping[str, str], config: PretrainedConfig) -> Dict[str, str]:
     """The params the run of this configuration logs (record.open_tracker), the model shape included."""
     from bertaccel.record.tracking import flatten
 

@@ -99,7 +99,7 @@ def machine_key(device: torch.device) -> Dict[str, str]:
     return parts
 
 
-def probe_key(cfg: RunConfig, config: Any, lengths: Sequence[int], eval_shapes: Sequence[Tuple[int, int]]) -> Dict[str, Any]:
+def probe_key(cfg: RunConfig, config: PretrainedConfig, lengths: Sequence[int], eval_shapes: Sequence[Tuple[int, int]]) -> Dict[str, Any]:
     """The configuration as far as a step's time depends on it, and the shapes probed."""
     c = asdict(cfg)
     return {

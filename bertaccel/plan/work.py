@@ -26,7 +26,8 @@ from bertaccel.measure.flops import TokenCounts, bert_train_flops
 
 from .roofline import Trained, trained
 
-if TYPE_CHECKING:  # (bertaccel.data: imported where the batches are made)
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig  # (bertaccel.data: imported where the batches are made)
     from ..data import LengthGroupedBatches, ShuffledBatches
 
 WORK_SOURCE = ("data/batches.py's batch sampler replayed on the tokenized train split (same seed, epochs, ranks), "
@@ -82,7 +83,7 @@ def data_shape(cfg: RunConfig, memo: Optional[Dict[str, DataShape]] = None) -> D
     return shape
 
 
-def meta_model(config: Any) -> torch.nn.Module:
+def meta_model(config: PretrainedConfig) -> torch.nn.Module:
     """The classifier's modules on the meta device: shapes for flops.py, no memory, no init."""
     from transformers import AutoModelForSequenceClassification
 
@@ -184,7 +185,7 @@ def eval_batches(test_lengths: Optional[torch.Tensor], cfg: RunConfig) -> List[T
     return [(max(len(r), rows), -(-max(r) // multiple) * multiple) for r in eval_row_lengths(test_lengths, cfg)]
 
 
-def work_of(cfg: RunConfig, data: DataShape, config: Any) -> Work:
+def work_of(cfg: RunConfig, data: DataShape, config: PretrainedConfig) -> Work:
     """The configuration's whole training: every epoch's tokens and FLOPs (freezing per epoch)."""
     from bertaccel.options.freezing import apply_freezing
 

@@ -25,11 +25,14 @@ import contextlib
 import io
 import tempfile
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from hydra.experimental.callback import Callback
 
 from bertaccel.config import first_line
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 from bertaccel.record.access import attach_files, local_path, set_tags
 from bertaccel.context import SweepContext, current as run_context
 from bertaccel.record.sweep import sweep_runs
@@ -121,11 +124,11 @@ class SweepReport(Callback):
         self.context: Optional[SweepContext] = None
         self.experiment = ""
 
-    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # SweepProgress.on_multirun_start ran just before (Hydra starts callbacks in order).
         self.context, self.experiment = run_context().sweep, str(config.tracking.experiment)
 
-    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         ctx = self.context
         if ctx is None or not ctx.uri:
             return

@@ -53,8 +53,9 @@ from bertaccel.train.loop import train
 from bertaccel.train.step import uses_fixed_shapes
 from bertaccel.train.warmup import WarmupPlan, data_lengths
 
-if TYPE_CHECKING:  # (MLflow's entities: imported by the trackers that make them, not at job start)
+if TYPE_CHECKING:  # (MLflow's entities and transformers' classes: imported where they are made)
     from mlflow.entities import DatasetInput
+    from transformers import PreTrainedModel
 
 log = logging.getLogger("bertaccel")
 
@@ -203,7 +204,7 @@ def _prepare_data(cfg: RunConfig, raw: RawData, marks: Dict[str, float]) -> Tupl
 
 
 def _build_model(cfg: RunConfig, raw: RawData, tokenizer: Any, tracker: Tracker,
-                 marks: Dict[str, float]) -> Tuple[torch.nn.Module, str]:
+                 marks: Dict[str, float]) -> Tuple[PreTrainedModel, str]:
     """The model and where its weights came from; the built shape goes to the run's record."""
     model, weights_note = build_model(cfg.model, raw.num_labels, cfg.attention, len(tokenizer), cfg.encoder)
     log.info(f"model {cfg.model.name}: {weights_note}")

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from omegaconf import OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from bertaccel.option import user_path
 
@@ -161,7 +161,7 @@ def untrained_jobs(hydra_context: Any) -> Dict[int, str]:
     return {idx: plan.untrained for idx in plan.baseline}
 
 
-def expand_dir(config: Any, mode: str) -> None:
+def expand_dir(config: DictConfig, mode: str) -> None:
     """hydra.<mode>.dir through option.user_path: Hydra makes the folder as given, `~` included."""
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra[mode].dir = str(user_path(config.hydra[mode].dir))
@@ -178,18 +178,18 @@ class SweepProgress(Callback):
         self.state = SweepState()
         self.before: Optional[run_dir.Before] = None
 
-    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         expand_dir(config, "run")
         self.before = run_dir.before_job(config)
 
-    def on_run_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
+    def on_run_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
         if job_return is not None and isinstance(getattr(job_return, "_return_value", None), run_dir.Refused):
             run_dir.undo(self.before)
             # (raised here, not left to Hydra: it would print "Error executing job ..." first;
             # SystemExit passes Hydra's callback wrapper, which turns exceptions into warnings)
             raise SystemExit(2)
 
-    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         mark_main(MAIN_PARENT_RUN)  # (Hydra has composed the sweep's config: the first run's start-up)
         expand_dir(config, "sweep")  # (before the sweeper writes multirun.yaml there; the launcher: each job's)
         plain = PLAIN_SUBMITIT.get(config.hydra.launcher.get("_target_", ""))
@@ -254,11 +254,11 @@ class SweepProgress(Callback):
                 print(f"[sweep] {line}", flush=True)
         mark_main(MAIN_SWEEP_START)
 
-    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if os.getpid() != self.state.pid and self.state.context is not None and run_context().sweep is None:
             set_sweep(self.state.context)  # a submitit job whose scheduler did not pass the environment on
 
-    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         if os.getpid() != self.state.pid:
             return  # a submitit job's process: its launcher hands the outcome to the launching process
         # A search trial (search.py) returns its objective values with the Outcome attached, or
@@ -275,7 +275,7 @@ class SweepProgress(Callback):
         if config.hydra.mode is not None and config.hydra.mode.name == "MULTIRUN":
             print(self.state.progress_line(), flush=True)
 
-    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         state = self.state
         if state.context is not None:
             close_parent(state.uri, state.context.parent_run_id, {s: state.count(s) for s in STATUSES})
