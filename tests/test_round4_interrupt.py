@@ -77,7 +77,7 @@ POINTS = {
                                                     "vc = copy.deepcopy(v, memo=memo)", 3,
                                                     "runs/sweep_plan.py:plan_sweep"),
     # the parent run made, not yet the sweep's context (a parent left RUNNING)
-    "the parent run opens": ("record/sweep.py:open_parent", "client.log_param(run.info.run_id", 1, "-"),
+    "the parent run opens": ("record/sweep.py:open_parent", "client.log_param(new_id", 1, "-"),
     # a job's config read as the sweep is planned (runs/sweep_plan.py): an UnboundLocalError
     # took the Interrupted's place, Hydra made it a warning, the parent run was left RUNNING
     "Hydra's config read for the first job": (SOURCES, "f = res.open", 1, "runs/sweep_plan.py:plan_sweep"),
