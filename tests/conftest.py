@@ -173,3 +173,33 @@ def kill_mid_run(proc: subprocess.Popen, store: str, timeout_s: float) -> bool:
         time.sleep(0.1)
     proc.wait()
     return killed
+
+
+def conversion_counter(path_expr: str) -> str:
+    """Python source, run first in a process (a driver script, or a sitecustomize), that wraps
+    checks.validate and checks.typed to count their conversions of a config not typed yet (validate
+    calls typed, so do others) and writes the counts as JSON at exit to the file `path_expr` (a
+    Python expression) names. Wrapped before bertaccel.run is imported, so every caller, a lazy
+    import too, calls the counted ones (tests/test_typed_once.py, tests/test_typed_runs.py)."""
+    import textwrap
+
+    return textwrap.dedent(f"""
+        import atexit, json, os
+        import bertaccel.options.checks as checks
+        from bertaccel.config import RunConfig
+
+        counts = {{"validate": 0, "typed": 0}}
+
+        def counted(name):
+            original = getattr(checks, name)
+
+            def call(cfg, *args, **kwargs):
+                counts[name] += not isinstance(cfg, RunConfig)
+                return original(cfg, *args, **kwargs)
+            setattr(checks, name, call)
+
+        counted("validate")
+        counted("typed")
+        where = {path_expr}
+        atexit.register(lambda: open(where, "w").write(json.dumps(counts)))
+    """)

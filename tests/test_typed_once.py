@@ -16,29 +16,12 @@ from omegaconf import OmegaConf
 from bertaccel.options.checks import validate
 from bertaccel.record.run_record import logged_config
 from bertaccel.runs.checked import LEFT_TO_THE_RUNS
-from conftest import TINY
+from conftest import TINY, conversion_counter
 
-# The real CLI in a process of its own, with checks.validate and checks.typed's conversions (of a
-# config not typed yet: validate calls it, so do others) counted; the counts are written at exit.
-# Wrapped before bertaccel.run is imported, so every caller, a lazy import too, calls the counted ones.
-DRIVER = textwrap.dedent("""
-    import atexit, json, os, runpy, sys
-    import bertaccel.options.checks as checks
-    from bertaccel.config import RunConfig
-
-    counts = {"validate": 0, "typed": 0}
-
-    def counted(name):
-        original = getattr(checks, name)
-
-        def call(cfg, *args, **kwargs):
-            counts[name] += not isinstance(cfg, RunConfig)
-            return original(cfg, *args, **kwargs)
-        setattr(checks, name, call)
-
-    counted("validate")
-    counted("typed")
-    atexit.register(lambda: open(os.environ["COUNTS_FILE"], "w").write(json.dumps(counts)))
+# The real CLI in a process of its own, its conversions counted (conftest.conversion_counter), the
+# counts written at exit to $COUNTS_FILE.
+DRIVER = conversion_counter('os.environ["COUNTS_FILE"]') + textwrap.dedent("""
+    import runpy, sys
     sys.argv = ["bertaccel.run", *sys.argv[1:]]
     runpy.run_module("bertaccel.run", run_name="__main__", alter_sys=True)
 """)

@@ -11,33 +11,13 @@ import sys
 import textwrap
 
 import pytest
-from conftest import TINY, sweep_children
+from conftest import TINY, conversion_counter, sweep_children
 
 # Every Python process of the sweep (the submitting one and each submitit job's) imports this at
 # start-up (a sitecustomize on PYTHONPATH) and counts checks.validate's and checks.typed's
 # conversions of a config not typed yet; each process writes its counts to its own file at exit.
-SITECUSTOMIZE = textwrap.dedent("""
-    import atexit, json, os
-
-    if os.environ.get("COUNTS_DIR"):
-        import bertaccel.options.checks as checks
-        from bertaccel.config import RunConfig
-
-        counts = {"validate": 0, "typed": 0}
-
-        def counted(name):
-            original = getattr(checks, name)
-
-            def call(cfg, *args, **kwargs):
-                counts[name] += not isinstance(cfg, RunConfig)
-                return original(cfg, *args, **kwargs)
-            setattr(checks, name, call)
-
-        counted("validate")
-        counted("typed")
-        where = os.path.join(os.environ["COUNTS_DIR"], f"{os.getpid()}.json")
-        atexit.register(lambda: open(where, "w").write(json.dumps(counts)))
-""")
+SITECUSTOMIZE = "import os\nif os.environ.get('COUNTS_DIR'):\n" + textwrap.indent(
+    conversion_counter('os.path.join(os.environ["COUNTS_DIR"], f"{os.getpid()}.json")'), "    ")
 
 
 @pytest.mark.slow
