@@ -63,8 +63,8 @@ H100_CARD = Store("docs/results/stores/h100-card.db.gz", "config-b32a167b41")
 GRID = Store("docs/results/stores/h200-thesis-grid-repeats.db.gz", "thesis_grid-bf4de72724")
 FP8_FUSED = Store("docs/results/stores/h200-fp8-fused-minilm-imdb.db.gz", "config-7abe5912d2")
 FP8 = Store("docs/results/stores/h200-fp8-minilm-imdb.db.gz", "config-5e884036e6")
-# Three sweeps in one store (docs/results/thesis-h200.md gives their commands): read whole, no sweep id.
-THESIS_B16 = Store("docs/results/stores/h200-thesis-table51-b16.db.gz", "")
+# Four sweeps in one store (docs/results/thesis-h200.md gives their commands): read whole, no sweep id.
+THESIS_GRID = Store("docs/results/stores/h200-thesis-grid.db.gz", "")
 
 
 @dataclass

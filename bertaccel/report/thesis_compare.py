@@ -211,32 +211,173 @@ def _in_grid(r: Row, axes: Mapping[str, Sequence[str]]) -> bool:
     return all(have.get(k) in values for k, values in axes.items())
 
 
-def grid_slice(rows: Sequence[Row]) -> str:
-    """The store's runs that are configurations of the thesis grid: one line per configuration
-    (mean [95 % t-interval] of its runs), fastest first, and a last line on how much of the grid
-    (configurations x 3 repeats) they cover."""
+@dataclass(frozen=True)
+class Configuration:
+    """One configuration of the thesis grid that the store has: its value on each swept axis, its
+    runs and each column's mean and interval over them."""
+    values: Tuple[Tuple[str, str], ...]          # swept axis -> value, in the study file's order
+    runs: Tuple[Row, ...]
+    columns: Mapping[str, Interval]
+
+    def name(self, without: Sequence[str] = ()) -> str:
+        return " / ".join(v for k, v in self.values if k not in without)
+
+    @property
+    def batch(self) -> str:
+        return dict(self.values)["train.batch_size"]
+
+
+def configurations(rows: Sequence[Row], axes: Optional[Mapping[str, Sequence[str]]] = None) -> List[Configuration]:
+    """The store's runs that are configurations of the thesis grid, one entry per configuration
+    (report/repeats.group_rows: the repeats of one configuration together), in the store's order."""
     from .repeats import group_rows
 
-    axes = grid_axes()
+    axes = grid_axes() if axes is None else axes
     keys = [k for k in axes if len(axes[k]) > 1]
     mine = [r for r in rows if _in_grid(r, axes)]
-    lines = ["| " + " / ".join(keys) + " | n | time s | energy kWh | test accuracy |", "|---|---|---|---|---|"]
-    groups = []
+    out = []
     for g in group_rows(mine):
-        runs = [mine[i] for i in g.members]
+        runs = tuple(mine[i] for i in g.members)
         first = {**runs[0].choices, "train.batch_size": str(runs[0].batch_size)}
         iv = {c: t_interval([v for v in (r.get(c) for r in runs) if v is not None]) for c in MEAN_COLUMNS}
-        groups.append((iv["time_s"].mean or 0.0, " / ".join(first[k] for k in keys), len(runs), iv))
-    for _, name, n, iv in sorted(groups):
-        lines.append(f"| {name} | {n} | {_cell(iv['time_s'], '{:.1f}')} | {_cell(iv['energy_kwh'], '{:.4f}')} | "
-                     f"{_cell(iv['accuracy'], '{:.4f}')} |")
-    total = 1
-    for k in keys:
-        total *= len(axes[k])
-    lines.append("")
-    lines.append(f"{len(groups)} of the grid's {total} configurations, {len(mine)} of its {3 * total} runs "
-                 f"with 3 repeats")
+        out.append(Configuration(tuple((k, first[k]) for k in keys), runs, iv))
+    return out
+
+
+def grid_slice(rows: Sequence[Row]) -> str:
+    """The store's runs that are configurations of the thesis grid: one line per configuration
+    (mean [95 % t-interval] of its runs), fastest first."""
+    axes = grid_axes()
+    keys = [k for k in axes if len(axes[k]) > 1]
+    lines = ["| " + " / ".join(keys) + " | n | time s | energy kWh | test accuracy |", "|---|---|---|---|---|"]
+    for c in sorted(configurations(rows, axes), key=lambda c: (c.columns["time_s"].mean or 0.0, c.name())):
+        iv = c.columns
+        lines.append(f"| {c.name()} | {len(c.runs)} | {_cell(iv['time_s'], '{:.1f}')} | "
+                     f"{_cell(iv['energy_kwh'], '{:.4f}')} | {_cell(iv['accuracy'], '{:.4f}')} |")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How much of the grid at one batch size the store has, with 3 repeats the goal."""
+    batch: str
+    configurations: int                 # the grid's configurations at this batch size
+    present: Tuple[Configuration, ...]  # those the store has a finished run of
+    missing: Tuple[str, ...]            # those it has none of (names without the batch size)
+    repeats: int = 3
+
+    @property
+    def runs(self) -> int:
+        return sum(min(len(c.runs), self.repeats) for c in self.present)
+
+    def short(self) -> Dict[int, int]:
+        """Run count -> how many present configurations have that many, for those under the repeats."""
+        counts: Dict[int, int] = {}
+        for c in self.present:
+            if len(c.runs) < self.repeats:
+                counts[len(c.runs)] = counts.get(len(c.runs), 0) + 1
+        return counts
+
+
+def coverage(rows: Sequence[Row], axes: Optional[Mapping[str, Sequence[str]]] = None,
+             repeats: int = 3) -> List[Coverage]:
+    """Per batch size of the grid: its configurations the store has, their runs, those missing."""
+    import itertools
+
+    axes = grid_axes() if axes is None else axes
+    keys = [k for k in axes if len(axes[k]) > 1 and k != "train.batch_size"]
+    have = configurations(rows, axes)
+    out = []
+    for batch in axes["train.batch_size"]:
+        present = tuple(c for c in have if c.batch == batch)
+        names = {c.name(("train.batch_size",)) for c in present}
+        every = [" / ".join(v) for v in itertools.product(*(axes[k] for k in keys))]
+        out.append(Coverage(batch, len(every), present, tuple(n for n in every if n not in names), repeats))
+    return out
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    """'1.25-1.78', '-0.19 to +0.25' (one value when they round alike)."""
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo} to {hi}" if lo.startswith(("-", "+")) else f"{lo}-{hi}"
+
+
+def _mean(iv: Interval, fmt: str) -> str:
+    return "-" if iv.mean is None else fmt.format(iv.mean)
+
+
+def _runs_word(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def coverage_lines(cov: Sequence[Coverage]) -> str:
+    """One line per batch size: how much of the grid the store has, and what it lacks."""
+    lines = []
+    for c in cov:
+        head = (f"- batch {c.batch}: {len(c.present)} of its {c.configurations} configurations, "
+                f"{c.runs} of its {c.repeats * c.configurations} runs with {c.repeats} repeats")
+        lacks = []
+        if not c.present:
+            lacks.append("no run yet")
+        elif c.missing:
+            lacks.append("no run of " + ", ".join(c.missing))
+        lacks += [f"{k} configuration{'s' if k > 1 else ''} ran {_runs_word(n)}"
+                  for n, k in sorted(c.short().items())]
+        lines.append(head + (f" ({'; '.join(lacks)})" if lacks else ""))
+    total = sum(c.configurations for c in cov)
+    lines.append(f"- the whole grid: {sum(len(c.present) for c in cov)} of {total} configurations, "
+                 f"{sum(c.runs for c in cov)} of {cov[0].repeats * total} runs")
+    return "\n".join(lines)
+
+
+def batch_pairs(rows: Sequence[Row], small: str = "16", large: str = "32"
+                ) -> List[Tuple[Configuration, Configuration]]:
+    """The configurations the store has at both batch sizes, each as (at small, at large), in the
+    study file's order of the other axes."""
+    axes = grid_axes()
+    have = configurations(rows, axes)
+    at = {b: {tuple(kv for kv in c.values if kv[0] != "train.batch_size"): c for c in have if c.batch == b}
+          for b in (small, large)}
+
+    def order(values: Tuple[Tuple[str, str], ...]) -> Tuple[int, ...]:
+        return tuple(list(axes[k]).index(v) for k, v in values)
+    return [(at[small][v], at[large][v]) for v in sorted(at[small], key=order) if v in at[large]]
+
+
+def batch_table(pairs: Sequence[Tuple[Configuration, Configuration]]) -> str:
+    """Each configuration at both batch sizes: runs, mean time, energy and accuracy (mean [95 %
+    t-interval] where it has 2 runs or more), the speed-up and whether the two time intervals overlap."""
+    if not pairs:
+        return "No configuration has runs at both batch sizes yet."
+    a, b = pairs[0][0].batch, pairs[0][1].batch
+    lines = [f"| encoder / optimizer / precision | n at {a} / {b} | time s at {a} | time s at {b} | "
+             f"speed-up | energy kWh at {a} / {b} | test accuracy at {a} / {b} |",
+             "|---|---|---|---|---|---|---|"]
+    for s, l in pairs:
+        ts, tl = s.columns["time_s"], l.columns["time_s"]
+        es, el = s.columns["energy_kwh"], l.columns["energy_kwh"]
+        acs, acl = s.columns["accuracy"], l.columns["accuracy"]
+        overlap = {True: ", intervals overlap", False: ", intervals apart", None: ""}[ts.overlaps(tl)]
+        lines.append(f"| {s.name(('train.batch_size',))} | {len(s.runs)} / {len(l.runs)} | "
+                     f"{_cell(ts, '{:.1f}')} | {_cell(tl, '{:.1f}')} | "
+                     f"{(ts.mean or 0.0) / (tl.mean or 1.0):.2f}x{overlap} | "
+                     f"{_mean(es, '{:.4f}')} / {_mean(el, '{:.4f}')} | "
+                     f"{_mean(acs, '{:.4f}')} / {_mean(acl, '{:.4f}')} |")
+    return "\n".join(lines)
+
+
+def batch_summary(pairs: Sequence[Tuple[Configuration, Configuration]]) -> str:
+    """One sentence over the pairs: the range of speed-ups, of energy ratios and of accuracy changes."""
+    if not pairs:
+        return "no configuration has runs at both batch sizes yet"
+    a, b = pairs[0][0].batch, pairs[0][1].batch
+    speed = [(s.columns["time_s"].mean or 0.0) / (l.columns["time_s"].mean or 1.0) for s, l in pairs]
+    energy = [(l.columns["energy_kwh"].mean or 0.0) / (s.columns["energy_kwh"].mean or 1.0) for s, l in pairs]
+    points = [100 * ((l.columns["accuracy"].mean or 0.0) - (s.columns["accuracy"].mean or 0.0)) for s, l in pairs]
+    n = len(pairs)
+    return (f"over the {n} configuration{'s' if n > 1 else ''} run at both, batch {b} trains "
+            f"{_span(speed, '{:.2f}')}x as fast as batch {a} with {_span(energy, '{:.2f}')} of its energy, "
+            f"and its test accuracy differs by {_span(points, '{:+.2f}')} points")
 
 
 def steps(measured: Sequence[Ours]) -> str:
