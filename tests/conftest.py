@@ -35,6 +35,7 @@ if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", "/dev/shm")
 
 import pytest
+import warm_cli  # noqa: E402 (tests/warm_cli.py)
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -134,15 +135,18 @@ def compose_cfg():
 
 @pytest.fixture
 def cli(tmp_path):
-    """Run `python -m bertaccel.run ARGS` in tmp_path with its own MLflow store and cache."""
+    """Run `python -m bertaccel.run ARGS` in tmp_path with its own MLflow store and cache: a process
+    of its own, forked from the worker's warm parent (tests/warm_cli.py)."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
-    def _run(args: List[str], timeout: int = 600, uri: str = store) -> subprocess.CompletedProcess:
-        # uri: another tracking URI than the temp store (e.g. one that cannot be reached)
+    def _run(args: List[str], timeout: int = 600, uri: str = store, fresh: bool = False) -> subprocess.CompletedProcess:
+        # uri: another tracking URI than the temp store (e.g. one that cannot be reached).
+        # fresh: a new interpreter, for a test of what the command's own start-up measures.
         cmd = [sys.executable, "-m", "bertaccel.run", *args, f"tracking.uri={uri}",
                f"cache_dir={tmp_path / 'cache'}"]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-        return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)
+        return (subprocess.run if fresh else warm_cli.run)(cmd, cwd=tmp_path, capture_output=True, text=True,
+                                                           timeout=timeout, env=env)
 
     _run.store = store
     _run.dir = tmp_path

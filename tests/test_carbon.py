@@ -2,7 +2,6 @@
 report's fifth score term, column and plot."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,7 @@ from bertaccel.measure.carbon import REGIONS, co2e
 from bertaccel.measure.collectors import Reading
 from bertaccel.options.checks import validate
 from bertaccel.report import STRATEGIES, load_rows, score_rows
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 
 def _carbon(region="world", intensity=None):
@@ -73,15 +73,15 @@ def test_fifth_weight_scores_carbon_and_four_weights_score_as_before(tmp_path):
 @pytest.mark.slow
 def test_cli_five_weights_carbon_column_and_plot(tmp_path):
     (tmp_path / "c.csv").write_text(CSV)
-    r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--csv", "c.csv", "--weights",
-                        "green=0.2,0.2,0.1,0,0.5", "--out", "rep"], cwd=tmp_path, capture_output=True, text=True)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--csv", "c.csv", "--weights",
+                      "green=0.2,0.2,0.1,0,0.5", "--out", "rep"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "green              best: slow_clean" in r.stdout
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "| green | 0.2 | 0.2 | 0.1 | 0 | 0.5 |" in md and "| balance | 0.3 | 0.3 | 0.3 | 0.1 | 0 |" in md
     assert (tmp_path / "rep" / "plots" / "co2e_vs_accuracy.png").stat().st_size > 1000
-    bad = subprocess.run([sys.executable, "-m", "bertaccel.report", "--csv", "c.csv", "--weights", "1,2,3,4,5,6"],
-                         cwd=tmp_path, capture_output=True, text=True)
+    bad = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--csv", "c.csv", "--weights", "1,2,3,4,5,6"],
+                       cwd=tmp_path, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "or five with w5 for carbon" in bad.stderr
 
 

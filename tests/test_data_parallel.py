@@ -20,6 +20,7 @@ from bertaccel.data import LengthGroupedBatches, PadCollator, ShuffledBatches
 from bertaccel.options.precision import Precision
 from bertaccel.train.forward import Forward
 from bertaccel.train.step import accumulate_window, data_parallel, evaluate
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 HANG_S = 240
 
@@ -157,11 +158,11 @@ def test_num_gpus_2_on_cpu_is_one_mlflow_run_with_the_whole_test_split(tmp_path)
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "bertaccel.run", "-m", "num_gpus=1,2", "model=tiny",
-                           "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=40",
-                           "train.batch_size=8", "train.eval_batch_size=16", "layer_timing=true", f"cache_dir={tmp_path / 'c'}",
-                           f"tracking.uri={uri}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = warm_cli.run([sys.executable, "-m", "bertaccel.run", "-m", "num_gpus=1,2", "model=tiny",
+                         "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=40",
+                         "train.batch_size=8", "train.eval_batch_size=16", "layer_timing=true", f"cache_dir={tmp_path / 'c'}",
+                         f"tracking.uri={uri}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                        timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("bertaccel")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from bertaccel.report import docs_figures as df
 from bertaccel.report.docs_figures import BLOCK, FIGURES, PLACES, compute, fill, problems, read_pages
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 ROOT = Path(__file__).resolve().parents[1]
 # The figures a command makes (a process each): checked by the CLI test below.
@@ -95,8 +95,8 @@ def test_check_names_the_one_stale_block_and_the_guide_shows_the_sweep_the_plan_
         shutil.copy(ROOT / page, tmp_path / page)
     guide = (tmp_path / "docs" / "getting-started.md").read_text()
     (tmp_path / "docs" / "getting-started.md").write_text(guide.replace("test_accuracy=0.8962", "test_accuracy=0.8931"))
-    p = subprocess.run([sys.executable, "-m", "bertaccel.report.docs_figures", "--check", "--root", str(tmp_path)],
-                       env=ENV, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    p = warm_cli.run([sys.executable, "-m", "bertaccel.report.docs_figures", "--check", "--root", str(tmp_path)],
+                     env=ENV, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     lines = p.stderr.splitlines()
     assert p.returncode == 1 and len(lines) == 2, p.stderr
     assert lines[0].startswith("docs/getting-started.md: figure 'card-default-line' is stale"), p.stderr
@@ -114,7 +114,7 @@ def test_check_names_the_one_stale_block_and_the_guide_shows_the_sweep_the_plan_
 
 @pytest.mark.slow
 def test_a_root_without_the_pages_is_one_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "bertaccel.report.docs_figures", "--check", "--root", str(tmp_path)],
-                       env=ENV, capture_output=True, text=True, timeout=120)
+    p = warm_cli.run([sys.executable, "-m", "bertaccel.report.docs_figures", "--check", "--root", str(tmp_path)],
+                     env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == "", p
     assert p.stderr.count("\n") == 1 and p.stderr.startswith(f"error: --root {tmp_path}: no README.md"), p.stderr

@@ -16,6 +16,7 @@ from bertaccel.attention.kernels.xformers import XFORMERS_INSTALL
 from bertaccel.config import CONF_DIR
 from bertaccel.doctor.lines import Line, checked
 from bertaccel.doctor.options import PRESETS, machine_checked_groups
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "getting-started.md"
@@ -26,8 +27,8 @@ ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bertaccel.doctor", *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.doctor", *args], cwd=ROOT, env=ENV,
+                        capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

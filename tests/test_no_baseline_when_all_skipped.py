@@ -15,6 +15,7 @@ from conftest import TINY
 
 from bertaccel.record.sweep import UNTRAINED_TAG, previous_outcome
 from bertaccel.record.tracking import runs_by_status, search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 CARD_SWEEP = ["-m", "precision=fp16,fp32", "attention=xformers,triton"]  # README's "A sweep on a GPU"
 UNTRAINED_LINE = ("baseline not trained: every other configuration (4) of this sweep is skipped on this machine "
@@ -69,8 +70,8 @@ def test_the_card_sweep_on_a_cpu_records_four_skips_and_trains_no_baseline(tmp_p
     assert _trained_anything(uri) == []
 
     # The report of that store: one line, nothing to rank, no traceback.
-    rep = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", str(tmp_path / "rep")],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    rep = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", str(tmp_path / "rep")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
     lines = [line for line in rep.stderr.splitlines() if line.strip()]
     assert rep.returncode == 2 and len(lines) == 1, rep.stderr
     assert lines[0].startswith("error: no finished runs in experiment bertaccel") and "5 skipped" in lines[0]

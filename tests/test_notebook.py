@@ -1,7 +1,6 @@
 """The quick sweep end to end, then the report and the notebook executed on its store."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ from nbclient import NotebookClient
 import pytest
 
 from bertaccel.record.tracking import search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -36,9 +36,9 @@ def test_quick_sweep_report_and_notebook(cli, monkeypatch, tmp_path):
     (parent,) = [r for r in search_runs(cli.store, "bertaccel") if r.data.tags.get("bertaccel.role") == "sweep"]
     sweep_id = parent.data.tags["sweep_id"]
 
-    report = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", cli.store, "--sweep", sweep_id,
-                             "--baseline", "accumulation=1,freezing=none,optimizer=adamw", "--out", "rep"],
-                            cwd=tmp_path, capture_output=True, text=True)
+    report = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", cli.store, "--sweep", sweep_id,
+                           "--baseline", "accumulation=1,freezing=none,optimizer=adamw", "--out", "rep"],
+                          cwd=tmp_path, capture_output=True, text=True)
     assert report.returncode == 0, report.stderr
     md = (tmp_path / "rep" / "report.md").read_text()
     # CPU runs: no energy (no RAPL here) and no occupancy (no GPU); the report says so and scores

@@ -19,6 +19,7 @@ import pytest
 
 from bertaccel.record.tracking import search_runs
 from bertaccel.store import sqlite_state
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -150,8 +151,8 @@ def test_three_identical_sweeps_at_once_one_killed_and_rerun_count_each_configur
     assert parent.info.status == "FINISHED" and parent.data.tags["status"] == "finished (6 of 6 runs finished)"
     assert "reason" not in parent.data.tags and parent.data.tags["sweep_processes"] == ""
 
-    report = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", store, "--out", "rep"],
-                            cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    report = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", store, "--out", "rep"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-3000:]
     md = (tmp_path / "rep" / "report.md").read_text()
     # (with repeats the tables of single runs are in the appendix, under ### headings)
@@ -242,8 +243,8 @@ def test_a_half_created_store_is_one_line_for_the_report_and_rebuilt_by_the_next
     db = tmp_path / "mlflow.db"
     _half_created(db)
     before = db.read_bytes()
-    rep = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", f"sqlite:///{db}"], cwd=tmp_path,
-                         env=ENV, capture_output=True, text=True, timeout=120)
+    rep = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", f"sqlite:///{db}"], cwd=tmp_path,
+                       env=ENV, capture_output=True, text=True, timeout=120)
     assert rep.returncode == 2 and len(_said(rep.stderr)) == 1, rep.stderr[-3000:]
     assert "half-created" in rep.stderr and "Traceback" not in rep.stderr
     assert db.read_bytes() == before and not (tmp_path / "report").exists()

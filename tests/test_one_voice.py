@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -26,6 +25,7 @@ from bertaccel.context import SweepContext
 from bertaccel.report.glance import MANIFEST, PAGE, ROOT, load_manifest
 from bertaccel.report.scoring import STRATEGIES
 from bertaccel.report.sweep_report import DESCRIPTION_TAG, attach_report
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 ENTRIES = load_manifest(MANIFEST)
 Said = Dict[str, Tuple[str, str, str]]  # strategy -> (winner, speed, accuracy change)
@@ -106,8 +106,8 @@ def _glance(page: str, store: str) -> Said:
 
 
 def _report(uri: str, sweep: str, out: Path, baseline=None) -> Tuple[str, str]:
-    p = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--sweep", sweep, "--out", str(out)]
-                       + (["--baseline", baseline] if baseline else []), capture_output=True, text=True, timeout=600)
+    p = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--sweep", sweep, "--out", str(out)]
+                     + (["--baseline", baseline] if baseline else []), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout, (out / "report.md").read_text()
 

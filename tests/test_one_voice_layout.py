@@ -7,12 +7,12 @@ from __future__ import annotations
 import gzip
 import re
 import shutil
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "docs" / "results" / "stores" / "h200-fp8-minilm-imdb.db.gz"
@@ -26,9 +26,9 @@ def report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("layout")
     with gzip.open(STORE) as src, (tmp / "store.db").open("wb") as dst:
         shutil.copyfileobj(src, dst)
-    p = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", f"sqlite:///{tmp / 'store.db'}", "--sweep",
-                        SWEEP, "--baseline", "precision=bf16", "--out", str(tmp / "rep")],
-                       capture_output=True, text=True, timeout=600)
+    p = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", f"sqlite:///{tmp / 'store.db'}", "--sweep",
+                      SWEEP, "--baseline", "precision=bf16", "--out", str(tmp / "rep")],
+                     capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     return (tmp / "rep" / "report.html").read_text(), (tmp / "rep" / "report.md").read_text()
 

@@ -17,6 +17,7 @@ from browser import browser  # noqa: F401 - the fixture
 from services import free_port, mlflow_service
 
 from bertaccel.report.glance import MANIFEST, ROOT, load_manifest
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +25,8 @@ STORES = sorted({e.store for e in load_manifest(MANIFEST)})
 
 
 def _open(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bertaccel.report.open_store", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report.open_store", *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=600)
 
 
 def _rows(db: Path, table: str):

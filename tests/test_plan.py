@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ from bertaccel.plan.predict import predict_one, store_references
 from bertaccel.plan.pricing import Prediction
 from bertaccel.plan.work import Work, epoch_batches
 from bertaccel.report.scoring import STRATEGIES
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 A100 = {"name": "a100", "price_per_gpu_hour_usd": 1.79, "tdp_w": 400.0, "peak_tflops_bf16": 312.0,
         "peak_tflops_fp16": 312.0, "peak_tflops_fp32": 19.5}
@@ -230,8 +230,8 @@ def test_an_auto_batch_is_not_counted_before_the_run_and_says_what_to_plan_inste
 
 def _plan(args, cwd, timeout=300):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "bertaccel.plan", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.plan", *args], cwd=cwd, capture_output=True, text=True,
+                        timeout=timeout, env=env)
 
 
 @pytest.mark.slow

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
 import sys
 
 import pytest
 
 from bertaccel.report.predicted import comparison, error_pct, median_abs
 from bertaccel.report.scoring import Row
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -56,8 +56,8 @@ def test_errors_and_medians_on_a_synthetic_store(tmp_path):
     assert error_pct(None, 1.0) is None and error_pct(1.0, 0.0) is None and median_abs([None]) is None
     assert median_abs([-5.0, 1.0, None]) == pytest.approx(3.0)
     # The report's CLI: the table, the medians and the plot.
-    r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", "rep"], cwd=tmp_path,
-                       capture_output=True, text=True)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", "rep"], cwd=tmp_path,
+                     capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Appendix: predicted vs measured (bertaccel.plan)" in md  # (the report's last section)
@@ -91,9 +91,9 @@ def test_runs_log_their_prediction_and_the_plan_counts_their_work(cli, tmp_path)
     assert m2["predicted_cost_usd"] == pytest.approx(m2["predicted_train_time_s"] / 3600 * 0.0893)
     assert "predicted_energy_kwh" not in m2  # no RAPL energy measured here, no TDP in the cpu profile: null
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    p = subprocess.run([sys.executable, "-m", "bertaccel.plan", *grid[1:], f"tracking.uri={cli.store}",
-                        f"cache_dir={tmp_path / 'cache'}", "--out", "plan"], cwd=tmp_path, capture_output=True,
-                       text=True, env=env, timeout=300)
+    p = warm_cli.run([sys.executable, "-m", "bertaccel.plan", *grid[1:], f"tracking.uri={cli.store}",
+                      f"cache_dir={tmp_path / 'cache'}", "--out", "plan"], cwd=tmp_path, capture_output=True,
+                     text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
     planned = {row["name"]: row for row in csv.DictReader(open(tmp_path / "plan" / "plan.csv"))}
     for run in runs:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import csv
 import os
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from bertaccel.report import STRATEGIES, Row, pareto_front, rows_from_csv, score_rows
 from bertaccel.report.scoring import normalized, score
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 DATA = Path(__file__).parent / "data"
 THESIS_CSV = DATA / "thesis_table_5_1.csv"  # Table 5.1 as printed (costs rounded to cents)
@@ -100,7 +100,7 @@ def test_floor_baseline_and_affected_rows():
 
 
 def _cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
 
 
 @pytest.mark.slow
@@ -167,8 +167,8 @@ def test_cli_out_of_range_value_is_one_line_exit_2_nothing_written(tmp_path, lin
 
 @pytest.mark.slow
 def test_cli_report_folder_has_the_users_umask_permissions(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--csv", str(THESIS_CSV), "--out", "rep"],
-                       cwd=tmp_path, capture_output=True, text=True, preexec_fn=lambda: os.umask(0o022))
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--csv", str(THESIS_CSV), "--out", "rep"],
+                     cwd=tmp_path, capture_output=True, text=True, preexec_fn=lambda: os.umask(0o022))
     assert r.returncode == 0, r.stderr
     assert stat.S_IMODE((tmp_path / "rep").stat().st_mode) == 0o755  # as mkdir would make it, not mkdtemp's 0700
     assert stat.S_IMODE((tmp_path / "rep" / "plots").stat().st_mode) == 0o755

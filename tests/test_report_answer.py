@@ -5,7 +5,6 @@ run, runs of different sweeps, datasets or devices, no repeats). Real MLflow sto
 job.py writes runs, read through the report's own command; expected numbers worked by hand."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -15,10 +14,11 @@ from report_store import Store
 from bertaccel.config import TECHNIQUE_GROUPS
 from bertaccel.report import rows_from_mlflow
 from bertaccel.report.baseline import choose_baseline, default_choices
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 
 def _cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def _answer(md: str) -> str:

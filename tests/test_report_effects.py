@@ -4,7 +4,6 @@ against the axis's reference, with the spread. Real MLflow stores, written as jo
 read through the report's own command; the expected numbers worked by hand."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +12,7 @@ from report_store import Store
 from bertaccel.report import rows_from_mlflow
 from bertaccel.report.baseline import default_choices
 from bertaccel.report.effects import effects_tables
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 DEFAULTS = default_choices()  # precision=fp32 among them; train.batch_size's default is 32 (conf/config.yaml)
 
@@ -48,8 +48,8 @@ def grid_report(tmp_path_factory):
     _log(store, "fp32", 8, 30.0, 0.030, 0.92)
     _log(store, "fp16", 8, 18.0, 0.014, 0.900, seed=1)  # repeats: means 20.0 s, 0.015 kWh, 0.905
     _log(store, "fp16", 8, 22.0, 0.016, 0.910, seed=2)
-    r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", store.uri, "--out", "rep"], cwd=tmp,
-                       capture_output=True, text=True)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", store.uri, "--out", "rep"], cwd=tmp,
+                     capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return (tmp / "rep" / "report.md").read_text(), (tmp / "rep" / "report.html").read_text()
 

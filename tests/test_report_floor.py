@@ -3,7 +3,6 @@ point of the best test accuracy, names the runs it left out, and shows each winn
 against the best run as well as the baseline. Real MLflow stores, read through the command."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -15,10 +14,11 @@ from bertaccel.report.scoring import STRATEGIES, score_rows
 from bertaccel.report.summary import left_out as left_out_of
 from bertaccel.report.verdict import decide
 from bertaccel.report.scoring import Row
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 
 def _cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def _answer(md: str) -> str:

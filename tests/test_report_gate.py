@@ -3,7 +3,6 @@ ranked with a warning naming what differs) and --occupancy-metric (what plays O,
 report), from CSVs and a real MLflow store."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -12,12 +11,13 @@ from report_store import Store
 from bertaccel.report import STRATEGIES, Row, rows_from_mlflow, score_rows
 from bertaccel.report.gate import differences, warning
 from bertaccel.report.occupancy import with_occupancy_metric
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy"
 
 
 def _cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def test_differences_name_what_and_how_many():

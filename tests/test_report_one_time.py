@@ -4,7 +4,6 @@ optimizer's kernels compiled at its first step: compile_time_s), in a real MLflo
 job.py writes runs, read through the report's own command. Break-even worked by hand."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from report_store import Store
 
 from bertaccel.report.baseline import default_choices
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -24,8 +24,8 @@ def _run(store, name, choices, time_s, compile_time_s, steps=100, samples=3200, 
 
 
 def _answer(tmp_path, store) -> str:
-    r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", store.uri, "--out", "rep"],
-                       cwd=tmp_path, capture_output=True, text=True)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", store.uri, "--out", "rep"],
+                     cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return (tmp_path / "rep" / "report.md").read_text().split("\n## ")[1]
 

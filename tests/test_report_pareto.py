@@ -2,7 +2,6 @@
 worked by hand (counts of integer points under linear inequalities)."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from math import comb
 
@@ -13,10 +12,11 @@ from bertaccel.report.pareto import pareto, row_points
 from bertaccel.report.verdict import decide
 from bertaccel.report.sections import hardware_table
 from bertaccel.report.weights import simplex_grid, weight_map
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 
 def _cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def test_four_objective_front_and_missing_values_are_explicit():

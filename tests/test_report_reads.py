@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import itertools
 import re
-import subprocess
 import sys
 
 import pytest
 from browser import browser  # noqa: F401  (the headless Chromium fixture)
 from report_store import Store
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 PRICE_PER_S = 3.0 / 3600  # one hardware profile's price: every run's cost is its time x this
 GRID = {"encoder": ("hf", "fused"), "optimizer": ("adamw", "adan_fused"), "precision": ("fp32", "fp16"),
@@ -51,8 +51,8 @@ def grid(tmp_path_factory):
                   "accumulation": "1", "num_gpus": "1", "train.seed": "42"}
         ids[_name(values)] = store.log(_name(values), params, metrics, tags)
     out = tmp / "rep"
-    r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", store.uri, "--out", str(out)],
-                       capture_output=True, text=True)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", store.uri, "--out", str(out)],
+                     capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return out, (out / "report.md").read_text(), out / "report.html", ids
 

@@ -4,7 +4,6 @@ configuration's is reported tied. Expected values are computed by hand from the 
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 
 import pytest
@@ -14,13 +13,14 @@ from bertaccel.report import STRATEGIES, Row, rows_from_csv, rows_from_mlflow, s
 from bertaccel.report.floor import Floor
 from bertaccel.report.verdict import decide
 from bertaccel.report.repeats import group_label, group_rows, repeat_stats, t_interval
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 T_975_DF2 = 4.302652729911275   # Student t, 97.5% quantile, 2 degrees of freedom (tables)
 T_975_DF1 = 12.706204736174698  # ... 1 degree of freedom
 
 
 def _cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def test_t_interval_by_hand_and_one_run_is_null_with_its_reason():

@@ -3,7 +3,6 @@ never-reached cases, from a real MLflow store (per-epoch test_accuracy + train_w
 from CSV columns; bad input is one line, exit 2."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -11,12 +10,13 @@ from report_store import Store
 
 from bertaccel.report import Row, rows_from_csv, rows_from_mlflow
 from bertaccel.report.target import reach
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy"
 
 
 def _cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def _row(**kw):

@@ -3,7 +3,6 @@ from a CSV and from a real MLflow store. Expectations are hand-computed from the
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from bertaccel.report import STRATEGIES, Row, rows_from_csv, rows_from_mlflow, score_rows, time_view
 from bertaccel.report.timing import break_even_pairs, break_even_steps, project, steps_per_epoch
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 DATA = Path(__file__).parent / "data"
 # base off / base default / base max-autotune: one configuration ("base") uncompiled and compiled
@@ -20,7 +20,7 @@ OFF, DEFAULT, AUTOTUNE, TWO_GPUS, NO_STEP = range(5)
 
 
 def _cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def _balance(t, tmax, c, cmax, e, emax, o, omax):

@@ -2,13 +2,13 @@
 with train_samples, and a real capped sweep whose accumulation=4 run trains 4x the samples."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 from conftest import TINY
 
 from bertaccel.record.tracking import runs_by_status
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -17,7 +17,7 @@ HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy,train_samples,s
 
 
 def _report(args, cwd):
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def _baseline_rows(md):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ from bertaccel.options.hardware import load_profiles
 from bertaccel.plan.calibrate import Reference, calibrate, similarity_key
 from bertaccel.plan.roofline import (DEFAULT_KERNEL_LAUNCH_US, ESTIMATE, LAYER_COSTS, Parts, Shape,
                                      Trained, Uncounted, count, options, roofline_time, transfer)
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 PROFILES = {p["name"]: p for p in load_profiles()}
 H100, H200, A100 = PROFILES["h100"], PROFILES["h200"], PROFILES["a100"]
@@ -214,8 +214,8 @@ def test_plan_cli_prices_h100_from_a_run_recorded_on_h200(tmp_path):
     client.set_terminated(run.info.run_id)
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-m", "bertaccel.plan", *args, "--hardware", "h100,h200", "--out", "plan"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.plan", *args, "--hardware", "h100,h200", "--out", "plan"],
+                     cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["hardware"]: row for row in csv.DictReader(open(tmp_path / "plan" / "plan.csv"))}
     expected, basis = transfer(20.0, parts_of(work, params), H200, H100, typed.precision.mfu_peak)

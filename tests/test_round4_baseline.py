@@ -16,6 +16,7 @@ from report_store import Store
 
 from bertaccel.options.baseline import default_choices
 from bertaccel.record.sweep import process_tags
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the report's CLI, a sweep): slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -24,8 +25,8 @@ DEFAULTS = default_choices()
 
 def _report(args, cwd):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True,
-                          text=True, env=env, timeout=300)
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", *args], cwd=cwd, capture_output=True,
+                        text=True, env=env, timeout=300)
 
 
 def _answer(md: str) -> str:

@@ -10,12 +10,12 @@ import codecs
 import gzip
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 HEADER = "name,time_s,cost_usd,energy_kwh,occupancy_pct,accuracy"
 ROWS = [("slow", "100", "0.1", "0.02", "40", "0.90"), ("fast", "50", "0.06", "0.01", "45", "0.89")]
@@ -281,8 +281,8 @@ def test_a_report_of_a_10000_row_csv_finishes_and_crowns_the_right_run(tmp_path)
     start = time.monotonic()
     # 120 s on a loaded CI box: it took >290 s before issue 59, 83 s on an idle 2-core box until issue 61
     # cached RepeatStats.repeated (asked per row, a walk over every configuration each time), 16-22 s after.
-    r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--csv", "big.csv", "--out", "rep"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120, env=env)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--csv", "big.csv", "--out", "rep"], cwd=tmp_path,
+                     capture_output=True, text=True, timeout=120, env=env)
     took = time.monotonic() - start
     assert r.returncode == 0, r.stderr[-3000:]
     best = [line for line in r.stdout.splitlines() if "best:" in line]

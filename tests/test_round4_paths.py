@@ -22,6 +22,7 @@ from bertaccel.record.tracking import search_runs
 from bertaccel.report.folder import check_folder, new_temporary, write_folder
 from bertaccel.runs.bytecode import default_prefix
 from bertaccel.train.compile_cache import compile_caches
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 SWEEP = ["model=tiny", "train.device=cpu", "train.seed=1,2", "dataset.train_subset=32", "dataset.test_subset=16",
@@ -79,8 +80,8 @@ def test_the_plan_cli_saves_under_home_and_a_lookup_from_another_directory_finds
     here = tmp_path / "here"
     here.mkdir()
     store = tmp_path / "m.db"
-    r = subprocess.run([sys.executable, "-m", "bertaccel.plan", *SWEEP, f"tracking.uri=sqlite:///{store}"],
-                       cwd=here, env={**ENV, "HOME": str(home)}, capture_output=True, text=True, timeout=300)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.plan", *SWEEP, f"tracking.uri=sqlite:///{store}"],
+                     cwd=here, env={**ENV, "HOME": str(home)}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert not (here / "~").exists() and not [p for p in here.rglob("*") if p.name == "~"]
     saved = list((home / ".cache" / "bertaccel" / "plan").glob("*.json"))
@@ -90,10 +91,10 @@ def test_the_plan_cli_saves_under_home_and_a_lookup_from_another_directory_finds
     assert len(read_plan(RunConfig().cache_dir, saved[0].stem)) == 2
     # The sweep itself, from another directory, its Hydra folder given as ~/sweeps: its runs log
     # the plan's predictions, and neither directory gets a `~` folder.
-    r = subprocess.run([sys.executable, "-m", "bertaccel.run", "-m", *SWEEP, f"tracking.uri=sqlite:///{store}",
-                        "hydra.sweep.dir='~/sweeps/s1'"],
-                       cwd=tmp_path / "elsewhere", env={**ENV, "HOME": str(home)}, capture_output=True, text=True,
-                       timeout=300)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.run", "-m", *SWEEP, f"tracking.uri=sqlite:///{store}",
+                      "hydra.sweep.dir='~/sweeps/s1'"],
+                     cwd=tmp_path / "elsewhere", env={**ENV, "HOME": str(home)}, capture_output=True, text=True,
+                     timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = [x for x in search_runs(f"sqlite:///{store}", "bertaccel") if x.data.tags.get("bertaccel.role") != "sweep"]
     assert len(runs) == 2 and all(x.data.tags["prediction_basis"].startswith("bertaccel.plan before the sweep")
@@ -126,7 +127,7 @@ def test_a_later_report_removes_a_dead_writers_temporary_folder_and_keeps_a_live
 def test_glance_without_out_is_one_line_and_writes_nothing(tmp_path):
     page = Path(__file__).resolve().parents[1] / "docs" / "results" / "at-a-glance.md"
     before = (page.read_bytes(), page.stat().st_mtime_ns)
-    r = subprocess.run([sys.executable, "-m", "bertaccel.report.glance"], cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=120)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.report.glance"], cwd=tmp_path, env=ENV,
+                     capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--out" in r.stderr, (r.returncode, r.stderr)
     assert (page.read_bytes(), page.stat().st_mtime_ns) == before and not list(tmp_path.iterdir())

@@ -16,6 +16,7 @@ import pytest
 from bertaccel.config import ConfigError
 from bertaccel.options.checks import validate
 from bertaccel.options.precision import check_precision
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 TYPO = "train.batchsize=3"  # (Hydra refuses it while it composes: not in struct)
@@ -139,9 +140,9 @@ def test_a_study_of_ones_own_works_with_run_m_plan_and_report(tmp_path):
     children = [r for r in runs if r.data.tags.get("bertaccel.role") != "sweep"]
     assert len(children) == 2 and {r.data.tags.get("sweep_id") for r in children} == {sweep}
     assert all(r.info.status == "FINISHED" for r in children)
-    report = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-                             "--sweep", sweep, "--out", "rep"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
-                            timeout=600)
+    report = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                           "--sweep", sweep, "--out", "rep"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                          timeout=600)
     assert report.returncode == 0, report.stderr[-3000:]
     assert (tmp_path / "rep" / "report.md").is_file()
 

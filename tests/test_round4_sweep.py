@@ -26,6 +26,7 @@ from typing import List
 
 import pytest
 from conftest import TINY
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 MEMORY_BYTES = 6 * 2**30  # the address space a refused sweep may take: a billion jobs listed took far more
@@ -213,9 +214,9 @@ def test_repeats_past_the_seed_range_are_refused_before_the_first_run(tmp_path):
 @pytest.mark.slow
 def test_sweep_repeats_without_m_is_refused(tmp_path):
     """A single run with sweep.repeats=3 ran once and said nothing of the repeats."""
-    r = subprocess.run([sys.executable, "-m", "bertaccel.run", *TINY, "sweep.repeats=3",
-                        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"cache_dir={tmp_path / 'cache'}"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.run", *TINY, "sweep.repeats=3",
+                      f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"cache_dir={tmp_path / 'cache'}"],
+                     cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
     assert r.returncode == 2, (r.stdout + r.stderr)[-3000:]
     assert _said(r.stderr) == ["error: sweep.repeats=3 needs -m (a sweep): a single run runs once; add -m to run "
                                "it 3 times with seeds train.seed, +1, ..."], r.stderr[-3000:]

@@ -93,7 +93,8 @@ def test_only_the_first_job_of_a_sweep_is_charged_the_interpreter_start(cli):
 def test_a_spawned_single_run_accounts_for_its_process_start(cli):
     # No sweep: no parent run; the run's process is a fresh interpreter (spawn), which imports
     # everything itself in multiprocessing's set-up (the main module run again) and after.
-    proc = cli([*TINY, "train.max_steps_per_epoch=2", "launcher.start_method=spawn"])
+    # (fresh: the main process's interpreter start and imports are measured here too)
+    proc = cli([*TINY, "train.max_steps_per_epoch=2", "launcher.start_method=spawn"], fresh=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (run,) = _runs_in_order(cli.store)
     phases = startup_phases_of(run)

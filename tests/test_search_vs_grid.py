@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -36,9 +37,9 @@ def test_grid_front_and_one_search_make_the_table(tmp_path):
     assert "--accuracy-floor 0.0: 0 front configuration(s) below it are not to be found" in lines
     assert (tmp_path / "search_motpe_seed0" / "mlflow.db").is_file()
     # The search's parent run names its sampler and objectives, and the report marks the front it found.
-    rep = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri",
-                          f"sqlite:///{tmp_path / 'search_motpe_seed0' / 'mlflow.db'}", "--out", str(tmp_path / "rep")],
-                         capture_output=True, text=True)
+    rep = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri",
+                        f"sqlite:///{tmp_path / 'search_motpe_seed0' / 'mlflow.db'}", "--out", str(tmp_path / "rep")],
+                       capture_output=True, text=True)
     assert rep.returncode == 0, rep.stderr[-2000:]
     assert "(MOTPESampler): " in rep.stdout and "configurations on its front" in rep.stdout
     md = (tmp_path / "rep" / "report.md").read_text()

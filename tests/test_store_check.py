@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from conftest import TINY
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -39,8 +40,8 @@ def test_sweep_with_unreachable_tracking_server_is_one_line(cli):
 
 
 def _report(tmp_path, uri: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", "report"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    return warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", "report"],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=60, env=dict(os.environ))
 
 
 def test_report_refuses_a_sqlite_store_that_does_not_exist(tmp_path):

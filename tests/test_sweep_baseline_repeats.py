@@ -7,6 +7,7 @@ import pytest
 from conftest import TINY
 
 from bertaccel.record.tracking import runs_by_status
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -37,10 +38,9 @@ def test_repeats_are_interleaved_and_a_grid_with_the_defaults_adds_no_baseline(c
                                         [("adamw", "32", a, "43") for a in configs])
     # The report groups them: 2 runs per configuration, means and intervals.
     report = cli.dir / "rep"
-    import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", cli.store, "--out", str(report)],
-                       capture_output=True, text=True, cwd=cli.dir)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", cli.store, "--out", str(report)],
+                     capture_output=True, text=True, cwd=cli.dir)
     assert r.returncode == 0, r.stderr
     text = (report / "report.md").read_text()
     assert "(2 runs)" in text and "the run with the config groups' defaults" in text

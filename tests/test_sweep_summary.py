@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from conftest import TINY
 
 from bertaccel.record.tracking import search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -37,8 +37,8 @@ def test_a_sweep_where_nothing_finished_says_so_and_the_report_says_why(cli):
     assert r.returncode == 1
     (parent,) = [p for p in search_runs(cli.store, "bertaccel") if p.data.tags.get("bertaccel.role") == "sweep"]
     assert parent.data.tags["status"] == "finished (0 of 1 runs finished)"
-    rep = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", cli.store,
-                          "--sweep", parent.data.tags["sweep_id"], "--out", str(cli.dir / "report")],
-                         cwd=cli.dir, capture_output=True, text=True, timeout=300)
+    rep = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", cli.store,
+                        "--sweep", parent.data.tags["sweep_id"], "--out", str(cli.dir / "report")],
+                       cwd=cli.dir, capture_output=True, text=True, timeout=300)
     assert rep.returncode != 0
     assert "no finished runs in sweep" in rep.stderr and ": 1 skipped (e.g. " in rep.stderr, rep.stderr[-2000:]

@@ -25,6 +25,7 @@ from nbclient import NotebookClient
 from services import apt_install, free_port, mlflow_service
 
 from bertaccel.record.tracking import search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 pytestmark = pytest.mark.postgres
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,8 +139,8 @@ def test_a_parallel_sweep_on_a_postgresql_tracking_server(cli, tracking_server, 
 
     # The report reads the server as it reads a SQLite file.
     out = tmp_path / "report"
-    report = subprocess.run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", str(out)],
-                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    report = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-3000:]
     text = (out / "report.md").read_text()
     assert all(name in text for name in names), text[:3000]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 from conftest import TINY, conversion_counter, sweep_children
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every Python process of the sweep (the submitting one and each submitit job's) imports this at
 # start-up (a sitecustomize on PYTHONPATH) and counts checks.validate's and checks.typed's
@@ -31,10 +31,10 @@ def test_a_submitit_job_converts_its_config_no_second_time(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COUNTS_DIR": str(counts_dir),
            "PYTHONPATH": os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p)}
     # inline: the run in the job's own process (the job's process is what is counted here)
-    r = subprocess.run([sys.executable, "-m", "bertaccel.run", "-m", "hydra/launcher=local_jobs", *TINY,
-                        "launcher.name=inline", "train.epochs=1", "train.max_steps_per_epoch=2", "train.seed=1,2",
-                        "sweep.baseline=false", f"tracking.uri={store}", f"cache_dir={tmp_path / 'cache'}"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    r = warm_cli.run([sys.executable, "-m", "bertaccel.run", "-m", "hydra/launcher=local_jobs", *TINY,
+                      "launcher.name=inline", "train.epochs=1", "train.max_steps_per_epoch=2", "train.seed=1,2",
+                      "sweep.baseline=false", f"tracking.uri={store}", f"cache_dir={tmp_path / 'cache'}"],
+                     cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "Submitted 2 local job(s)" in r.stdout + r.stderr
     runs = sweep_children(store)

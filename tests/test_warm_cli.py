@@ -1,0 +1,102 @@
+"""tests/warm_cli.py: a command forked from the warm parent answers as the same command started in a
+new interpreter (exit status, stdout, stderr), each command in a process of its own, and what the
+parent cannot serve as subprocess.run would goes to subprocess.run."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import warm_cli
+
+pytestmark = pytest.mark.slow
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _both(args, cwd, module="bertaccel.run"):
+    cmd = [sys.executable, "-m", module, *args]
+    return (subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=ENV, timeout=300),
+            warm_cli.run(cmd, cwd=cwd, capture_output=True, text=True, env=ENV, timeout=300))
+
+
+@pytest.mark.parametrize("module, args", [
+    ("bertaccel.run", ["precision=bogus", "train.batch_size=-3"]),    # a refusal: one line, exit 2
+    ("bertaccel.run", ["seed=1"]),                                     # an unknown setting
+    ("bertaccel.report", ["--csv", "missing.csv"]),                    # the report's refusal
+    ("bertaccel.plan", ["--bogus"]),                                   # argparse's exit 2
+])
+def test_a_forked_command_says_what_a_new_interpreter_says(tmp_path, module, args):
+    fresh, forked = _both(args, tmp_path, module)
+    assert fresh.returncode != 0
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory):
+    """Three small modules on the path of a warm parent of their own: one that reports its process,
+    one that raises, one that sleeps."""
+    root = tmp_path_factory.mktemp("probes")
+    for name, source in {
+        "probe": ("import os, sys\n"
+                  "print(os.getpid(), os.getcwd(), os.environ.get('LEFT_BY_LAST'), sys.argv[1:])\n"
+                  "os.environ['LEFT_BY_LAST'] = 'yes'\n"
+                  "raise SystemExit(int(sys.argv[1]))\n"),
+        "boom": "raise ValueError('the message')\n",
+        "slow": "import time\nprint('started', flush=True)\ntime.sleep(60)\n",
+    }.items():
+        (root / name).mkdir()
+        (root / name / "__main__.py").write_text(source)
+    env = {**ENV, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    parent = warm_cli.Warm(env)
+    assert parent.serves(env)
+    yield parent, env, root
+    parent.close()
+
+
+def test_each_command_is_a_process_of_its_own_with_its_own_directory_and_environment(probes, tmp_path):
+    """Two commands one after the other: each sees its own working directory and environment, and
+    what one does to its process (here: a variable it sets) is gone for the next."""
+    parent, env, _ = probes
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    before = parent.forked
+    first = parent.run("probe", ["3"], a, env, 60)
+    second = parent.run("probe", ["0"], b, env, 60)
+    assert parent.forked == before + 2
+    pid1, cwd1, left1, argv1 = first.stdout.split(maxsplit=3)
+    pid2, cwd2, left2, _ = second.stdout.split(maxsplit=3)
+    assert (first.returncode, second.returncode) == (3, 0)
+    assert pid1 != pid2 and str(parent.proc.pid) not in (pid1, pid2)
+    assert (cwd1, cwd2) == (str(a), str(b))
+    assert left1 == left2 == "None"
+    assert argv1.strip() == "['3']"
+
+
+def test_an_uncaught_exception_ends_the_command_as_it_ends_an_interpreter(probes, tmp_path):
+    parent, env, _ = probes
+    done = parent.run("boom", [], tmp_path, env, 60)
+    assert done.returncode == 1
+    assert done.stderr.rstrip().endswith("ValueError: the message") and "Traceback" in done.stderr
+
+
+def test_a_command_past_its_timeout_is_killed_as_subprocess_run_kills_it(probes, tmp_path):
+    parent, env, _ = probes
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        parent.run("slow", [], tmp_path, env, 2)
+    assert "started" in caught.value.output
+    assert parent.run("probe", ["0"], tmp_path, env, 60).returncode == 0  # (the parent serves on)
+
+
+def test_what_the_parent_cannot_serve_goes_to_subprocess_run(tmp_path):
+    """Another program, input on stdin, or output not captured as text: subprocess.run itself."""
+    done = warm_cli.run([sys.executable, "-c", "print(41 + 1)"], capture_output=True, text=True)
+    assert done.stdout == "42\n"
+    fed = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--help"], input="", capture_output=True,
+                       text=True)
+    assert fed.returncode == 0 and "usage: python -m bertaccel.report" in fed.stdout
+    raw = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--help"], capture_output=True)
+    assert isinstance(raw.stdout, bytes)

@@ -1,0 +1,244 @@
+"""`python -m bertaccel.run ARGS` for the tests' `cli` fixture, each command still a process of its
+own, but forked from a warm parent instead of a new interpreter.
+
+Why: most of the suite's time is the CLI's own start. A tiny single run costs about 12 CPU-seconds
+on a CI core (the whole process tree, measured with a child subreaper), of which 3.7 s are the
+command's interpreter start and imports (torch, MLflow, Hydra: the same in every command) and about
+8 s the runs' forkserver importing its preload (runs/preload.py); the training is well under a
+second. With two workers on CI's two cores the suite is CPU-bound, so every second a command
+spends importing what the last one imported is a second of the suite.
+
+How: one parent process per pytest worker (`Warm`) imports what `python -m bertaccel.run` imports
+before it reads its command line (the module bertaccel.run and everything it imports) and then
+waits on a UNIX socket. For each command it forks a child that takes the command's working
+directory, environment, argv and stdout/stderr files and runs bertaccel.run as `__main__` with
+runpy, as `python -m` does: the module's start-up block (signal handlers, the bytecode cache, the
+forkserver started early, the collector paused) runs in the child exactly as in a new interpreter,
+and the child ends the way an interpreter ends (atexit handlers, non-daemon threads joined, the
+exit status of SystemExit or 1 after a traceback). The runs' forkserver is the child's own, started
+and stopped by it, so no two commands share a run process, a compile cache or an allocator.
+
+What it does not give, so the fixture falls back to a new interpreter for it: an environment that
+differs from the parent's in anything but the per-test variables (PYTEST_*), since libraries read
+some of it at import (torch reads OMP_NUM_THREADS, transformers HF_HOME). Tests of the start-up
+itself (the interpreter's start and imports, a bytecode cache, Ctrl-C while importing) start real
+interpreters with subprocess themselves, and the README's commands run as a user types them.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+# The parent: imports, then serves one command at a time. In a child, serve() returns the command
+# and the module-level code below runs it; anything it raises ends the child as an uncaught
+# exception ends an interpreter.
+PARENT = r'''
+import os, pickle, socket, struct, sys
+
+def _recv(conn):
+    head = b""
+    while len(head) < 4:
+        part = conn.recv(4 - len(head))
+        if not part:
+            return None
+        head += part
+    (size,) = struct.unpack("!I", head)
+    data = b""
+    while len(data) < size:
+        data += conn.recv(size - len(data))
+    return pickle.loads(data)
+
+def _send(conn, obj):
+    data = pickle.dumps(obj)
+    conn.sendall(struct.pack("!I", len(data)) + data)
+
+def serve(path):
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    print("ready", flush=True)
+    while True:
+        conn, _ = srv.accept()
+        command = _recv(conn)
+        if command is None:
+            return None
+        pid = os.fork()
+        if pid == 0:
+            srv.close()
+            conn.close()
+            return command
+        _send(conn, pid)
+        _, status = os.waitpid(pid, 0)
+        _send(conn, os.waitstatus_to_exitcode(status))
+        conn.close()
+
+import bertaccel  # noqa: E402
+import bertaccel.run  # noqa: E402,F401 (what every command imports before it reads its argv)
+
+# The module itself is not kept: a child runs it as __main__, and runpy warns (on the command's
+# stderr, which tests read line by line) when it finds the module already imported.
+del sys.modules["bertaccel.run"]
+delattr(bertaccel, "run")
+
+command = serve(sys.argv[1])
+if command is not None:
+    os.chdir(command["cwd"])
+    os.environ.clear()
+    os.environ.update(command["env"])
+    for fd, name, flags in ((0, os.devnull, os.O_RDONLY), (1, command["stdout"], os.O_WRONLY),
+                            (2, command["stderr"], os.O_WRONLY)):
+        opened = os.open(name, flags)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.argv = ["-m", *command["args"]]  # (runpy puts the module's file in argv[0], as python -m does)
+    import runpy
+    runpy.run_module(command["module"], run_name="__main__", alter_sys=True)
+'''
+
+
+def _send(conn: socket.socket, obj: object) -> None:
+    data = pickle.dumps(obj)
+    conn.sendall(struct.pack("!I", len(data)) + data)
+
+
+def _recv(conn: socket.socket) -> object:
+    head = b""
+    while len(head) < 4:
+        part = conn.recv(4 - len(head))
+        if not part:
+            raise ConnectionError("the warm parent closed the connection")
+        head += part
+    (size,) = struct.unpack("!I", head)
+    data = b""
+    while len(data) < size:
+        part = conn.recv(size - len(data))
+        if not part:
+            raise ConnectionError("the warm parent closed the connection")
+        data += part
+    return pickle.loads(data)
+
+
+def _varies_per_test(key: str) -> bool:
+    return key.startswith("PYTEST_")
+
+
+class Warm:
+    """The warm parent of one pytest worker, started at its first command."""
+
+    def __init__(self, env: Dict[str, str]):
+        self.env = dict(env)
+        self.folder = tempfile.mkdtemp(prefix="bertaccel-warm-")
+        self.socket = os.path.join(self.folder, "s")
+        self.proc: Optional[subprocess.Popen] = None
+        self.forked = 0  # commands run by forking (tests/test_warm_cli.py reads it)
+
+    def _start(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        self.proc = subprocess.Popen([sys.executable, "-c", PARENT, self.socket], cwd=self.folder, env=self.env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        ready = self.proc.stdout.readline().strip() == "ready" if self.proc.stdout else False
+        return ready and self.proc.poll() is None
+
+    def serves(self, env: Dict[str, str]) -> bool:
+        """Whether a command with this environment may fork from the parent (see the module's doc)."""
+        same = {k: v for k, v in env.items() if not _varies_per_test(k)} == \
+            {k: v for k, v in self.env.items() if not _varies_per_test(k)}
+        return same and self._start()
+
+    def run(self, module: str, args: List[str], cwd: Path, env: Dict[str, str],
+            timeout: Optional[float]) -> subprocess.CompletedProcess:
+        """`python -m MODULE ARGS` in cwd, as subprocess.run(capture_output=True, text=True) returns it."""
+        out = tempfile.NamedTemporaryFile(dir=self.folder, delete=False)
+        err = tempfile.NamedTemporaryFile(dir=self.folder, delete=False)
+        out.close()
+        err.close()
+        cmd = [sys.executable, "-m", module, *args]
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect(self.socket)
+                _send(conn, {"module": module, "cwd": str(cwd), "env": dict(env), "args": list(args),
+                             "stdout": out.name, "stderr": err.name})
+                pid = _recv(conn)
+                self.forked += 1
+                conn.settimeout(timeout)
+                try:
+                    code = _recv(conn)
+                except socket.timeout:
+                    os.kill(int(pid), 9)  # (subprocess.run kills its child on a timeout alike)
+                    conn.settimeout(None)
+                    _recv(conn)
+                    raise subprocess.TimeoutExpired(cmd, timeout,
+                                                    Path(out.name).read_text(errors="replace"),
+                                                    Path(err.name).read_text(errors="replace"))
+            return subprocess.CompletedProcess(cmd, int(code), Path(out.name).read_text(errors="replace"),
+                                               Path(err.name).read_text(errors="replace"))
+        finally:
+            os.unlink(out.name)
+            os.unlink(err.name)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                    conn.connect(self.socket)
+                    conn.shutdown(socket.SHUT_WR)  # (no command: the parent returns and exits)
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        for name in (self.socket,):
+            if os.path.exists(name):
+                os.unlink(name)
+        try:
+            os.rmdir(self.folder)
+        except OSError:
+            pass
+
+
+# One warm parent per environment a worker's commands use (most use one or two: the worker's own,
+# and it with the hub switched off), each started at its first command and stopped at the worker's
+# exit. Per pytest worker process; no state between commands but the parents themselves.
+MAX_PARENTS = 3
+_parents: Dict[frozenset, Warm] = {}
+
+
+def _parent(env: Dict[str, str]) -> Optional[Warm]:
+    key = frozenset((k, v) for k, v in env.items() if not _varies_per_test(k))
+    if key not in _parents:
+        if len(_parents) >= MAX_PARENTS:
+            return None
+        if not _parents:
+            import atexit
+
+            atexit.register(lambda: [w.close() for w in _parents.values()])
+        _parents[key] = Warm(env)
+    warm = _parents[key]
+    return warm if warm.serves(env) else None
+
+
+def run(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+    """subprocess.run, for a bertaccel command (`[sys.executable, "-m", "bertaccel.<module>", ...]`
+    with capture_output=True and text=True): forked from a warm parent where it can be served as
+    subprocess.run would serve it; anything else (another program, stdin, other keywords) is
+    subprocess.run itself."""
+    cmd = [str(c) for c in cmd]
+    simple = set(kwargs) <= {"cwd", "capture_output", "text", "timeout", "env", "check"}
+    if (simple and len(cmd) >= 3 and cmd[0] == sys.executable and cmd[1] == "-m" and cmd[2].startswith("bertaccel.")
+            and kwargs.get("capture_output") and kwargs.get("text")):
+        env = dict(kwargs.get("env") if kwargs.get("env") is not None else os.environ)
+        warm = _parent(env)
+        if warm is not None:
+            done = warm.run(cmd[2], cmd[3:], Path(kwargs.get("cwd") or os.getcwd()), env, kwargs.get("timeout"))
+            if kwargs.get("check") and done.returncode:
+                raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
+            return done
+    return subprocess.run(cmd, **kwargs)
