@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import kill_mid_run, sweep_children
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -261,7 +262,7 @@ def test_a_killed_concurrent_sweep_is_resumed_like_any_other(cli, tmp_path):
     # The runs the kill left running (one that finished between kill_mid_run's look and its kill,
     # possible on a loaded machine, is finished, not left running).
     left = {k.info.run_id for k in sweep_children(cli.store) if k.data.tags["status"] == "running"}
-    rerun = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    rerun = warm_cli.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     kids = sweep_children(cli.store)
     finished = [k for k in kids if k.data.tags["status"] == "finished"]

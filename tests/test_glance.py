@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import shutil
 import sqlite3
-import subprocess
 import sys
 
 from pathlib import Path
@@ -18,6 +17,7 @@ import yaml
 from bertaccel.report.data import ReportInputError, rows_from_csv
 from bertaccel.report.effects import effects
 from bertaccel.report.glance import COMMAND, MANIFEST, PAGE, Entry, check_command, generate, load_manifest, read, verdict
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 CARD = "precision=fp16,fp32 attention=xformers,triton"
 H100 = "docs/results/stores/h100-card.db.gz"
@@ -126,11 +126,11 @@ def test_the_command_line_writes_the_page_and_refuses_a_bad_manifest(tmp_path):
                                                     "command": f"python -m bertaccel.run -m {CARD}"}]}))
     out = tmp_path / "page.md"
     cmd = [sys.executable, "-m", "bertaccel.report.glance", "--manifest", str(manifest), "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    done = warm_cli.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "### H100: NVIDIA H100 80GB HBM3, 2026-11-25" in out.read_text()
     manifest.write_text("stores:\n  - store: x.db.gz\n    sweep: s\n")
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    done = warm_cli.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"error: --manifest {manifest}: entry 1 lacks title, command "
                                                 "(each entry needs store, sweep, title, command)"]

@@ -18,6 +18,7 @@ import pytest
 from bertaccel.data import load_raw
 from bertaccel.report import load_rows
 from bertaccel.record.tracking import IDENTITY_VERSION_TAG, legacy_config_hash, search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.te
 def _sweep(tmp_path: Path, args):
     cmd = [sys.executable, "-m", "bertaccel.run", "-m", *args, f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
            f"cache_dir={tmp_path / 'cache'}"]
-    done = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    done = warm_cli.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

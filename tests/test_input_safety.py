@@ -18,6 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from bertaccel.record.tracking import search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=32", "train.batch_size=16",
@@ -26,7 +27,7 @@ TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.te
 
 def _run(cwd: Path, args, store: str, cache: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "bertaccel.run", *args, f"tracking.uri={store}", f"cache_dir={cache}"]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=ENV)
+    return warm_cli.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=ENV)
 
 
 def _said(err: str):

@@ -10,7 +10,6 @@ import csv
 import gzip
 import io
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from bertaccel.config import GROUPS
 from bertaccel.record.run_record import run_label
 from bertaccel.record.tracking import flatten, search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -70,7 +70,7 @@ def sweep(tmp_path_factory):
            "dataset=csv", f"dataset.train_path=data/{name}/train.csv.gz", f"dataset.test_path=data/{name}/test.csv.gz",
            *text, "dataset.max_length=64", "optimizer.lr=2e-4", "sweep.baseline=false",  # (no added lr baseline)
            f"tracking.uri={store}", f"cache_dir={tmp / 'cache'}"]
-    proc = subprocess.run(cmd, cwd=tmp, env=ENV, capture_output=True, text=True, timeout=600)
+    proc = warm_cli.run(cmd, cwd=tmp, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = search_runs(store, "bertaccel")
     children = [r for r in runs if r.data.tags.get("bertaccel.role") != "sweep"]

@@ -6,7 +6,6 @@ sweeps into real SQLite stores on the CPU; the report's own command on the store
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -30,7 +29,7 @@ def _cli(args, d, **kw):
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     cmd = [sys.executable, "-m", "bertaccel.run", *args, f"tracking.uri=sqlite:///{d / 'mlflow.db'}",
            f"cache_dir={d / 'cache'}"]
-    return subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=600, env=env, **kw)
+    return warm_cli.run(cmd, cwd=d, capture_output=True, text=True, timeout=600, env=env, **kw)
 
 
 def _store(d):

@@ -115,7 +115,7 @@ def test_sigkill_of_the_sweep_process_stops_its_worker_and_a_rerun_counts_each_o
     assert len(killed) == 1 and killed[0].info.status == "KILLED"
     assert f"its sweep's process (pid {proc.pid}) ended" in killed[0].data.tags["reason"]
 
-    rerun = subprocess.run(_cmd(tmp_path, args), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    rerun = warm_cli.run(_cmd(tmp_path, args), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     runs = _one_per_config(store, 3)
     assert Counter(r.data.tags["status"] for r in runs)["interrupted"] == 1
@@ -207,8 +207,8 @@ def test_sigkill_while_the_store_is_made_leaves_no_store_and_the_next_run_makes_
     proc.kill()
     proc.wait()
     assert making.exists() and not db.exists()  # killed mid-way: the half-made file is beside, not in place
-    r = subprocess.run(_cmd(tmp_path, TINY + ["train.max_steps_per_epoch=2"]), cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=600)
+    r = warm_cli.run(_cmd(tmp_path, TINY + ["train.max_steps_per_epoch=2"]), cwd=tmp_path, env=ENV,
+                     capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sqlite_state(db)[0] == "ok" and not making.exists()
     assert [x.data.tags["status"] for x in _runs(store)] == ["finished"]
@@ -224,8 +224,8 @@ def test_ctrl_c_while_a_run_makes_the_store_is_one_line_and_the_store_survives(t
     assert len(_said(err)) == 1 and _said(err)[0].startswith("interrupted by SIGINT"), err[-3000:]
     assert sqlite_state(db)[0] in ("missing", "ok")  # never half-made
     assert not [p for p in tmp_path.iterdir() if ".creating-" in p.name]
-    r = subprocess.run(_cmd(tmp_path, TINY + ["train.max_steps_per_epoch=2"]), cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=600)
+    r = warm_cli.run(_cmd(tmp_path, TINY + ["train.max_steps_per_epoch=2"]), cwd=tmp_path, env=ENV,
+                     capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -248,8 +248,8 @@ def test_a_half_created_store_is_one_line_for_the_report_and_rebuilt_by_the_next
     assert rep.returncode == 2 and len(_said(rep.stderr)) == 1, rep.stderr[-3000:]
     assert "half-created" in rep.stderr and "Traceback" not in rep.stderr
     assert db.read_bytes() == before and not (tmp_path / "report").exists()
-    r = subprocess.run(_cmd(tmp_path, TINY + ["train.max_steps_per_epoch=2"]), cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=600)
+    r = warm_cli.run(_cmd(tmp_path, TINY + ["train.max_steps_per_epoch=2"]), cwd=tmp_path, env=ENV,
+                     capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sqlite_state(db)[0] == "ok"
 
@@ -269,7 +269,7 @@ def test_report_and_plan_on_an_empty_file_or_random_bytes_write_nothing(tmp_path
         uri = f"sqlite:///{tmp_path / name}"
         for cmd in ([sys.executable, "-m", "bertaccel.report", "--uri", uri],
                     [sys.executable, "-m", "bertaccel.plan", "-m", "model=tiny", "accumulation=1,2", f"tracking.uri={uri}"]):
-            r = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+            r = warm_cli.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
             assert r.returncode == 2, (cmd, r.stderr[-3000:])
             (line,) = _said(r.stderr)
             assert line.startswith("error: ") and what in line, line
@@ -286,8 +286,8 @@ def test_uris_that_are_no_store_are_one_line_for_a_run_and_a_sweep(tmp_path):
     for uri, what in cases.items():
         for sweep in ([], ["-m", "accumulation=1,2"]):
             start = time.monotonic()
-            r = subprocess.run(_cmd(tmp_path, [*sweep, *TINY], store=uri), cwd=tmp_path, env=ENV,
-                               capture_output=True, text=True, timeout=120)
+            r = warm_cli.run(_cmd(tmp_path, [*sweep, *TINY], store=uri), cwd=tmp_path, env=ENV,
+                             capture_output=True, text=True, timeout=120)
             assert r.returncode == 2, (uri, sweep, r.stderr[-3000:])
             (line,) = _said(r.stderr)
             assert line.startswith(f"error: tracking.uri={uri}: ") and what in line, line
@@ -309,7 +309,7 @@ def test_a_resumed_sweep_parent_loses_its_interruption_reason(tmp_path):
     assert proc.returncode == 130, err[-3000:]
     (parent,) = _parents(store)
     assert parent.data.tags["reason"] == "interrupted by SIGINT"
-    rerun = subprocess.run(_cmd(tmp_path, args), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    rerun = warm_cli.run(_cmd(tmp_path, args), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     (parent,) = _parents(store)
     assert parent.data.tags["status"] == "finished (1 of 1 runs finished)" and "reason" not in parent.data.tags

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from bertaccel.data import DataError, load_raw, tokenize_cached
 from bertaccel.model import load_tokenizer
 from bertaccel.record.tracking import RunTracker, search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 TINY = ["model=tiny", "train.device=cpu", "dataset.train_subset=64", "dataset.test_subset=32", "train.batch_size=16"]
@@ -28,7 +29,7 @@ def _run(cwd: Path, store: Path, cache: Path, *args, timeout=300):
     flags = [a for a in args if a.startswith("-")]  # Hydra reads -m before the overrides only
     cmd = [sys.executable, "-m", "bertaccel.run", *flags, *TINY, *[a for a in args if a not in flags],
            f"tracking.uri=sqlite:///{store}", f"cache_dir={cache}"]
-    return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return warm_cli.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
 def _finished(store: Path, experiment="bertaccel"):

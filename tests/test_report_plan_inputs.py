@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 
 import pytest
 from report_store import Store
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -25,8 +26,8 @@ QUOTED_SWEEP = "o'neil-0123456789"  # a sweep id with a quote, as a study file n
 
 def _run(module: str, args: List[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return warm_cli.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
+                        timeout=timeout, env=env)
 
 
 def _report(args: List[str], cwd: Path) -> subprocess.CompletedProcess:

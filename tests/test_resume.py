@@ -11,6 +11,7 @@ import pytest
 from conftest import TINY, kill_mid_run, sweep_children
 
 from bertaccel.record.tracking import runs_by_status, search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -62,7 +63,7 @@ def test_sigkill_mid_sweep_then_rerun_finishes_every_configuration_exactly_once(
     before = Counter(r.data.tags.get("status") for r in sweep_children(cli.store))
     assert before["running"] == 1 and before["finished"] >= 1
 
-    rerun = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    rerun = warm_cli.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     kids = sweep_children(cli.store)
     finished = [k for k in kids if k.data.tags["status"] == "finished"]

@@ -202,7 +202,7 @@ def test_a_real_sweep_names_its_added_baselines_apart_and_adds_one_for_a_learnin
     cmd = [sys.executable, "-m", "bertaccel.run", "-m", "dataset.subset_seed=0,1", "optimizer.lr=2e-4", *quick,
            f"tracking.uri={store}", f"cache_dir={tmp_path / 'cache'}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    proc = warm_cli.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[sweep] 4 runs;" in proc.stdout and "optimizer.lr=0.0001 on model=tiny" in proc.stdout, proc.stdout
     from mlflow import MlflowClient

@@ -23,6 +23,7 @@ from test_nothing_lost import ENV, TINY, _cmd, _said
 from test_store_failures import _fill, small_disk  # noqa: F401 - a fixture (a real small tmpfs)
 
 from bertaccel.store import store_problem
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 pytestmark = pytest.mark.slow  # every test here starts the real CLI or a killed SQLite writer
 
@@ -82,8 +83,8 @@ def assert_intact(db: Path) -> None:
 
 
 def _run(cmd, cwd: Path, timeout: float = 600):
-    return subprocess.run(cmd, cwd=cwd, env={**ENV, "HOME": str(cwd)}, capture_output=True, text=True,
-                          timeout=timeout)
+    return warm_cli.run(cmd, cwd=cwd, env={**ENV, "HOME": str(cwd)}, capture_output=True, text=True,
+                        timeout=timeout)
 
 
 def test_report_and_plan_roll_a_hot_journal_back_and_use_the_store(pristine, tmp_path):

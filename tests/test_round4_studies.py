@@ -50,8 +50,8 @@ BROKEN_OPTION = "name: mine\nsource: random_init\n  hidden_size: 8\n"  # (an ind
 
 def _cli(module: str, args, cwd: Path) -> subprocess.CompletedProcess:
     store = f"sqlite:///{cwd / 'mlflow.db'}"
-    return subprocess.run([sys.executable, "-m", module, *args, f"tracking.uri={store}", f"cache_dir={cwd / 'cache'}"],
-                          cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+    return warm_cli.run([sys.executable, "-m", module, *args, f"tracking.uri={store}", f"cache_dir={cwd / 'cache'}"],
+                        cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
 
 
 def _lines(proc: subprocess.CompletedProcess):

@@ -51,8 +51,8 @@ def _said(err: str) -> List[str]:
 def _refused(tmp_path: Path, tool: str, args: List[str], timeout_s: float = 60) -> str:
     """The command's one line: exit 2, within timeout_s, in bounded memory, nothing written."""
     started = time.monotonic()
-    r = subprocess.run(_command(tool, tmp_path, args), cwd=tmp_path, capture_output=True, text=True,
-                       timeout=timeout_s, env=ENV, preexec_fn=_bounded_memory)
+    r = warm_cli.run(_command(tool, tmp_path, args), cwd=tmp_path, capture_output=True, text=True,
+                     timeout=timeout_s, env=ENV, preexec_fn=_bounded_memory)
     assert time.monotonic() - started < timeout_s
     assert r.returncode == 2, (r.stdout + r.stderr)[-3000:]
     lines = _said(r.stderr)
