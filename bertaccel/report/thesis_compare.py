@@ -344,6 +344,13 @@ def batch_pairs(rows: Sequence[Row], small: str = "16", large: str = "32"
     return [(at[small][v], at[large][v]) for v in sorted(at[small], key=order) if v in at[large]]
 
 
+def _change(small: Configuration, large: Configuration) -> Tuple[float, float, float]:
+    """The larger batch against the smaller: speed-up, energy ratio, accuracy change in points."""
+    t, e, a = ((small.columns[k].mean or 0.0, large.columns[k].mean or 0.0)
+               for k in ("time_s", "energy_kwh", "accuracy"))
+    return t[0] / (t[1] or 1.0), e[1] / (e[0] or 1.0), 100 * (a[1] - a[0])
+
+
 def batch_table(pairs: Sequence[Tuple[Configuration, Configuration]]) -> str:
     """Each configuration at both batch sizes: runs, mean time, energy and accuracy (mean [95 %
     t-interval] where it has 2 runs or more), the speed-up and whether the two time intervals overlap."""
@@ -355,14 +362,11 @@ def batch_table(pairs: Sequence[Tuple[Configuration, Configuration]]) -> str:
              "|---|---|---|---|---|---|---|"]
     for s, l in pairs:
         ts, tl = s.columns["time_s"], l.columns["time_s"]
-        es, el = s.columns["energy_kwh"], l.columns["energy_kwh"]
-        acs, acl = s.columns["accuracy"], l.columns["accuracy"]
         overlap = {True: ", intervals overlap", False: ", intervals apart", None: ""}[ts.overlaps(tl)]
+        both = [f"{_mean(s.columns[k], '{:.4f}')} / {_mean(l.columns[k], '{:.4f}')}" for k in ("energy_kwh", "accuracy")]
         lines.append(f"| {s.name(('train.batch_size',))} | {len(s.runs)} / {len(l.runs)} | "
                      f"{_cell(ts, '{:.1f}')} | {_cell(tl, '{:.1f}')} | "
-                     f"{(ts.mean or 0.0) / (tl.mean or 1.0):.2f}x{overlap} | "
-                     f"{_mean(es, '{:.4f}')} / {_mean(el, '{:.4f}')} | "
-                     f"{_mean(acs, '{:.4f}')} / {_mean(acl, '{:.4f}')} |")
+                     f"{_change(s, l)[0]:.2f}x{overlap} | {both[0]} | {both[1]} |")
     return "\n".join(lines)
 
 
@@ -371,9 +375,7 @@ def batch_summary(pairs: Sequence[Tuple[Configuration, Configuration]]) -> str:
     if not pairs:
         return "no configuration has runs at both batch sizes yet"
     a, b = pairs[0][0].batch, pairs[0][1].batch
-    speed = [(s.columns["time_s"].mean or 0.0) / (l.columns["time_s"].mean or 1.0) for s, l in pairs]
-    energy = [(l.columns["energy_kwh"].mean or 0.0) / (s.columns["energy_kwh"].mean or 1.0) for s, l in pairs]
-    points = [100 * ((l.columns["accuracy"].mean or 0.0) - (s.columns["accuracy"].mean or 0.0)) for s, l in pairs]
+    speed, energy, points = zip(*(_change(s, l) for s, l in pairs))
     n = len(pairs)
     return (f"over the {n} configuration{'s' if n > 1 else ''} run at both, batch {b} trains "
             f"{_span(speed, '{:.2f}')}x as fast as batch {a} with {_span(energy, '{:.2f}')} of its energy, "
