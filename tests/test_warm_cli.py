@@ -51,7 +51,7 @@ def probes(tmp_path_factory):
         (root / name / "__main__.py").write_text(source)
     env = {**ENV, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     parent = warm_cli.Warm(env)
-    assert parent.serves(env)
+    assert parent.started()
     yield parent, env, root
     parent.close()
 

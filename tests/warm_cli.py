@@ -1,5 +1,6 @@
-"""`python -m bertaccel.run ARGS` for the tests' `cli` fixture, each command still a process of its
-own, but forked from a warm parent instead of a new interpreter.
+"""The tests' `python -m bertaccel.<module> ARGS` commands (the `cli` fixture and `run`, a drop-in for
+subprocess.run), each command still a process of its own, but forked from a warm parent instead of a
+new interpreter.
 
 Why: most of the suite's time is the CLI's own start. A tiny single run costs about 12 CPU-seconds
 on a CI core (the whole process tree, measured with a child subreaper), of which 3.7 s are the
@@ -18,7 +19,7 @@ and the child ends the way an interpreter ends (atexit handlers, non-daemon thre
 exit status of SystemExit or 1 after a traceback). The runs' forkserver is the child's own, started
 and stopped by it, so no two commands share a run process, a compile cache or an allocator.
 
-What it does not give, so the fixture falls back to a new interpreter for it: an environment that
+What it does not give, so `run` hands such a command to subprocess.run: an environment that
 differs from the parent's in anything but the per-test variables (PYTEST_*), since libraries read
 some of it at import (torch reads OMP_NUM_THREADS, transformers HF_HOME). Tests of the start-up
 itself (the interpreter's start and imports, a bytecode cache, Ctrl-C while importing) start real
@@ -40,24 +41,13 @@ from typing import Any, Dict, List, Optional, Sequence
 # and the module-level code below runs it; anything it raises ends the child as an uncaught
 # exception ends an interpreter.
 PARENT = r'''
-import os, pickle, socket, struct, sys
+import os, socket, sys
 
-def _recv(conn):
-    head = b""
-    while len(head) < 4:
-        part = conn.recv(4 - len(head))
-        if not part:
-            return None
-        head += part
-    (size,) = struct.unpack("!I", head)
-    data = b""
-    while len(data) < size:
-        data += conn.recv(size - len(data))
-    return pickle.loads(data)
-
-def _send(conn, obj):
-    data = pickle.dumps(obj)
-    conn.sendall(struct.pack("!I", len(data)) + data)
+# The message framing is warm_cli's own; its folder leaves the path again, so a command's imports
+# search what `python -m` searches.
+sys.path.insert(0, sys.argv[2])
+from warm_cli import _recv, _send  # noqa: E402
+sys.path.remove(sys.argv[2])
 
 def serve(path):
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -108,25 +98,42 @@ def _send(conn: socket.socket, obj: object) -> None:
     conn.sendall(struct.pack("!I", len(data)) + data)
 
 
-def _recv(conn: socket.socket) -> object:
-    head = b""
-    while len(head) < 4:
-        part = conn.recv(4 - len(head))
-        if not part:
-            raise ConnectionError("the warm parent closed the connection")
-        head += part
-    (size,) = struct.unpack("!I", head)
+def _exactly(conn: socket.socket, size: int) -> Optional[bytes]:
     data = b""
     while len(data) < size:
         part = conn.recv(size - len(data))
         if not part:
-            raise ConnectionError("the warm parent closed the connection")
+            if data:
+                raise ConnectionError("the other side closed the connection inside a message")
+            return None
         data += part
-    return pickle.loads(data)
+    return data
 
 
-def _varies_per_test(key: str) -> bool:
-    return key.startswith("PYTEST_")
+def _recv(conn: socket.socket) -> object:
+    """The next message; None where the other side closed the connection before one (the parent's
+    way of being told to stop)."""
+    head = _exactly(conn, 4)
+    if head is None:
+        return None
+    body = _exactly(conn, struct.unpack("!I", head)[0])
+    if body is None:
+        raise ConnectionError("the other side closed the connection inside a message")
+    return pickle.loads(body)
+
+
+def _answer(conn: socket.socket) -> object:
+    """The parent's next answer: a closed connection here means the parent died."""
+    got = _recv(conn)
+    if got is None:
+        raise ConnectionError("the warm parent closed the connection")
+    return got
+
+
+def _key(env: Dict[str, str]) -> frozenset:
+    """What a parent's environment must equal for a command to fork from it: all of it but the
+    variables pytest sets per test (PYTEST_*)."""
+    return frozenset((k, v) for k, v in env.items() if not k.startswith("PYTEST_"))
 
 
 class Warm:
@@ -139,20 +146,15 @@ class Warm:
         self.proc: Optional[subprocess.Popen] = None
         self.forked = 0  # commands run by forking (tests/test_warm_cli.py reads it)
 
-    def _start(self) -> bool:
+    def started(self) -> bool:
+        """Whether the parent is up (started here at the first call) and serving."""
         if self.proc is not None:
             return self.proc.poll() is None
-        self.proc = subprocess.Popen([sys.executable, "-c", PARENT, self.socket], cwd=self.folder, env=self.env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", PARENT, self.socket, str(Path(__file__).parent)],
+                                     cwd=self.folder, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
         ready = self.proc.stdout.readline().strip() == "ready" if self.proc.stdout else False
         return ready and self.proc.poll() is None
-
-    def serves(self, env: Dict[str, str]) -> bool:
-        """Whether a command with this environment may fork from the parent (see the module's doc)."""
-        same = {k: v for k, v in env.items() if not _varies_per_test(k)} == \
-            {k: v for k, v in self.env.items() if not _varies_per_test(k)}
-        return same and self._start()
 
     def run(self, module: str, args: List[str], cwd: Path, env: Dict[str, str],
             timeout: Optional[float]) -> subprocess.CompletedProcess:
@@ -167,15 +169,15 @@ class Warm:
                 conn.connect(self.socket)
                 _send(conn, {"module": module, "cwd": str(cwd), "env": dict(env), "args": list(args),
                              "stdout": out.name, "stderr": err.name})
-                pid = _recv(conn)
+                pid = _answer(conn)
                 self.forked += 1
                 conn.settimeout(timeout)
                 try:
-                    code = _recv(conn)
+                    code = _answer(conn)
                 except socket.timeout:
                     os.kill(int(pid), 9)  # (subprocess.run kills its child on a timeout alike)
                     conn.settimeout(None)
-                    _recv(conn)
+                    _answer(conn)
                     raise subprocess.TimeoutExpired(cmd, timeout,
                                                     Path(out.name).read_text(errors="replace"),
                                                     Path(err.name).read_text(errors="replace"))
@@ -195,9 +197,8 @@ class Warm:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
-        for name in (self.socket,):
-            if os.path.exists(name):
-                os.unlink(name)
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
         try:
             os.rmdir(self.folder)
         except OSError:
@@ -212,7 +213,7 @@ _parents: Dict[frozenset, Warm] = {}
 
 
 def _parent(env: Dict[str, str]) -> Optional[Warm]:
-    key = frozenset((k, v) for k, v in env.items() if not _varies_per_test(k))
+    key = _key(env)
     if key not in _parents:
         if len(_parents) >= MAX_PARENTS:
             return None
@@ -222,7 +223,7 @@ def _parent(env: Dict[str, str]) -> Optional[Warm]:
             atexit.register(lambda: [w.close() for w in _parents.values()])
         _parents[key] = Warm(env)
     warm = _parents[key]
-    return warm if warm.serves(env) else None
+    return warm if warm.started() else None
 
 
 def run(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
