@@ -239,7 +239,7 @@ def test_a_sweep_whose_only_finished_run_is_its_added_baseline_exits_1(tmp_path)
     """optimizer.lr=1e30 fails in training (NaN loss); the baseline the sweep adds (the default lr)
     finishes: exit 0 before. (A configuration skipped here, known before it runs, leaves the baseline
     untrained instead: tests/test_no_baseline_when_all_skipped.py.)"""
-    r = subprocess.run(_command("bertaccel.run", tmp_path, [*TINY, "optimizer.lr=1e30", "train.log_every_steps=1"]),
+    r = warm_cli.run(_command("bertaccel.run", tmp_path, [*TINY, "optimizer.lr=1e30", "train.log_every_steps=1"]),
                        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=ENV)
     assert r.returncode == 1, (r.stdout + r.stderr)[-3000:]
     assert "2 runs: finished=1 skipped=0 failed=1" in r.stdout, r.stdout[-3000:]

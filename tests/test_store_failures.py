@@ -18,6 +18,7 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 from test_nothing_lost import ENV, TINY, _cmd, _group_gone, _one_per_config, _parents, _popen, _runs, _said, _wait_for
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Long enough that a run is still training when the test acts on its sweep (a few seconds each):
 # 12 epochs of 4 steps, 48 steps and 12 evaluations, as long as test_resume's runs that are killed
@@ -34,7 +35,7 @@ def _running(store):
 def _rerun_closes_everything(tmp_path, args, store, n):
     """The same sweep command again: it resumes, closes what the failed one left open, and every
     configuration ends with one finished run, the parent run closed."""
-    r = subprocess.run(_cmd(tmp_path, args, store), cwd=tmp_path, env=ENV, capture_output=True, text=True,
+    r = warm_cli.run(_cmd(tmp_path, args, store), cwd=tmp_path, env=ENV, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = _one_per_config(store, n)
@@ -55,7 +56,7 @@ def test_a_deleted_experiment_is_one_line_and_exit_2_before_any_work(tmp_path):
     client.delete_experiment(exp)
     before = db.read_bytes()
     for sweep in ([], ["-m", "train.seed=1,2"]):
-        r = subprocess.run(_cmd(tmp_path, [*sweep, *TINY]), cwd=tmp_path, env=ENV, capture_output=True, text=True,
+        r = warm_cli.run(_cmd(tmp_path, [*sweep, *TINY]), cwd=tmp_path, env=ENV, capture_output=True, text=True,
                            timeout=300)
         assert r.returncode == 2, (sweep, r.stderr[-3000:])
         (line,) = _said(r.stderr)

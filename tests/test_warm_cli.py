@@ -100,3 +100,51 @@ def test_what_the_parent_cannot_serve_goes_to_subprocess_run(tmp_path):
     assert fed.returncode == 0 and "usage: python -m bertaccel.report" in fed.stdout
     raw = warm_cli.run([sys.executable, "-m", "bertaccel.report", "--help"], capture_output=True)
     assert isinstance(raw.stdout, bytes)
+
+
+def test_a_commands_forkserver_is_forked_from_it_without_its_imports_and_ends_with_it(tmp_path):
+    """A sweep's runs fork from the command's own forkserver as always, but that server is forked
+    from the command (which the warm parent gave the preload) instead of a new interpreter importing
+    the preload again: it is the command's child, named as a forkserver (the code and the tests find
+    it by that), spends well under the 5-8 CPU-seconds of an imported preload, and is gone when the
+    command has ended."""
+    import threading
+    import time
+
+    import psutil
+
+    warm = warm_cli._parent(ENV)
+    assert warm is not None and warm.proc is not None
+    seen: dict = {}
+
+    def watch() -> None:
+        while "done" not in seen:
+            try:
+                for command in psutil.Process(warm.proc.pid).children():
+                    for child in command.children():
+                        if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+                            seen.setdefault("server", child.pid)
+                            seen["parent"] = child.ppid() == command.pid
+                            seen["cpu_s"] = sum(child.cpu_times()[:2])
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        r = warm_cli.run([sys.executable, "-m", "bertaccel.run", "-m", "model=tiny", "train.device=cpu",
+                          "dataset.train_subset=32", "dataset.test_subset=16", "train.batch_size=16", "train.seed=1,2",
+                          f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"cache_dir={tmp_path / 'cache'}"],
+                         cwd=tmp_path, capture_output=True, text=True, env=ENV, timeout=300)
+    finally:
+        seen["done"] = True
+        watcher.join()
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 runs: finished=2" in r.stdout, r.stdout[-2000:]
+    assert "server" in seen and seen["parent"], seen
+    assert seen["cpu_s"] < 2.0, seen
+    deadline = time.time() + 10
+    while psutil.pid_exists(seen["server"]) and psutil.Process(seen["server"]).status() != psutil.STATUS_ZOMBIE:
+        assert time.time() < deadline, "the command's forkserver outlived it"
+        time.sleep(0.1)

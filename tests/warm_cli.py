@@ -10,14 +10,20 @@ second. With two workers on CI's two cores the suite is CPU-bound, so every seco
 spends importing what the last one imported is a second of the suite.
 
 How: one parent process per pytest worker (`Warm`) imports what `python -m bertaccel.run` imports
-before it reads its command line (the module bertaccel.run and everything it imports) and then
-waits on a UNIX socket. For each command it forks a child that takes the command's working
-directory, environment, argv and stdout/stderr files and runs bertaccel.run as `__main__` with
-runpy, as `python -m` does: the module's start-up block (signal handlers, the bytecode cache, the
-forkserver started early, the collector paused) runs in the child exactly as in a new interpreter,
+before it reads its command line (the module bertaccel.run and everything it imports), the runs'
+forkserver preload, and what a command imports later on its way (a sweep's closing report with
+matplotlib and scipy.stats, the report's and the plan's modules), and then waits on a UNIX socket.
+For each command it forks a child that takes the command's working directory, environment, argv
+and stdout/stderr files and runs bertaccel.run as `__main__` with runpy, as `python -m` does: the
+module's start-up block (signal handlers, the bytecode cache, the forkserver started early, the
+collector paused) runs in the child exactly as in a new interpreter,
 and the child ends the way an interpreter ends (atexit handlers, non-daemon threads joined, the
 exit status of SystemExit or 1 after a traceback). The runs' forkserver is the child's own, started
-and stopped by it, so no two commands share a run process, a compile cache or an allocator.
+and stopped by it, so no two commands share a run process, a compile cache or an allocator; it is
+forked from the child (SERVER), which has the preload in place, instead of a new interpreter that
+imports the preload again (5-8 CPU-seconds a command). It is given what an exec'd server would have:
+only the descriptors multiprocessing passes it, default signal handlers, a __main__ and a lock of
+its own, and a forkserver's command line (setproctitle), by which the code and the tests find it.
 
 What it does not give, so `run` hands such a command to subprocess.run: an environment that
 differs from the parent's in anything but the per-test variables (PYTEST_*), since libraries read
@@ -77,8 +83,31 @@ import bertaccel.run  # noqa: E402,F401 (what every command imports before it re
 del sys.modules["bertaccel.run"]
 delattr(bertaccel, "run")
 
+# The runs' forkserver preload as well (torch, transformers' BERT, MLflow's SQL store, the run
+# code): a command's forkserver is forked from the command (SERVER below) with it in place. The
+# module itself is dropped so each server runs its body again: its own frozen heap and LOADED_AT,
+# which the runs' start-up phases read (runs/startup.py).
+import bertaccel.runs.preload  # noqa: E402,F401
+del sys.modules["bertaccel.runs.preload"]
+
+# And what the commands import on their way, lazily, each time (a CPU second or more per command):
+# a sweep's closing report (matplotlib, scipy.stats for its intervals), the report's and the plan's
+# own modules. Their __main__ modules are dropped as bertaccel.run is above.
+import importlib  # noqa: E402
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # (what the report's figures use; a command that asks for another still can)
+for name in ("matplotlib.pyplot", "scipy.stats", "bertaccel.report.sweep_report", "bertaccel.runs.progress",
+             "bertaccel.report.__main__", "bertaccel.plan.__main__"):
+    importlib.import_module(name)
+for name in ("bertaccel.report", "bertaccel.plan"):
+    del sys.modules[name + ".__main__"]
+    delattr(sys.modules[name], "__main__")
+
 command = serve(sys.argv[1])
 if command is not None:
+    exec(sys.argv[3])  # SERVER: the command's forkserver forked, not a new interpreter
     os.chdir(command["cwd"])
     os.environ.clear()
     os.environ.update(command["env"])
@@ -90,6 +119,70 @@ if command is not None:
     sys.argv = ["-m", *command["args"]]  # (runpy puts the module's file in argv[0], as python -m does)
     import runpy
     runpy.run_module(command["module"], run_name="__main__", alter_sys=True)
+'''
+
+
+# Run in a command's process before its module: the runs' forkserver (multiprocessing's, started by
+# runs/forkserver.py) is forked from the command instead of a new interpreter that imports the
+# preload again (about 8 CPU-seconds a command on a CI core; the parent has it imported). What an
+# exec'd server would have, the forked one is given: only the descriptors multiprocessing passes
+# it (a kept copy of the command's end of its "alive" pipe would keep it running after the
+# command), the caught signals back to their defaults and none blocked, a __main__ of its own (the
+# runs import the command's module as __mp_main__, as from a new interpreter), a lock of its own
+# (the forking thread holds the command's), and the command line of a forkserver (setproctitle:
+# the code and the tests find the server by it). Without setproctitle, the server is exec'd.
+SERVER = r'''
+def _fork_forkserver():
+    import multiprocessing.util as mp_util
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    spawn = mp_util.spawnv_passfds
+
+    def spawnv_passfds(path, args, passfds):
+        if args[-2:-1] != ["-c"] or not args[-1].startswith("from multiprocessing.forkserver import main"):
+            return spawn(path, args, passfds)
+        pid = os.fork()
+        if pid:
+            return pid
+        code = 1
+        try:
+            import signal, threading, traceback, types
+            from multiprocessing import forkserver
+
+            keep = {0, 1, 2, *map(int, passfds)}
+            for fd in map(int, os.listdir("/proc/self/fd")):
+                if fd not in keep:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            for sig in signal.valid_signals():
+                try:
+                    if callable(signal.getsignal(sig)):
+                        signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # (as runs/forkserver.py starts it)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            forkserver._forkserver._lock = threading.Lock()
+            sys.modules["__main__"] = types.ModuleType("__main__")
+            sys.argv = ["-c"]
+            setproctitle.setproctitle(" ".join(map(os.fsdecode, args)))
+            exec(args[-1], {"__name__": "__main__"})
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+
+    mp_util.spawnv_passfds = spawnv_passfds
+
+
+_fork_forkserver()
 '''
 
 
@@ -150,7 +243,7 @@ class Warm:
         """Whether the parent is up (started here at the first call) and serving."""
         if self.proc is not None:
             return self.proc.poll() is None
-        self.proc = subprocess.Popen([sys.executable, "-c", PARENT, self.socket, str(Path(__file__).parent)],
+        self.proc = subprocess.Popen([sys.executable, "-c", PARENT, self.socket, str(Path(__file__).parent), SERVER],
                                      cwd=self.folder, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
         ready = self.proc.stdout.readline().strip() == "ready" if self.proc.stdout else False
