@@ -23,7 +23,6 @@ from mlflow.tracking import MlflowClient
 
 from bertaccel.store import sqlite_state
 from test_nothing_lost import ENV, TINY, _cmd, _listing, _said, _wait_for
-import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -218,7 +217,7 @@ def store_made(tmp_path_factory):
     db = folder / "mlflow.db"
     _mlflow_with_model(db)
     state_before = sqlite_state(db)[0]
-    r = warm_cli.run(_cmd(folder, QUICK), cwd=folder, env=ENV, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(_cmd(folder, QUICK), cwd=folder, env=ENV, capture_output=True, text=True, timeout=600)
     return db, state_before, r
 
 
@@ -311,7 +310,7 @@ def test_ctrl_c_of_report_or_plan_is_one_line_and_writes_nothing(store, tmp_path
 def test_a_run_stopped_while_it_makes_the_store_or_refused_leaves_no_lock_file_and_no_folder(tmp_path):
     store = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
     before = _listing(tmp_path)
-    r = warm_cli.run(_cmd(tmp_path, [*QUICK, "train.epochs=0"], store=store), cwd=tmp_path, env=ENV,
+    r = subprocess.run(_cmd(tmp_path, [*QUICK, "train.epochs=0"], store=store), cwd=tmp_path, env=ENV,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and _listing(tmp_path) == before, r.stderr[-3000:]
     proc = subprocess.Popen(_cmd(tmp_path, QUICK, store=store), cwd=tmp_path, env=ENV, start_new_session=True,
