@@ -223,10 +223,21 @@ def _answer(conn: socket.socket) -> object:
     return got
 
 
+# Variables that change in a worker's own environment while the suite runs and that nothing the
+# parent imports reads at import (the child gets the command's whole environment before its module
+# runs, so what is read later is the command's): pytest's per-test ones; the telemetry session id
+# MLflow sets in the process the first time a test uses it; the cache folders Inductor and Triton
+# write into the environment the first time a test compiles in-process (read when a cache is
+# opened). Keyed on, each of these started a new parent mid-suite (10 CPU-seconds) and, past
+# MAX_PARENTS, sent every later command of that worker to a new interpreter: about 270 commands of
+# a suite, 14 CPU-seconds each with their forkserver's imports.
+_NOT_READ_AT_IMPORT = ("PYTEST_", "_MLFLOW_TELEMETRY_SESSION_ID", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
 def _key(env: Dict[str, str]) -> frozenset:
     """What a parent's environment must equal for a command to fork from it: all of it but the
-    variables pytest sets per test (PYTEST_*)."""
-    return frozenset((k, v) for k, v in env.items() if not k.startswith("PYTEST_"))
+    variables above."""
+    return frozenset((k, v) for k, v in env.items() if not k.startswith(_NOT_READ_AT_IMPORT))
 
 
 class Warm:
