@@ -255,8 +255,8 @@ def test_a_killed_concurrent_sweep_is_resumed_like_any_other(cli, tmp_path):
              "sweep.window_steps=5"]
     cmd = [sys.executable, "-m", "bertaccel.run", *sweep, f"tracking.uri={cli.store}", f"cache_dir={tmp_path / 'cache'}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = warm_cli.popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True)
     killed = kill_mid_run(proc, cli.store, timeout_s=400)  # one done, another mid-way
     assert killed, "the sweep ended before it could be killed mid-run"
     # The runs the kill left running (one that finished between kill_mid_run's look and its kill,

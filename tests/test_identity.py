@@ -133,7 +133,7 @@ def test_two_sweeps_at_once_sharing_a_configuration_each_report_all_of_theirs(tm
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmds = [[sys.executable, "-m", "bertaccel.run", "-m", seeds, *TINY, f"tracking.uri={store}",
              f"cache_dir={tmp_path / 'cache'}"] for seeds in ("train.seed=3,1", "train.seed=3,4")]
-    procs = [subprocess.Popen(c, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [warm_cli.popen(c, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for c in cmds]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):

@@ -12,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from bertaccel.record.tracking import search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -25,8 +26,8 @@ def _start(tmp_path, args, session=False):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [sys.executable, "-m", "bertaccel.run", *args, f"tracking.uri={store}", f"cache_dir={tmp_path / 'cache'}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=session)  # session: a process group of its own, as a terminal's
+    proc = warm_cli.popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=session)  # session: a process group of its own, as a terminal's
     return proc, store
 
 

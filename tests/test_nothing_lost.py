@@ -33,10 +33,12 @@ def _cmd(tmp_path: Path, args, store=None):
     return [sys.executable, "-m", "bertaccel.run", *args, f"tracking.uri={store}", f"cache_dir={tmp_path / 'cache'}"]
 
 
-def _popen(tmp_path: Path, args, store=None, **kw):
-    return subprocess.Popen(_cmd(tmp_path, args, store), cwd=tmp_path, env=ENV, start_new_session=True,
-                            stdout=kw.pop("stdout", subprocess.DEVNULL), stderr=kw.pop("stderr", subprocess.PIPE),
-                            text=True, **kw)
+def _popen(tmp_path: Path, args, store=None, fresh=False, **kw):
+    """The command in a session of its own, forked from a warm parent, or (fresh) a new interpreter:
+    for the tests of its start-up, which the warm parent has behind it."""
+    return (subprocess.Popen if fresh else warm_cli.popen)(
+        _cmd(tmp_path, args, store), cwd=tmp_path, env=ENV, start_new_session=True,
+        stdout=kw.pop("stdout", subprocess.DEVNULL), stderr=kw.pop("stderr", subprocess.PIPE), text=True, **kw)
 
 
 def _runs(store):
@@ -319,7 +321,7 @@ def test_a_resumed_sweep_parent_loses_its_interruption_reason(tmp_path):
 # 12. Ctrl-C in the first seconds: one line, no traceback.
 
 def test_ctrl_c_while_the_libraries_import_is_one_line(tmp_path):
-    proc = _popen(tmp_path, TINY)
+    proc = _popen(tmp_path, TINY, fresh=True)
     time.sleep(0.3)  # python has started; the imports take seconds
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -329,7 +331,7 @@ def test_ctrl_c_while_the_libraries_import_is_one_line(tmp_path):
 
 
 def test_ctrl_c_while_the_forkserver_imports_is_one_line(tmp_path):
-    proc = _popen(tmp_path, ["-m", *TINY, "train.seed=1,2"])
+    proc = _popen(tmp_path, ["-m", *TINY, "train.seed=1,2"], fresh=True)
 
     def forkserver_started():
         return any("forkserver" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children())

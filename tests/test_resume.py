@@ -56,8 +56,8 @@ def test_sigkill_mid_sweep_then_rerun_finishes_every_configuration_exactly_once(
     cmd = [sys.executable, "-m", "bertaccel.run", *SWEEP, f"tracking.uri={cli.store}",
            f"cache_dir={tmp_path / 'cache'}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = warm_cli.popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True)
     killed = kill_mid_run(proc, cli.store, timeout_s=300)  # one done, the next one mid-way
     assert killed, "the sweep ended before it could be killed mid-run"
     before = Counter(r.data.tags.get("status") for r in sweep_children(cli.store))

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bertaccel.record.tracking import search_runs
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 pytestmark = pytest.mark.slow
 
@@ -117,8 +118,8 @@ def test_ctrl_c_at_each_point_of_a_sweeps_start_is_one_line_and_leaves_nothing_r
 def _closed_pipe(args, cwd: Path, timeout=300):
     """The command with its stdout a pipe whose read end is closed before it writes anything (a
     `| head -1` that has its line, sooner): (exit status, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = warm_cli.popen([sys.executable, "-m", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
     proc.stdout.close()
     err = proc.stderr.read()
     return proc.wait(timeout=timeout), err

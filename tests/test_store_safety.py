@@ -22,7 +22,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from bertaccel.store import sqlite_state
-from test_nothing_lost import ENV, TINY, _cmd, _listing, _said, _wait_for
+from test_nothing_lost import ENV, TINY, _cmd, _listing, _popen, _said, _wait_for
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
@@ -51,8 +52,8 @@ def _all_at_once(cmds, cwd: Path, timeout: float = 300):
     of its own under cwd (cwd/0, cwd/1, ...: what one leaves is told apart); their results."""
     for i in range(len(cmds)):
         (cwd / str(i)).mkdir(exist_ok=True)
-    procs = [subprocess.Popen(c, cwd=cwd / str(i), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i, c in enumerate(cmds)]
+    procs = [warm_cli.popen(c, cwd=cwd / str(i), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for i, c in enumerate(cmds)]
     return [(c, p.returncode, out, err) for c, p, (out, err) in
             ((c, p, p.communicate(timeout=timeout)) for c, p in zip(cmds, procs))]
 
@@ -217,7 +218,7 @@ def store_made(tmp_path_factory):
     db = folder / "mlflow.db"
     _mlflow_with_model(db)
     state_before = sqlite_state(db)[0]
-    r = subprocess.run(_cmd(folder, QUICK), cwd=folder, env=ENV, capture_output=True, text=True, timeout=600)
+    r = warm_cli.run(_cmd(folder, QUICK), cwd=folder, env=ENV, capture_output=True, text=True, timeout=600)
     return db, state_before, r
 
 
@@ -295,8 +296,8 @@ def test_ctrl_c_of_report_or_plan_is_one_line_and_writes_nothing(store, tmp_path
     before = _digests(store.parent)
     cmd = _report(uri, "--out", str(tmp_path / "out")) if command == "report" else \
         _plan(tmp_path, uri, "--out", str(tmp_path / "out"))
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = warm_cli.popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True)
     _wait_for(lambda: _has_open(proc.pid, store), 120, f"the {command} reading the store", proc)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -310,11 +311,10 @@ def test_ctrl_c_of_report_or_plan_is_one_line_and_writes_nothing(store, tmp_path
 def test_a_run_stopped_while_it_makes_the_store_or_refused_leaves_no_lock_file_and_no_folder(tmp_path):
     store = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
     before = _listing(tmp_path)
-    r = subprocess.run(_cmd(tmp_path, [*QUICK, "train.epochs=0"], store=store), cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=120)
+    r = warm_cli.run(_cmd(tmp_path, [*QUICK, "train.epochs=0"], store=store), cwd=tmp_path, env=ENV,
+                     capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and _listing(tmp_path) == before, r.stderr[-3000:]
-    proc = subprocess.Popen(_cmd(tmp_path, QUICK, store=store), cwd=tmp_path, env=ENV, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = _popen(tmp_path, QUICK, store=store)  # (a session of its own, stderr a pipe)
     new = tmp_path / "new"
     _wait_for(lambda: any(".creating-" in p.name for p in new.iterdir()), 180, "the store being made", proc)
     os.killpg(proc.pid, signal.SIGINT)

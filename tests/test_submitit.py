@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -20,6 +19,7 @@ from omegaconf import OmegaConf
 from bertaccel.config import CONF_DIR, register_configs
 from bertaccel.record.tracking import search_runs
 from hydra_plugins.bertaccel_launcher.submitit_launchers import BertaccelSlurmLauncher, resources_problem
+import warm_cli  # (tests/warm_cli.py: bertaccel commands forked from a warm parent)
 
 # Four good configurations and a bad one (lr < 0). inline: the run in the job's own process (one
 # fresh interpreter per job is what is tested here; a forkserver in each job would double the
@@ -51,7 +51,7 @@ def test_four_jobs_land_four_runs_a_bad_one_is_not_submitted_a_killed_one_is_res
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     # output to files, not pipes: nobody reads a pipe while the test watches the store
     out_file, err_file = open(cli.dir / "sweep.out", "w+"), open(cli.dir / "sweep.err", "w+")
-    sweep = subprocess.Popen(cmd, cwd=cli.dir, env=env, stdout=out_file, stderr=err_file)
+    sweep = warm_cli.popen(cmd, cwd=cli.dir, env=env, stdout=out_file, stderr=err_file)
     killed, deadline = None, time.time() + 300
     while killed is None and time.time() < deadline and sweep.poll() is None:
         # (in a job: the bad configuration's record is "running" for an instant in the sweep's process)
@@ -85,7 +85,7 @@ def test_four_jobs_land_four_runs_a_bad_one_is_not_submitted_a_killed_one_is_res
     assert parent.data.tags["runs_failed"] == "1"
     assert {k.data.tags["mlflow.parentRunId"] for k in kids} == {parent.info.run_id}
 
-    rerun = subprocess.run(cmd, cwd=cli.dir, env=env, capture_output=True, text=True, timeout=300)
+    rerun = warm_cli.run(cmd, cwd=cli.dir, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "Submitted 1 local job(s)" in rerun.stdout + rerun.stderr  # the finished three are not submitted
     assert "resumed: already finished=3, failed/skipped before and not retried=1" in rerun.stdout

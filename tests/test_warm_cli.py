@@ -148,3 +148,63 @@ def test_a_commands_forkserver_is_forked_from_it_without_its_imports_and_ends_wi
     while psutil.pid_exists(seen["server"]) and psutil.Process(seen["server"]).status() != psutil.STATUS_ZOMBIE:
         assert time.time() < deadline, "the command's forkserver outlived it"
         time.sleep(0.1)
+
+
+def test_popen_serves_commands_side_by_side_with_pipes_files_and_signals(probes, tmp_path):
+    """warm_cli.popen: two commands held at once (the parent serves the second while the first
+    runs), each with the pipes or file it was given, its own session where asked, its exit status
+    from poll/wait/communicate, and a signal ending it as it ends a process Popen started."""
+    import signal
+
+    parent, env, _ = probes
+    slow = [sys.executable, "-m", "slow"]
+    with open(tmp_path / "out.txt", "w") as out:
+        held = warm_cli._popen_from(parent, slow, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+    assert held.poll() is None
+    quick = warm_cli._popen_from(parent, [sys.executable, "-m", "probe", "3"], cwd=tmp_path, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out_text, err_text = quick.communicate(timeout=60)
+    assert quick.returncode == 3 and out_text.split()[1:3] == [str(tmp_path), "None"] and err_text == ""
+    assert os.getsid(held.pid) == held.pid != os.getsid(0)  # (start_new_session: a group to signal)
+    with pytest.raises(subprocess.TimeoutExpired):
+        held.wait(timeout=0.2)
+    os.killpg(held.pid, signal.SIGTERM)
+    assert held.wait(timeout=30) == -signal.SIGTERM
+    assert (tmp_path / "out.txt").read_text() == "started\n"
+    assert warm_cli.popen([sys.executable, "-c", "pass"]).wait(timeout=60) == 0  # (another program: Popen)
+
+
+def test_a_popen_command_says_what_a_new_interpreter_says(tmp_path):
+    cmd = [sys.executable, "-m", "bertaccel.run", "precision=bogus", "train.batch_size=-3"]
+    fresh = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    forked = warm_cli.popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert isinstance(forked, warm_cli.WarmProcess)
+    assert forked.communicate(timeout=300) == fresh.communicate(timeout=300)
+    assert forked.returncode == fresh.returncode == 2
+
+
+def test_past_max_parents_the_least_recent_idle_parent_makes_way_and_a_busy_one_does_not(monkeypatch, tmp_path):
+    """A new environment past MAX_PARENTS stops the least recently used parent that runs nothing
+    (a parent's start costs less than a command's new interpreter); one holding a command it runs
+    is kept, and the command goes to subprocess."""
+    monkeypatch.setattr(warm_cli, "_parents", {})
+    monkeypatch.setattr(warm_cli, "MAX_PARENTS", 1)
+    envs = [{**ENV, "BERTACCEL_TEST_PARENT": str(i)} for i in range(3)]
+    cmd = [sys.executable, "-m", "bertaccel.run", "seed=1"]  # (an unknown setting: refused at once)
+    try:
+        assert warm_cli.run(cmd, cwd=tmp_path, env=envs[0], capture_output=True, text=True).returncode == 2
+        (first,) = warm_cli._parents.values()
+        assert warm_cli.run(cmd, cwd=tmp_path, env=envs[1], capture_output=True, text=True).returncode == 2
+        (second,) = warm_cli._parents.values()
+        assert second is not first and first.proc.poll() is not None and second.forked == 1
+        held = warm_cli.popen([*cmd[:3], "model=tiny", "train.device=cpu", "dataset.train_subset=4000",
+                               "train.max_steps_per_epoch=100000", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"],
+                              cwd=tmp_path, env=envs[1], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert isinstance(held, warm_cli.WarmProcess) and second.busy == 1
+        assert warm_cli._parent(envs[2]) is None and list(warm_cli._parents.values()) == [second]
+        held.kill()
+        assert held.wait(timeout=60) == -9 and second.busy == 0
+    finally:
+        for parent in warm_cli._parents.values():
+            parent.close()

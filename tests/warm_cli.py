@@ -1,6 +1,6 @@
-"""The tests' `python -m bertaccel.<module> ARGS` commands (the `cli` fixture and `run`, a drop-in for
-subprocess.run), each command still a process of its own, but forked from a warm parent instead of a
-new interpreter.
+"""The tests' `python -m bertaccel.<module> ARGS` commands (the `cli` fixture; `run`, a drop-in for
+subprocess.run; `popen`, one for subprocess.Popen), each command still a process of its own, but
+forked from a warm parent instead of a new interpreter.
 
 Why: most of the suite's time is the CLI's own start. A tiny single run costs about 12 CPU-seconds
 on a CI core (the whole process tree, measured with a child subreaper), of which 3.7 s are the
@@ -14,7 +14,8 @@ before it reads its command line (the module bertaccel.run and everything it imp
 forkserver preload, and what a command imports later on its way (a sweep's closing report with
 matplotlib and scipy.stats, the report's and the plan's modules), and then waits on a UNIX socket.
 For each command it forks a child that takes the command's working directory, environment, argv
-and stdout/stderr files and runs bertaccel.run as `__main__` with runpy, as `python -m` does: the
+and stdout/stderr (files, or the descriptors of a test's pipes, sent over the socket) and runs
+bertaccel.run as `__main__` with runpy, as `python -m` does (the source is tests/warm_parent.py): the
 module's start-up block (signal handlers, the bytecode cache, the forkserver started early, the
 collector paused) runs in the child exactly as in a new interpreter,
 and the child ends the way an interpreter ends (atexit handlers, non-daemon threads joined, the
@@ -25,165 +26,34 @@ imports the preload again (5-8 CPU-seconds a command). It is given what an exec'
 only the descriptors multiprocessing passes it, default signal handlers, a __main__ and a lock of
 its own, and a forkserver's command line (setproctitle), by which the code and the tests find it.
 
-What it does not give, so `run` hands such a command to subprocess.run: an environment that
-differs from the parent's in anything but the per-test variables (PYTEST_*), since libraries read
-some of it at import (torch reads OMP_NUM_THREADS, transformers HF_HOME). Tests of the start-up
+The parent serves commands side by side: a test holds one it started with `popen` (to signal it,
+kill it or watch the store) while it runs others; each command's exit status comes back on its
+own connection when the parent has reaped it.
+
+What it does not give, so `run` and `popen` hand such a command to subprocess: an environment that
+differs from the parent's in anything but variables no import reads (_NOT_READ_AT_IMPORT), since
+libraries read some of it at import (torch reads OMP_NUM_THREADS, transformers HF_HOME). Tests of the start-up
 itself (the interpreter's start and imports, a bytecode cache, Ctrl-C while importing) start real
 interpreters with subprocess themselves, and the README's commands run as a user types them.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
+import select
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-# The parent: imports, then serves one command at a time. In a child, serve() returns the command
-# and the module-level code below runs it; anything it raises ends the child as an uncaught
-# exception ends an interpreter.
-PARENT = r'''
-import os, socket, sys
-
-# The message framing is warm_cli's own; its folder leaves the path again, so a command's imports
-# search what `python -m` searches.
-sys.path.insert(0, sys.argv[2])
-from warm_cli import _recv, _send  # noqa: E402
-sys.path.remove(sys.argv[2])
-
-def serve(path):
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
-    print("ready", flush=True)
-    while True:
-        conn, _ = srv.accept()
-        command = _recv(conn)
-        if command is None:
-            return None
-        pid = os.fork()
-        if pid == 0:
-            srv.close()
-            conn.close()
-            return command
-        _send(conn, pid)
-        _, status = os.waitpid(pid, 0)
-        _send(conn, os.waitstatus_to_exitcode(status))
-        conn.close()
-
-import bertaccel  # noqa: E402
-import bertaccel.run  # noqa: E402,F401 (what every command imports before it reads its argv)
-
-# The module itself is not kept: a child runs it as __main__, and runpy warns (on the command's
-# stderr, which tests read line by line) when it finds the module already imported.
-del sys.modules["bertaccel.run"]
-delattr(bertaccel, "run")
-
-# The runs' forkserver preload as well (torch, transformers' BERT, MLflow's SQL store, the run
-# code): a command's forkserver is forked from the command (SERVER below) with it in place. The
-# module itself is dropped so each server runs its body again: its own frozen heap and LOADED_AT,
-# which the runs' start-up phases read (runs/startup.py).
-import bertaccel.runs.preload  # noqa: E402,F401
-del sys.modules["bertaccel.runs.preload"]
-
-# And what the commands import on their way, lazily, each time (a CPU second or more per command):
-# a sweep's closing report (matplotlib, scipy.stats for its intervals), the report's and the plan's
-# own modules. Their __main__ modules are dropped as bertaccel.run is above.
-import importlib  # noqa: E402
-
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")  # (what the report's figures use; a command that asks for another still can)
-for name in ("matplotlib.pyplot", "scipy.stats", "bertaccel.report.sweep_report", "bertaccel.runs.progress",
-             "bertaccel.report.__main__", "bertaccel.plan.__main__"):
-    importlib.import_module(name)
-for name in ("bertaccel.report", "bertaccel.plan"):
-    del sys.modules[name + ".__main__"]
-    delattr(sys.modules[name], "__main__")
-
-command = serve(sys.argv[1])
-if command is not None:
-    exec(sys.argv[3])  # SERVER: the command's forkserver forked, not a new interpreter
-    os.chdir(command["cwd"])
-    os.environ.clear()
-    os.environ.update(command["env"])
-    for fd, name, flags in ((0, os.devnull, os.O_RDONLY), (1, command["stdout"], os.O_WRONLY),
-                            (2, command["stderr"], os.O_WRONLY)):
-        opened = os.open(name, flags)
-        os.dup2(opened, fd)
-        os.close(opened)
-    sys.argv = ["-m", *command["args"]]  # (runpy puts the module's file in argv[0], as python -m does)
-    import runpy
-    runpy.run_module(command["module"], run_name="__main__", alter_sys=True)
-'''
-
-
-# Run in a command's process before its module: the runs' forkserver (multiprocessing's, started by
-# runs/forkserver.py) is forked from the command instead of a new interpreter that imports the
-# preload again (about 8 CPU-seconds a command on a CI core; the parent has it imported). What an
-# exec'd server would have, the forked one is given: only the descriptors multiprocessing passes
-# it (a kept copy of the command's end of its "alive" pipe would keep it running after the
-# command), the caught signals back to their defaults and none blocked, a __main__ of its own (the
-# runs import the command's module as __mp_main__, as from a new interpreter), a lock of its own
-# (the forking thread holds the command's), and the command line of a forkserver (setproctitle:
-# the code and the tests find the server by it). Without setproctitle, the server is exec'd.
-SERVER = r'''
-def _fork_forkserver():
-    import multiprocessing.util as mp_util
-    try:
-        import setproctitle
-    except ImportError:
-        return
-    spawn = mp_util.spawnv_passfds
-
-    def spawnv_passfds(path, args, passfds):
-        if args[-2:-1] != ["-c"] or not args[-1].startswith("from multiprocessing.forkserver import main"):
-            return spawn(path, args, passfds)
-        pid = os.fork()
-        if pid:
-            return pid
-        code = 1
-        try:
-            import signal, threading, traceback, types
-            from multiprocessing import forkserver
-
-            keep = {0, 1, 2, *map(int, passfds)}
-            for fd in map(int, os.listdir("/proc/self/fd")):
-                if fd not in keep:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-            for sig in signal.valid_signals():
-                try:
-                    if callable(signal.getsignal(sig)):
-                        signal.signal(sig, signal.SIG_DFL)
-                except (OSError, ValueError):
-                    pass
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # (as runs/forkserver.py starts it)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            forkserver._forkserver._lock = threading.Lock()
-            sys.modules["__main__"] = types.ModuleType("__main__")
-            sys.argv = ["-c"]
-            setproctitle.setproctitle(" ".join(map(os.fsdecode, args)))
-            exec(args[-1], {"__name__": "__main__"})
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-
-    mp_util.spawnv_passfds = spawnv_passfds
-
-
-_fork_forkserver()
-'''
+from warm_parent import PARENT, SERVER  # (tests/warm_parent.py)
 
 
 def _send(conn: socket.socket, obj: object) -> None:
@@ -215,6 +85,19 @@ def _recv(conn: socket.socket) -> object:
     return pickle.loads(body)
 
 
+def _recv_command(conn: socket.socket) -> Tuple[Optional[Dict[str, Any]], List[int]]:
+    """The parent's next command and the descriptors sent with it (a test's pipe ends, by
+    SCM_RIGHTS with the message's first bytes); (None, []) where the connection closed first."""
+    head, fds, _, _ = socket.recv_fds(conn, 4, 8)
+    if not head:
+        return None, []
+    rest = _exactly(conn, 4 - len(head)) if len(head) < 4 else b""
+    body = _exactly(conn, struct.unpack("!I", head + (rest or b""))[0])
+    if body is None:
+        raise ConnectionError("the other side closed the connection inside a message")
+    return pickle.loads(body), list(fds)
+
+
 def _answer(conn: socket.socket) -> object:
     """The parent's next answer: a closed connection here means the parent died."""
     got = _recv(conn)
@@ -226,12 +109,14 @@ def _answer(conn: socket.socket) -> object:
 # Variables that change in a worker's own environment while the suite runs and that nothing the
 # parent imports reads at import (the child gets the command's whole environment before its module
 # runs, so what is read later is the command's): pytest's per-test ones; the telemetry session id
-# MLflow sets in the process the first time a test uses it; the cache folders Inductor and Triton
-# write into the environment the first time a test compiles in-process (read when a cache is
-# opened). Keyed on, each of these started a new parent mid-suite (10 CPU-seconds) and, past
-# MAX_PARENTS, sent every later command of that worker to a new interpreter: about 270 commands of
-# a suite, 14 CPU-seconds each with their forkserver's imports.
-_NOT_READ_AT_IMPORT = ("PYTEST_", "_MLFLOW_TELEMETRY_SESSION_ID", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+# MLflow sets in the process the first time a test uses it; what Inductor sets the first time a test
+# compiles in-process: its and Triton's cache folders (read when a cache is opened), the address it
+# hands its C++ wrappers, and Intel OpenMP's two (torch's CPU build loads GNU OpenMP, which reads
+# neither). Keyed on, each started a new warm parent mid-suite and, past MAX_PARENTS, sent every
+# later command of that worker to a new interpreter: 259 commands of a suite, then 80 with the
+# first three left out (about 12 CPU-seconds each with their forkserver's imports).
+_NOT_READ_AT_IMPORT = ("PYTEST_", "_MLFLOW_TELEMETRY_SESSION_ID", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+                       "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")
 
 
 def _key(env: Dict[str, str]) -> frozenset:
@@ -249,6 +134,7 @@ class Warm:
         self.socket = os.path.join(self.folder, "s")
         self.proc: Optional[subprocess.Popen] = None
         self.forked = 0  # commands run by forking (tests/test_warm_cli.py reads it)
+        self.busy = 0  # its commands not yet ended (one popen holds, a run's in another thread)
 
     def started(self) -> bool:
         """Whether the parent is up (started here at the first call) and serving."""
@@ -260,6 +146,27 @@ class Warm:
         ready = self.proc.stdout.readline().strip() == "ready" if self.proc.stdout else False
         return ready and self.proc.poll() is None
 
+    def start(self, module: str, args: List[str], cwd: Path, env: Dict[str, str], stdio: List[Tuple[Any, int]],
+              fds: Sequence[int] = (), session: bool = False) -> Tuple[socket.socket, int]:
+        """Fork `python -m MODULE ARGS` in cwd: (the connection its exit status comes on, its pid).
+        stdio: for fds 0-2, (a file name, open flags) or (an index into fds, 0): descriptors this
+        process sends the command (SCM_RIGHTS), which it may close once this returns."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.socket)
+            data = pickle.dumps({"module": module, "cwd": str(cwd), "env": dict(env), "args": list(args),
+                                 "stdio": list(stdio), "session": session})
+            message = struct.pack("!I", len(data)) + data
+            sent = socket.send_fds(conn, [message], list(fds)) if fds else 0
+            conn.sendall(message[sent:])
+            pid = int(_answer(conn))
+        except BaseException:
+            conn.close()
+            raise
+        self.forked += 1
+        self.busy += 1
+        return conn, pid
+
     def run(self, module: str, args: List[str], cwd: Path, env: Dict[str, str],
             timeout: Optional[float]) -> subprocess.CompletedProcess:
         """`python -m MODULE ARGS` in cwd, as subprocess.run(capture_output=True, text=True) returns it."""
@@ -269,22 +176,22 @@ class Warm:
         err.close()
         cmd = [sys.executable, "-m", module, *args]
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.connect(self.socket)
-                _send(conn, {"module": module, "cwd": str(cwd), "env": dict(env), "args": list(args),
-                             "stdout": out.name, "stderr": err.name})
-                pid = _answer(conn)
-                self.forked += 1
+            conn, pid = self.start(module, args, cwd, env,
+                                   [(os.devnull, os.O_RDONLY), (out.name, os.O_WRONLY), (err.name, os.O_WRONLY)])
+            try:
                 conn.settimeout(timeout)
                 try:
                     code = _answer(conn)
                 except socket.timeout:
-                    os.kill(int(pid), 9)  # (subprocess.run kills its child on a timeout alike)
+                    os.kill(pid, 9)  # (subprocess.run kills its child on a timeout alike)
                     conn.settimeout(None)
                     _answer(conn)
                     raise subprocess.TimeoutExpired(cmd, timeout,
                                                     Path(out.name).read_text(errors="replace"),
                                                     Path(err.name).read_text(errors="replace"))
+            finally:
+                conn.close()
+                self.busy -= 1
             return subprocess.CompletedProcess(cmd, int(code), Path(out.name).read_text(errors="replace"),
                                                Path(err.name).read_text(errors="replace"))
         finally:
@@ -310,23 +217,28 @@ class Warm:
 
 
 # One warm parent per environment a worker's commands use (most use one or two: the worker's own,
-# and it with the hub switched off), each started at its first command and stopped at the worker's
-# exit. Per pytest worker process; no state between commands but the parents themselves.
+# and it with the hub switched off; a few tests give a command a HOME or TRITON_INTERPRET of its
+# own), each started at its first command and stopped at the worker's exit. Past MAX_PARENTS the
+# least recently used one that runs no command is stopped for the new one: a parent's start (about
+# 10 CPU-seconds) costs less than one command in a new interpreter with its forkserver's imports
+# (about 12), and the worker's own environment, used by most commands, is never the least recent.
+# Per pytest worker process; no state between commands but the parents themselves.
 MAX_PARENTS = 3
-_parents: Dict[frozenset, Warm] = {}
+_parents: Dict[frozenset, Warm] = {}  # least recently used first
+atexit.register(lambda: [w.close() for w in list(_parents.values())])
 
 
 def _parent(env: Dict[str, str]) -> Optional[Warm]:
     key = _key(env)
-    if key not in _parents:
+    warm = _parents.pop(key, None)
+    if warm is None:
         if len(_parents) >= MAX_PARENTS:
-            return None
-        if not _parents:
-            import atexit
-
-            atexit.register(lambda: [w.close() for w in _parents.values()])
-        _parents[key] = Warm(env)
-    warm = _parents[key]
+            idle = [k for k, w in _parents.items() if not w.busy]
+            if not idle:
+                return None
+            _parents.pop(idle[0]).close()
+        warm = Warm(env)
+    _parents[key] = warm
     return warm if warm.started() else None
 
 
@@ -347,3 +259,115 @@ def run(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
                 raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
             return done
     return subprocess.run(cmd, **kwargs)
+
+
+class WarmProcess:
+    """What subprocess.Popen returns, for a command forked from a warm parent (`popen`): its pid
+    (a process of its own, in a session of its own with start_new_session), pipes, poll, wait,
+    communicate and signals. Its exit status comes from the parent, which reaped it."""
+
+    def __init__(self, warm: Warm, args: List[str], conn: socket.socket, pid: int, stdout: Any, stderr: Any):
+        self.args, self.pid, self.stdin, self.stdout, self.stderr = args, pid, None, stdout, stderr
+        self.returncode: Optional[int] = None
+        self._warm, self._conn = warm, conn
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self.returncode is None:
+            # (select first: the status is one small message, read whole once it is there)
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = int(_answer(self._conn))
+            self._conn.close()
+            self._warm.busy -= 1
+        return self.returncode
+
+    def poll(self) -> Optional[int]:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # (as Popen: never a pid the command no longer has)
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, input: Any = None, timeout: Optional[float] = None) -> Tuple[Any, Any]:
+        """Both pipes read to their end (a thread each, as Popen does), then the exit status."""
+        assert input is None, "warm_cli.popen gives the command no stdin"
+        if not hasattr(self, "_readers"):
+            self._read: Dict[str, Any] = {}
+            self._readers = [threading.Thread(target=lambda n=name, f=pipe: self._read.__setitem__(n, f.read()),
+                                              daemon=True)
+                             for name, pipe in (("stdout", self.stdout), ("stderr", self.stderr)) if pipe is not None]
+            for reader in self._readers:
+                reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in self._readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for pipe in (self.stdout, self.stderr):
+            if pipe is not None:
+                pipe.close()
+        return self._read.get("stdout"), self._read.get("stderr")
+
+    def __enter__(self) -> "WarmProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for pipe in (self.stdout, self.stderr):
+            if pipe is not None:
+                pipe.close()
+        self.wait()
+
+
+def popen(cmd: Sequence[str], **kwargs: Any) -> Any:
+    """subprocess.Popen, for a bertaccel command whose stdout and stderr are PIPE, DEVNULL or a
+    file (and no stdin): forked from a warm parent, where the tests that signal, kill or watch a
+    command started 30-odd new interpreters a suite (about 14 CPU-seconds each with the imports of
+    their forkserver); anything else (another program, preexec_fn, another environment than the
+    parents') is subprocess.Popen itself."""
+    cmd = [str(c) for c in cmd]
+    simple = set(kwargs) <= {"cwd", "env", "stdout", "stderr", "text", "start_new_session"}
+    streams = [kwargs.get("stdout"), kwargs.get("stderr")]
+    if (simple and len(cmd) >= 3 and cmd[0] == sys.executable and cmd[1] == "-m" and cmd[2].startswith("bertaccel.")
+            and all(s in (subprocess.PIPE, subprocess.DEVNULL) or hasattr(s, "fileno") for s in streams)):
+        warm = _parent(dict(kwargs.get("env") if kwargs.get("env") is not None else os.environ))
+        if warm is not None:
+            return _popen_from(warm, cmd, **kwargs)
+    return subprocess.Popen(cmd, **kwargs)
+
+
+def _popen_from(warm: Warm, cmd: List[str], **kwargs: Any) -> WarmProcess:
+    """popen's fork from the parent warm (tests/test_warm_cli.py calls it with a parent of its own)."""
+    env = dict(kwargs.get("env") if kwargs.get("env") is not None else os.environ)
+    stdio: List[Tuple[Any, int]] = [(os.devnull, os.O_RDONLY)]
+    sent: List[int] = []  # descriptors the command gets (a pipe's write end, a file)
+    ours: List[Any] = []  # the pipes' read ends, as Popen's stdout and stderr
+    for stream in (kwargs.get("stdout"), kwargs.get("stderr")):
+        if stream == subprocess.DEVNULL:
+            stdio.append((os.devnull, os.O_WRONLY))
+            ours.append(None)
+            continue
+        if stream == subprocess.PIPE:
+            read_end, write_end = os.pipe()
+            ours.append(open(read_end, "r" if kwargs.get("text") else "rb"))
+            sent.append(write_end)
+        else:
+            ours.append(None)
+            sent.append(os.dup(stream.fileno()))
+        stdio.append((len(sent) - 1, 0))
+    try:
+        conn, pid = warm.start(cmd[2], cmd[3:], Path(kwargs.get("cwd") or os.getcwd()), env, stdio, sent,
+                               bool(kwargs.get("start_new_session")))
+    finally:
+        for fd in sent:  # (the command has its own copies now)
+            os.close(fd)
+    return WarmProcess(warm, cmd, conn, pid, ours[0], ours[1])
