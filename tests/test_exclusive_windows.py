@@ -16,11 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 from bertaccel.train.exclusive import SweepLock, WindowFigures, admits, wait_for_memory, window_plan
 
 
-def _reader(directory: str, hold_s: float, started, out) -> None:
+def _reader(directory: str, hold_s: float, started, out, release=None) -> None:
     lock = SweepLock(Path(directory))
     lock.acquire_shared()
     t0 = time.time()
     started.set()
+    if release is not None:  # (held until the test lets go, however late the other reader started)
+        assert release.wait(120)
     time.sleep(hold_s)
     t1 = time.time()
     lock.release_shared()
@@ -67,17 +69,25 @@ def test_a_writer_waits_for_the_readers_and_new_readers_wait_for_the_writer(tmp_
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     started = [ctx.Event(), ctx.Event()]
-    readers = [ctx.Process(target=_reader, args=(str(tmp_path), 1.0, started[i], out)) for i in range(2)]
+    # The first two readers hold until both hold and the writer waits (a hold of fixed length let
+    # one end before the other, spawned seconds later on a loaded machine, began).
+    release = ctx.Event()
+    readers = [ctx.Process(target=_reader, args=(str(tmp_path), 0.2, started[i], out, release)) for i in range(2)]
     for p in readers:
         p.start()
     for e in started:
         assert e.wait(60)
     writer = ctx.Process(target=_writer, args=(str(tmp_path), 1.0, out))
     writer.start()
-    time.sleep(0.3)  # the writer now holds the turnstile and waits for the readers
+    deadline = time.time() + 60
+    while not SweepLock(tmp_path).writer_waiting():  # the writer holds the turnstile, waits for the readers
+        assert time.time() < deadline, "the writer never came"
+        time.sleep(0.02)
     late_started = ctx.Event()
     late = ctx.Process(target=_reader, args=(str(tmp_path), 0.1, late_started, out))
     late.start()
+    time.sleep(0.5)  # (the late reader on its way to the lock; one later still is held back alike)
+    release.set()
     got = [out.get(timeout=60) for _ in range(4)]
     for p in (*readers, writer, late):
         p.join(60)
