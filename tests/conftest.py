@@ -122,9 +122,8 @@ def pytest_collection_modifyitems(config, items):
     # the end of the suite while the other core idled).
     slow: dict = {}
     for item in items:
-        path = item.nodeid.split("::")[0]
-        slow[path] = slow.get(path, 0) + bool(item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])
+        slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
 
 
 @pytest.fixture

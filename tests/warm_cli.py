@@ -56,9 +56,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from warm_parent import PARENT, SERVER  # (tests/warm_parent.py)
 
 
-def _send(conn: socket.socket, obj: object) -> None:
+def _frame(obj: object) -> bytes:
     data = pickle.dumps(obj)
-    conn.sendall(struct.pack("!I", len(data)) + data)
+    return struct.pack("!I", len(data)) + data
+
+
+def _send(conn: socket.socket, obj: object) -> None:
+    conn.sendall(_frame(obj))
 
 
 def _exactly(conn: socket.socket, size: int) -> Optional[bytes]:
@@ -73,29 +77,23 @@ def _exactly(conn: socket.socket, size: int) -> Optional[bytes]:
     return data
 
 
-def _recv(conn: socket.socket) -> object:
-    """The next message; None where the other side closed the connection before one (the parent's
-    way of being told to stop)."""
-    head = _exactly(conn, 4)
-    if head is None:
-        return None
-    body = _exactly(conn, struct.unpack("!I", head)[0])
-    if body is None:
-        raise ConnectionError("the other side closed the connection inside a message")
-    return pickle.loads(body)
-
-
-def _recv_command(conn: socket.socket) -> Tuple[Optional[Dict[str, Any]], List[int]]:
-    """The parent's next command and the descriptors sent with it (a test's pipe ends, by
-    SCM_RIGHTS with the message's first bytes); (None, []) where the connection closed first."""
+def _recv_command(conn: socket.socket) -> Tuple[Any, List[int]]:
+    """The next message and the descriptors sent with it (a test's pipe ends, by SCM_RIGHTS with
+    the message's first bytes); (None, []) where the other side closed the connection before one
+    (the parent's way of being told to stop)."""
     head, fds, _, _ = socket.recv_fds(conn, 4, 8)
     if not head:
         return None, []
     rest = _exactly(conn, 4 - len(head)) if len(head) < 4 else b""
-    body = _exactly(conn, struct.unpack("!I", head + (rest or b""))[0])
+    body = None if rest is None else _exactly(conn, struct.unpack("!I", head + rest)[0])
     if body is None:
         raise ConnectionError("the other side closed the connection inside a message")
     return pickle.loads(body), list(fds)
+
+
+def _recv(conn: socket.socket) -> object:
+    """The next message (no descriptors come with an answer); None as _recv_command."""
+    return _recv_command(conn)[0]
 
 
 def _answer(conn: socket.socket) -> object:
@@ -154,9 +152,8 @@ class Warm:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self.socket)
-            data = pickle.dumps({"module": module, "cwd": str(cwd), "env": dict(env), "args": list(args),
-                                 "stdio": list(stdio), "session": session})
-            message = struct.pack("!I", len(data)) + data
+            message = _frame({"module": module, "cwd": str(cwd), "env": dict(env), "args": list(args),
+                              "stdio": list(stdio), "session": session})
             sent = socket.send_fds(conn, [message], list(fds)) if fds else 0
             conn.sendall(message[sent:])
             pid = int(_answer(conn))
@@ -242,22 +239,31 @@ def _parent(env: Dict[str, str]) -> Optional[Warm]:
     return warm if warm.started() else None
 
 
+def _servable(cmd: List[str], kwargs: Dict[str, Any], keywords: set) -> Optional[Tuple[Warm, Dict[str, str]]]:
+    """The warm parent and environment for `python -m bertaccel.<module> ...` given only keywords
+    the drop-in serves; None where subprocess must run it."""
+    if not (set(kwargs) <= keywords and len(cmd) >= 3 and cmd[0] == sys.executable and cmd[1] == "-m"
+            and cmd[2].startswith("bertaccel.")):
+        return None
+    env = dict(kwargs.get("env") if kwargs.get("env") is not None else os.environ)
+    warm = _parent(env)
+    return None if warm is None else (warm, env)
+
+
 def run(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
     """subprocess.run, for a bertaccel command (`[sys.executable, "-m", "bertaccel.<module>", ...]`
     with capture_output=True and text=True): forked from a warm parent where it can be served as
     subprocess.run would serve it; anything else (another program, stdin, other keywords) is
     subprocess.run itself."""
     cmd = [str(c) for c in cmd]
-    simple = set(kwargs) <= {"cwd", "capture_output", "text", "timeout", "env", "check"}
-    if (simple and len(cmd) >= 3 and cmd[0] == sys.executable and cmd[1] == "-m" and cmd[2].startswith("bertaccel.")
-            and kwargs.get("capture_output") and kwargs.get("text")):
-        env = dict(kwargs.get("env") if kwargs.get("env") is not None else os.environ)
-        warm = _parent(env)
-        if warm is not None:
-            done = warm.run(cmd[2], cmd[3:], Path(kwargs.get("cwd") or os.getcwd()), env, kwargs.get("timeout"))
-            if kwargs.get("check") and done.returncode:
-                raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
-            return done
+    served = _servable(cmd, kwargs, {"cwd", "capture_output", "text", "timeout", "env", "check"}) \
+        if kwargs.get("capture_output") and kwargs.get("text") else None
+    if served is not None:
+        warm, env = served
+        done = warm.run(cmd[2], cmd[3:], Path(kwargs.get("cwd") or os.getcwd()), env, kwargs.get("timeout"))
+        if kwargs.get("check") and done.returncode:
+            raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
+        return done
     return subprocess.run(cmd, **kwargs)
 
 
@@ -270,6 +276,8 @@ class WarmProcess:
         self.args, self.pid, self.stdin, self.stdout, self.stderr = args, pid, None, stdout, stderr
         self.returncode: Optional[int] = None
         self._warm, self._conn = warm, conn
+        self._read: Dict[str, Any] = {}  # what communicate's readers read
+        self._readers: Optional[List[threading.Thread]] = None
 
     def wait(self, timeout: Optional[float] = None) -> int:
         if self.returncode is None:
@@ -300,8 +308,7 @@ class WarmProcess:
     def communicate(self, input: Any = None, timeout: Optional[float] = None) -> Tuple[Any, Any]:
         """Both pipes read to their end (a thread each, as Popen does), then the exit status."""
         assert input is None, "warm_cli.popen gives the command no stdin"
-        if not hasattr(self, "_readers"):
-            self._read: Dict[str, Any] = {}
+        if self._readers is None:
             self._readers = [threading.Thread(target=lambda n=name, f=pipe: self._read.__setitem__(n, f.read()),
                                               daemon=True)
                              for name, pipe in (("stdout", self.stdout), ("stderr", self.stderr)) if pipe is not None]
@@ -335,13 +342,11 @@ def popen(cmd: Sequence[str], **kwargs: Any) -> Any:
     their forkserver); anything else (another program, preexec_fn, another environment than the
     parents') is subprocess.Popen itself."""
     cmd = [str(c) for c in cmd]
-    simple = set(kwargs) <= {"cwd", "env", "stdout", "stderr", "text", "start_new_session"}
     streams = [kwargs.get("stdout"), kwargs.get("stderr")]
-    if (simple and len(cmd) >= 3 and cmd[0] == sys.executable and cmd[1] == "-m" and cmd[2].startswith("bertaccel.")
-            and all(s in (subprocess.PIPE, subprocess.DEVNULL) or hasattr(s, "fileno") for s in streams)):
-        warm = _parent(dict(kwargs.get("env") if kwargs.get("env") is not None else os.environ))
-        if warm is not None:
-            return _popen_from(warm, cmd, **kwargs)
+    served = _servable(cmd, kwargs, {"cwd", "env", "stdout", "stderr", "text", "start_new_session"}) \
+        if all(s in (subprocess.PIPE, subprocess.DEVNULL) or hasattr(s, "fileno") for s in streams) else None
+    if served is not None:
+        return _popen_from(served[0], cmd, **kwargs)
     return subprocess.Popen(cmd, **kwargs)
 
 
