@@ -49,6 +49,11 @@ def mlflow_service(argv: List[str], log_path: Path, start_timeout_s: float, stop
     group of its own; yield its address once /health answers 200, then stop the whole group."""
     port = argv[argv.index("--port") + 1]
     base = f"http://127.0.0.1:{port}"
+    if "--workers" not in argv and "-w" not in argv:
+        # One worker process where the test does not ask for more: a test's UI serves one browser,
+        # and MLflow's default of 4 spawned workers, each importing its server, cost about 10
+        # CPU-seconds more per UI started (the README's command runs as written otherwise).
+        argv = [*argv, "--workers", "1"]
     with open(log_path, "w") as log:
         server = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)

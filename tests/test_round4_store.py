@@ -82,15 +82,24 @@ def assert_intact(db: Path) -> None:
     assert not db.with_name("mlflow.db-journal").exists()
 
 
-def _run(cmd, cwd: Path, timeout: float = 600):
-    return warm_cli.run(cmd, cwd=cwd, env={**ENV, "HOME": str(cwd)}, capture_output=True, text=True,
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    """The commands' HOME: nothing they write under ~ reaches the user's. One for the module, not
+    one per test: a warm parent serves one environment (tests/warm_cli.py), and a HOME per test
+    started a parent per test (about 9 CPU-seconds each)."""
+    return tmp_path_factory.mktemp("home")
+
+
+def _run(cmd, cwd: Path, home: Path, timeout: float = 600):
+    return warm_cli.run(cmd, cwd=cwd, env={**ENV, "HOME": str(home)}, capture_output=True, text=True,
                         timeout=timeout)
 
 
-def test_report_and_plan_roll_a_hot_journal_back_and_use_the_store(pristine, tmp_path):
+def test_report_and_plan_roll_a_hot_journal_back_and_use_the_store(pristine, tmp_path, home):
     db = hot_store(pristine, tmp_path / "store")
     uri = f"sqlite:///{db}"
-    r = _run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", str(tmp_path / "report")], tmp_path)
+    r = _run([sys.executable, "-m", "bertaccel.report", "--uri", uri, "--out", str(tmp_path / "report")],
+             tmp_path, home)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "not an MLflow store" not in r.stderr and "new file name" not in r.stderr, r.stderr[-3000:]
     text = (tmp_path / "report" / "report.md").read_text()
@@ -100,16 +109,16 @@ def test_report_and_plan_roll_a_hot_journal_back_and_use_the_store(pristine, tmp
 
     db = hot_store(pristine, tmp_path / "store2")
     r = _run([sys.executable, "-m", "bertaccel.plan", "-m", *TINY, "train.seed=1,2", f"tracking.uri=sqlite:///{db}",
-              f"cache_dir={tmp_path / 'cache'}"], tmp_path)
+              f"cache_dir={tmp_path / 'cache'}"], tmp_path, home)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "not an MLflow store" not in r.stderr and "new file name" not in r.stderr, r.stderr[-3000:]
     assert_intact(db)
 
 
 @pytest.mark.parametrize("sweep", [[], ["-m", "train.seed=1"]], ids=["run", "run -m"])
-def test_a_run_and_a_sweep_roll_a_hot_journal_back_and_add_their_runs(pristine, tmp_path, sweep):
+def test_a_run_and_a_sweep_roll_a_hot_journal_back_and_add_their_runs(pristine, tmp_path, home, sweep):
     db = hot_store(pristine, tmp_path / "store")
-    r = _run(_cmd(tmp_path, [*sweep, *TINY], store=f"sqlite:///{db}"), tmp_path)
+    r = _run(_cmd(tmp_path, [*sweep, *TINY], store=f"sqlite:///{db}"), tmp_path, home)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "not an MLflow store" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert_intact(db)
@@ -119,7 +128,7 @@ def test_a_run_and_a_sweep_roll_a_hot_journal_back_and_add_their_runs(pristine, 
     assert len(names) == (2 if sweep else 1), names  # its run (and a sweep's parent run) beside the three
 
 
-def test_a_hot_journal_on_a_read_only_store_is_its_own_line_and_then_resumes(pristine, tmp_path):
+def test_a_hot_journal_on_a_read_only_store_is_its_own_line_and_then_resumes(pristine, tmp_path, home):
     db = hot_store(pristine, tmp_path / "store")
     if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
         pytest.skip("chattr +i is not available here (needs root and a file system that has it)")
@@ -130,7 +139,7 @@ def test_a_hot_journal_on_a_read_only_store_is_its_own_line_and_then_resumes(pri
             assert "mlflow.db-journal" in problem and "not an MLflow store" not in problem, problem
             assert "new file name" not in problem and "give a store you can write" not in problem, problem
         r = _run([sys.executable, "-m", "bertaccel.report", "--uri", f"sqlite:///{db}",
-                  "--out", str(tmp_path / "report")], tmp_path)
+                  "--out", str(tmp_path / "report")], tmp_path, home)
         assert r.returncode == 2, r.stderr[-3000:]
         (line,) = _said(r.stderr)
         assert "is read-only" in line and "make it writable again" in line and "not an MLflow store" not in line, line
@@ -196,11 +205,11 @@ def test_every_spelling_of_the_file_store_is_refused_naming_the_kinds_that_work(
 # The disk holding the store is full as a sweep opens its parent run (a real full tmpfs): the
 # one clean line, not MLflow's logged tracebacks first (nor Hydra's warning, and runs started anyway).
 
-def test_a_store_full_as_the_sweep_opens_its_parent_run_is_the_one_line(pristine, tmp_path, small_disk):
+def test_a_store_full_as_the_sweep_opens_its_parent_run_is_the_one_line(pristine, tmp_path, home, small_disk):
     db = small_disk / "mlflow.db"
     shutil.copy(pristine, db)
     _fill(small_disk)
-    r = _run(_cmd(tmp_path, ["-m", *TINY, "train.seed=1,2"], store=f"sqlite:///{db}"), tmp_path)
+    r = _run(_cmd(tmp_path, ["-m", *TINY, "train.seed=1,2"], store=f"sqlite:///{db}"), tmp_path, home)
     assert r.returncode == 1, r.stderr[-3000:]
     (line,) = _said(r.stderr)
     assert line.startswith("error: the disk holding") and "database or disk is full" in line, line
