@@ -41,7 +41,7 @@ def rows(tokens: int, width: int, warps: List[int]) -> List[str]:
     y = torch.empty_like(x)
     q = torch.empty(x.shape, device="cuda", dtype=FP8)
     s = torch.empty(tokens, device="cuda", dtype=torch.float32)
-    block_r, block_d, _ = _row_tile(width)
+    block_r, block_d, _ = _row_tile(tokens, width, x.device)
     grid = (triton.cdiv(tokens, block_r),)
     mb = x.numel() / 1e6  # MB per byte of element size
     cases = [("bias_gelu bf16", lambda: bias_gelu(x, bias), 4 * mb)]

@@ -42,6 +42,17 @@ def _packed_blocks(head_dim: int, dtype: torch.dtype) -> Tuple[int, int]:
     return b, b
 
 
+# Triton's interpreter (no CUDA: the CPU tests) runs each program and each key block's operations
+# one by one in Python: its time grows with the number of tiles, not their size, and no register
+# file bounds one. Its tiles cover the sequence, up to this length (packed: the longest sequence).
+INTERPRETER_MAX_TILE = 128
+
+
+def _interpreter_blocks(seq: int) -> Tuple[int, int]:
+    b = min(INTERPRETER_MAX_TILE, max(16, triton.next_power_of_2(seq)))
+    return b, b
+
+
 _block_override: Optional[Tuple[int, int]] = None  # tests: force several column blocks at small S
 
 
@@ -74,7 +85,8 @@ def _empty_lse(q: torch.Tensor, g: _Geometry) -> torch.Tensor:
 
 
 def _launch_args(q: torch.Tensor, g: _Geometry, varlen: bool):
-    bm, bn = _block_override or (_packed_blocks(g.dim, q.dtype) if varlen else _blocks(g.dim, g.seq, q.dtype))
+    bm, bn = _block_override or (_interpreter_blocks(g.seq) if not q.is_cuda else
+                                 _packed_blocks(g.dim, q.dtype) if varlen else _blocks(g.dim, g.seq, q.dtype))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32: exact products, not TF32
     upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"  # see _dot
     return bm, bn, precision, upcast

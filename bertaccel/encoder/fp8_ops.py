@@ -91,7 +91,7 @@ def rowwise_fp8(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     x ~= q * scale[:, None], scale = amax(|row|) / 448 (1 for a zero row)."""
     F._check_matrix("x", x)
     q, s = _fp8_buffers(x)
-    block_r, block_d, _ = F._row_tile(x.shape[1])
+    block_r, block_d, _ = F._row_tile(x.shape[0], x.shape[1], x.device)
     if x.shape[0] > 0:
         K._rowwise_fp8_kernel[(triton.cdiv(x.shape[0], block_r),)](x, q, s, x.shape[0], x.shape[1], BLOCK_R=block_r,
                                                                    BLOCK_D=block_d, NATIVE=x.is_cuda,
@@ -138,7 +138,7 @@ class _BiasGeluFp8Fn(torch.autograd.Function):
     def forward(ctx, x, bias):
         y = torch.empty_like(x)
         q, s = _fp8_buffers(x)
-        block_r, block_d, _ = F._row_tile(x.shape[1])
+        block_r, block_d, _ = F._row_tile(x.shape[0], x.shape[1], x.device)
         if x.shape[0] > 0:
             K._bias_gelu_fp8_fwd_kernel[(triton.cdiv(x.shape[0], block_r),)](
                 x, bias, y, q, s, x.shape[0], x.shape[1], BLOCK_R=block_r, BLOCK_D=block_d, NATIVE=x.is_cuda,

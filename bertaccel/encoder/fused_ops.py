@@ -58,20 +58,37 @@ TILE_ELEMENTS = 2048  # elements per program tile: 8..16 fp32 values per thread 
 GELU_BLOCK_COLS = 256
 PROGRAMS_PER_SM = 4  # partial-sum backward programs: enough warps in flight per SM for a memory-bound kernel
 CPU_PROGRAMS = 2  # the interpreter: few programs, so each one walks several row tiles (tested)
+# Triton's interpreter (no CUDA: the CPU tests) runs each program's operations one by one in Python
+# on numpy arrays, so its time grows with the number of programs and row tiles, not with their size,
+# and no register file bounds a tile: its tiles cover the rows up to this many elements. (A compiled
+# test on the CPU spent three quarters of its time in the interpreter, tiles of 16 rows.)
+INTERPRETER_TILE_ELEMENTS = 1 << 16
 
 
 # ---------------------------------------------------------------- launch geometry
 
-def _row_tile(n_cols: int) -> Tuple[int, int, int]:
+def _interpreter_rows(n_rows: int, block_cols: int) -> int:
+    """Rows per tile under the interpreter: all of them, up to INTERPRETER_TILE_ELEMENTS."""
+    return max(1, min(triton.next_power_of_2(max(1, n_rows)), INTERPRETER_TILE_ELEMENTS // block_cols))
+
+
+def _row_tile(n_rows: int, n_cols: int, device: torch.device) -> Tuple[int, int, int]:
     """(BLOCK_R, BLOCK_D, num_warps) of the LayerNorm kernels: whole rows (BLOCK_D >= D), several
-    per program when D is small so a program still moves TILE_ELEMENTS."""
+    per program when D is small so a program still moves TILE_ELEMENTS (a GPU: n_rows is not read,
+    so the tile and the compiled variant do not change with the batch's token count)."""
     block_d = triton.next_power_of_2(n_cols)
+    if device.type != "cuda":
+        return _interpreter_rows(n_rows, block_d), block_d, 1
     block_r = max(1, min(16, TILE_ELEMENTS // block_d))
     return block_r, block_d, min(8, max(1, block_r * block_d // 256))
 
 
-def _gelu_tile(n_cols: int) -> Tuple[int, int]:
-    """(BLOCK_R, BLOCK_C) of the bias-GELU kernels: column tiles of up to 256, rows to fill the tile."""
+def _gelu_tile(n_rows: int, n_cols: int, device: torch.device) -> Tuple[int, int]:
+    """(BLOCK_R, BLOCK_C) of the bias-GELU kernels: column tiles of up to 256, rows to fill the tile
+    (the interpreter: whole rows, as many as INTERPRETER_TILE_ELEMENTS holds)."""
+    if device.type != "cuda":
+        block_c = min(INTERPRETER_TILE_ELEMENTS, triton.next_power_of_2(n_cols))
+        return _interpreter_rows(n_rows, block_c), block_c
     block_c = min(GELU_BLOCK_COLS, triton.next_power_of_2(n_cols))
     return max(1, TILE_ELEMENTS // block_c), block_c
 
@@ -156,7 +173,7 @@ def _draw_seed(seed: Optional[torch.Tensor], p: float, x: torch.Tensor) -> Optio
 def _bias_gelu_fwd_impl(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(x)
     n_rows, n_cols = x.shape
-    block_r, block_c = _gelu_tile(n_cols)
+    block_r, block_c = _gelu_tile(n_rows, n_cols, x.device)
     if n_rows > 0:  # a grid of size 0 is not launched
         K._bias_gelu_fwd_kernel[(triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))](
             x, bias, y, n_rows, n_cols, BLOCK_R=block_r, BLOCK_C=block_c)
@@ -166,7 +183,7 @@ def _bias_gelu_fwd_impl(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 def _bias_gelu_bwd_impl(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     dy = dy.contiguous()  # e.g. the expanded (stride 0) gradient of a .sum()
     n_rows, n_cols = x.shape
-    block_r, block_c = _gelu_tile(n_cols)
+    block_r, block_c = _gelu_tile(n_rows, n_cols, x.device)
     col_tiles = triton.cdiv(n_cols, block_c)
     programs, rows_per_program = _row_split(n_rows, block_r, col_tiles, x.device)
     dx = torch.empty_like(x)
@@ -185,7 +202,7 @@ def _layernorm_fwd_impl(x, bias, residual, weight, ln_bias, seed: Optional[torch
     n_rows, n_cols = x.shape
     y, xhat = torch.empty_like(x), torch.empty_like(x)
     rstd = torch.empty((n_rows,), device=x.device, dtype=torch.float32)
-    block_r, block_d, warps = _row_tile(n_cols)
+    block_r, block_d, warps = _row_tile(n_rows, n_cols, x.device)
     q, s = fp8 if fp8 is not None else (x, rstd)  # (placeholders, never written without FP8)
     if n_rows > 0:
         K._bdrln_fwd_kernel[(triton.cdiv(n_rows, block_r),)](
@@ -201,7 +218,7 @@ def _layernorm_bwd_impl(dy, xhat, rstd, bias, weight, ln_bias, seed: Optional[to
     fp8: (e4m3 [N, D], fp32 [N]) buffers the kernel also fills with dx's FP8 rows and their scales."""
     dy = dy.contiguous()
     n_rows, n_cols = xhat.shape
-    block_r, block_d, warps = _row_tile(n_cols)
+    block_r, block_d, warps = _row_tile(n_rows, n_cols, xhat.device)
     programs, rows_per_program = _row_split(n_rows, block_r, 1, xhat.device)
     dx, dres = torch.empty_like(xhat), torch.empty_like(xhat)
     partials = torch.empty((3, programs, n_cols), device=xhat.device, dtype=torch.float32)
@@ -374,7 +391,7 @@ def dropout_keep_mask(seed: torch.Tensor, n: int, d: int, p: float) -> torch.Ten
     if n * d >= INT32_LIMIT:
         raise ValueError(f"n * d = {n * d} >= 2^31: int32 offsets would overflow")
     out = torch.empty((n, d), dtype=torch.int8, device=seed.device)
-    block_r, block_d, warps = _row_tile(d)
+    block_r, block_d, warps = _row_tile(n, d, seed.device)
     if n > 0:
         K._keep_mask_kernel[(triton.cdiv(n, block_r),)](seed, out, n, d, float(p), BLOCK_R=block_r,
                                                          BLOCK_D=block_d, num_warps=warps)
