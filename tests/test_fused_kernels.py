@@ -24,6 +24,29 @@ REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 EPS = 1e-12  # BERT's LayerNorm eps
 
 
+INTERPRETER_TILE_ELEMENTS = FO.INTERPRETER_TILE_ELEMENTS  # the interpreter's own tiles (one covers ROWS)
+
+
+@pytest.fixture(autouse=True)
+def gpu_sized_row_tiles(monkeypatch):
+    """Row tiles of 4-16 rows under the interpreter too, as a GPU's (16 rows of width 32 there), so
+    ROWS' 37 is several row tiles with a tail and the backward's programs walk several tiles each:
+    the interpreter's own tiles cover every row here in one."""
+    monkeypatch.setattr(FO, "INTERPRETER_TILE_ELEMENTS", 512)
+
+
+def test_the_interpreter_covers_the_rows_in_one_tile_and_a_gpu_keeps_its_tiles(monkeypatch):
+    """The interpreter runs a program's operations one by one in Python, so its time is the number
+    of tiles: one tile over the rows, up to INTERPRETER_TILE_ELEMENTS. A GPU's tiles follow the
+    width alone (not the token count, which would compile a variant per batch)."""
+    monkeypatch.setattr(FO, "INTERPRETER_TILE_ELEMENTS", INTERPRETER_TILE_ELEMENTS)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert FO._row_tile(37, 32, cpu) == (64, 32, 1) and FO._gelu_tile(37, 96, cpu) == (64, 128)
+    assert FO._row_tile(5000, 384, cpu)[:2] == (INTERPRETER_TILE_ELEMENTS // 512, 512)
+    assert FO._row_tile(37, 32, gpu) == FO._row_tile(5000, 32, gpu) == (16, 32, 2)
+    assert FO._gelu_tile(37, 96, gpu) == FO._gelu_tile(5000, 96, gpu) == (16, 128)
+
+
 def _assert_close(out: torch.Tensor, ref: torch.Tensor, rel: float, what: str) -> None:
     assert out.shape == ref.shape, (what, out.shape, ref.shape)
     err = (out.double() - ref).abs().max().item() if out.numel() else 0.0

@@ -155,3 +155,15 @@ def test_custom_op_path_matches_the_eager_path():
     # The fakes must predict the real layouts: transposed views, and no mask / no seed.
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v))
     torch.library.opcheck(TA.attention_fwd, (qt, kt, vt, None, None, 0.0, 0.25), test_utils=utils)
+
+
+def test_the_interpreter_takes_one_tile_over_the_sequence_up_to_its_cap():
+    """Without the override, a CPU tensor (Triton's interpreter, whose time is the number of tiles)
+    gets tiles that cover the sequence, packed or padded, up to INTERPRETER_MAX_TILE; a GPU's are
+    _tile's (32 or 64)."""
+    TL._block_override = None
+    q = torch.zeros(2, 2, 45, 32)
+    assert TL._launch_args(q, TL._Geometry(2, 2, 45, 32), False)[:2] == (64, 64)
+    assert TL._launch_args(q, TL._Geometry(3, 2, 300, 32), True)[:2] == (TL.INTERPRETER_MAX_TILE,) * 2
+    assert TL._interpreter_blocks(5) == (16, 16)
+    assert TL._blocks(32, 45, torch.float32) == (32, 32) and TL._packed_blocks(64, torch.float16) == (64, 64)
