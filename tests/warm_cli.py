@@ -239,13 +239,18 @@ def _parent(env: Dict[str, str]) -> Optional[Warm]:
     return warm if warm.started() else None
 
 
+def _command_env(kwargs: Dict[str, Any]) -> Dict[str, str]:
+    """The environment subprocess would give the command: env=, else this process's."""
+    return dict(kwargs.get("env") if kwargs.get("env") is not None else os.environ)
+
+
 def _servable(cmd: List[str], kwargs: Dict[str, Any], keywords: set) -> Optional[Tuple[Warm, Dict[str, str]]]:
     """The warm parent and environment for `python -m bertaccel.<module> ...` given only keywords
     the drop-in serves; None where subprocess must run it."""
     if not (set(kwargs) <= keywords and len(cmd) >= 3 and cmd[0] == sys.executable and cmd[1] == "-m"
             and cmd[2].startswith("bertaccel.")):
         return None
-    env = dict(kwargs.get("env") if kwargs.get("env") is not None else os.environ)
+    env = _command_env(kwargs)
     warm = _parent(env)
     return None if warm is None else (warm, env)
 
@@ -352,7 +357,7 @@ def popen(cmd: Sequence[str], **kwargs: Any) -> Any:
 
 def _popen_from(warm: Warm, cmd: List[str], **kwargs: Any) -> WarmProcess:
     """popen's fork from the parent warm (tests/test_warm_cli.py calls it with a parent of its own)."""
-    env = dict(kwargs.get("env") if kwargs.get("env") is not None else os.environ)
+    env = _command_env(kwargs)
     stdio: List[Tuple[Any, int]] = [(os.devnull, os.O_RDONLY)]
     sent: List[int] = []  # descriptors the command gets (a pipe's write end, a file)
     ours: List[Any] = []  # the pipes' read ends, as Popen's stdout and stderr
