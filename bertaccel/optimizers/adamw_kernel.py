@@ -13,12 +13,13 @@ shares is flat_kernel.py; the host side is flat.py."""
 from __future__ import annotations
 
 # triton and TRITON_ERROR too: the optimizer asks its kernel's module whether Triton imported.
-from .flat_kernel import (TRITON_ERROR, beta_powers, block_offsets, finish_step, jit, learning_rate,  # noqa: F401
-                          load_grad, load_param, step_number, store_param, tl, triton)
+from .flat_kernel import (TRITON_ERROR, beta_powers, block_offsets, jit, learning_rate,  # noqa: F401
+                          load_grad, load_param, optimizer_advance_step, step_number, store_param, tl,
+                          triton)
 
 
 @jit(do_not_specialize=["k_host"])
-def step(P, W, G, M, V, Blocks, Step, Count, Lr, Betas64, GradScale, FoundInf,
+def adamw_step(P, W, G, M, V, Blocks, Step, Lr, Betas64, GradScale, FoundInf,
          lr_f, k_host, c1_f, bc2s_f, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay,
          BLOCK: tl.constexpr, USE_TABLE: tl.constexpr, CAPTURABLE: tl.constexpr, LR_PTR: tl.constexpr,
          MASTER: tl.constexpr, UNSCALE: tl.constexpr, SKIP_INF: tl.constexpr):
@@ -47,5 +48,10 @@ def step(P, W, G, M, V, Blocks, Step, Count, Lr, Betas64, GradScale, FoundInf,
     store_param(P, W, offs, mask, p, MASTER)
     tl.store(M + offs, m.to(M.dtype.element_ty), mask=mask)
     tl.store(V + offs, v.to(V.dtype.element_ty), mask=mask)
-    if CAPTURABLE:
-        finish_step(Step, Count, k, FoundInf, SKIP_INF)
+
+
+# The names flat.py launches. A kernel's function name is what profilers show: adamw_step and
+# optimizer_advance_step fall in the optimizer category of bertaccel/measure/profiling.py
+# ("step" fell in "other").
+step = adamw_step
+advance_step = optimizer_advance_step

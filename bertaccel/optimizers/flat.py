@@ -82,10 +82,10 @@ Capturable mode (CUDA graphs)
 -----------------------------
 Non-capturable mode computes the bias corrections on the host in float64 (the step count is a
 CPU tensor). Capturable mode reads the step count from a device tensor, computes the bias
-corrections from it inside the kernel (beta ** k by fp64 binary exponentiation of the fp64 betas)
-and writes k + 1 back: the last program to finish (an atomic count of finished programs, which
-that program resets) writes it, after every program has read k, so the step stays one launch with
-no host sync. lr may be a tensor on the parameters' device, read inside the kernel (set_lr fills
+corrections from it inside the kernel (beta ** k by fp64 binary exponentiation of the fp64 betas);
+a second, one-program launch then advances the count (flat_kernel.optimizer_advance_step: stream order puts
+it after every program of the update has read it), so the step has two launches and no host sync.
+A step where no tensor has a gradient launches only the advance. lr may be a tensor on the parameters' device, read inside the kernel (set_lr fills
 it; a float lr is frozen into a captured graph, as in torch). Capture after one eager step (it
 builds the buffers and compiles the kernel), as bertaccel.train.step_graph does; zeroing every
 state tensor, step included, makes the next step a first step again.
@@ -116,7 +116,7 @@ class FlatOptimizer(torch.optim.Optimizer):
     A subclass sets the class attributes below and implements `_check_group` (one-line
     ValueErrors), `_bias_corrections` (the host's, fp64) and `_hyperparameters` (the floats its
     kernel takes after them); `_prepare` if its state needs work before a tensor's first step.
-    Its kernel takes (P, W, G, *state buffers in `_state_keys` order, Blocks, Step, Count, Lr,
+    Its kernel takes (P, W, G, *state buffers in `_state_keys` order, Blocks, Step, Lr,
     Betas64, GradScale, FoundInf, lr_f, k_host, *bias corrections, *hyper-parameters) and the
     constexprs BLOCK, USE_TABLE, CAPTURABLE, LR_PTR, MASTER, UNSCALE, SKIP_INF.
     """
@@ -357,32 +357,40 @@ class FlatOptimizer(torch.optim.Optimizer):
         table = b.p if all_active else b.block_table(active)
         grid = (b.total // BLOCK if all_active else table.numel(),)
         unused = b.p  # a pointer argument the compiled variant never reads
-        self._kernels.step[grid](
-            b.p if b.master is None else b.master, b.p, b.g, *[b.state[key] for key in self._state_keys],
-            table, b.step if capturable else unused, b.count if capturable else unused,
-            lr if lr_ptr else unused, b.betas64 if capturable else unused,
-            unused if grad_scale is None else grad_scale, unused if found_inf is None else found_inf,
-            0.0 if lr_ptr else float(lr), k, *self._bias_corrections(tuple(group["betas"]), k),
-            *self._hyperparameters(group),
-            BLOCK=BLOCK, USE_TABLE=not all_active, CAPTURABLE=capturable, LR_PTR=lr_ptr,
-            MASTER=b.master is not None, UNSCALE=grad_scale is not None, SKIP_INF=found_inf is not None,
-            num_warps=_NUM_WARPS)
-        if not capturable:
+        launches = 0
+        if any(active):
+            self._kernels.step[grid](
+                b.p if b.master is None else b.master, b.p, b.g, *[b.state[key] for key in self._state_keys],
+                table, b.step if capturable else unused,
+                lr if lr_ptr else unused, b.betas64 if capturable else unused,
+                unused if grad_scale is None else grad_scale, unused if found_inf is None else found_inf,
+                0.0 if lr_ptr else float(lr), k, *self._bias_corrections(tuple(group["betas"]), k),
+                *self._hyperparameters(group),
+                BLOCK=BLOCK, USE_TABLE=not all_active, CAPTURABLE=capturable, LR_PTR=lr_ptr,
+                MASTER=b.master is not None, UNSCALE=grad_scale is not None, SKIP_INF=found_inf is not None,
+                num_warps=_NUM_WARPS)
+            launches += 1
+        if capturable:
+            self._kernels.advance_step[(1,)](b.step, unused if found_inf is None else found_inf,
+                                             SKIP_INF=found_inf is not None)
+            launches += 1
+        else:
             b.step += 1  # CPU tensor: no device sync
         b.host_k += 1
-        return 1, copies
+        return launches, copies
 
 
 def kernel_launches_per_step(optimizer: torch.optim.Optimizer) -> Optional[int]:
     """Triton launches of a flat-buffer optimizer's step: those of the last step() if one ran,
-    else the number of buckets (param group x device x dtype with parameters), which is what every
-    step with gradients launches. Gradient copies (zero_grad(set_to_none=True)) are not kernels of
+    else what every step with gradients launches: one per bucket (param group x device x dtype
+    with parameters), two in a capturable group (the update, then the step count's advance). Gradient copies (zero_grad(set_to_none=True)) are not kernels of
     the optimizer's own and are reported by `grad_copies_last_step`. None for other optimizers."""
     if not isinstance(optimizer, FlatOptimizer):
         return None
     if optimizer._launches_last_step is not None:
         return optimizer._launches_last_step
-    return sum(len({(p.device, p.dtype) for p in g["params"]}) for g in optimizer.param_groups)
+    return sum(len({(p.device, p.dtype) for p in g["params"]}) * (2 if g["capturable"] else 1)
+               for g in optimizer.param_groups)
 
 
 def grad_copies_last_step(optimizer: torch.optim.Optimizer) -> Optional[int]:

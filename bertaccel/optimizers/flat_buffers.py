@@ -59,7 +59,6 @@ class Bucket:
         self.started = [False] * len(params)  # the tensor has stepped (its state exists)
         self.host_k = 0                       # steps this bucket took as far as the host knows
         self.step: torch.Tensor = torch.zeros(())
-        self.count: Optional[torch.Tensor] = None  # capturable: programs finished (atomic)
         self.betas: Tuple[float, ...] = ()
         self.betas64: Optional[torch.Tensor] = None  # capturable: the betas in fp64, on the device
         self.table_key: Optional[Tuple[bool, ...]] = None
@@ -117,7 +116,6 @@ def build_bucket(params: List[torch.nn.Parameter], device: torch.device, dtype: 
     b.host_k = int(k)
     if group["capturable"]:
         b.step = torch.full((), k, dtype=torch.float32, device=device)
-        b.count = torch.zeros(1, dtype=torch.int32, device=device)
         b.betas = tuple(group["betas"])
         b.betas64 = torch.tensor(b.betas, dtype=torch.float64, device=device)
     else:
