@@ -149,7 +149,9 @@ class Step(Callback):
     def capture_graphs(self, rows: int, lengths: List[int]) -> None:
         """compile.step_graph: the whole step captured per length (step_graph.py), over the
         optimizer built so far; the loop's steps replay them from then on."""
-        self.graphs = StepGraphs(self.forward, self.built_optimizer(), self.max_grad_norm)
+        # accumulation=1: forward, backward and update in one graph per length, fresh gradients
+        self.graphs = StepGraphs(self.forward, self.built_optimizer(), self.max_grad_norm,
+                                 whole_step=self.accumulation.first == 1)
         self.graphs.capture(rows, lengths)
 
     def __call__(self, window: List[Dict[str, torch.Tensor]]) -> torch.Tensor:
