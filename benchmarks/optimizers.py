@@ -2,6 +2,7 @@
 
     python benchmarks/optimizers.py [--device cuda] [--steps 50] [--options adamw_single,adamw,...]
     python benchmarks/optimizers.py --device cpu --tiny      # a check of the script, not a benchmark
+    python benchmarks/optimizers.py --capturable             # also each option built as compile.step_graph builds it
 
 The parameters are BERT-base's (random init, fp32 master weights and optimizer state, bf16 model
 compute is irrelevant to the step), with gradients filled once. Each option is built from its
@@ -14,7 +15,9 @@ run takes), warmed up, then timed over --steps steps. Columns:
   machinery as adan_fused, so the ratio is the algorithms' cost; seed 004's goal: adan_fused
   within 1.2x of a fused AdamW, and >= 3x faster than the unfused single-tensor Adan, adan_single).
 An option this machine cannot run (adan_fused, adamw_fused without a GPU or TRITON_INTERPRET) is a
-row with its reason.
+row with its reason. --capturable adds a row per option built capturable (state and lr on the
+device, what compile.step_graph=true replays; the flat-buffer optimizers then also advance their
+step count in a second launch), for the options that can be.
 """
 from __future__ import annotations
 
@@ -104,7 +107,8 @@ def _launches(opt: torch.optim.Optimizer, device: torch.device) -> int:
     return sum(1 for e in events if e.name.startswith("aten::") and outermost(e))
 
 
-def measure(option: str, tiny: bool, device: torch.device, steps: int, warmup: int) -> Dict[str, Optional[float]]:
+def measure(option: str, tiny: bool, device: torch.device, steps: int, warmup: int,
+            capturable: bool = False) -> Dict[str, Optional[float]]:
     from bertaccel.optimizers.flat import kernel_launches_per_step
     from bertaccel.options.optimizer import build_optimizer, optimizer_unusable
 
@@ -113,9 +117,14 @@ def measure(option: str, tiny: bool, device: torch.device, steps: int, warmup: i
     if why:
         return {"reason": why}
     model = _model(tiny, device)
-    opt = build_optimizer(model, cfg)
-    for _ in range(warmup):
-        opt.step()
+    try:  # an option without a capturable mode, or not on this device, refuses at build or first step
+        opt = build_optimizer(model, cfg, capturable=capturable)
+        for _ in range(warmup):
+            opt.step()
+    except (TypeError, ValueError, RuntimeError, AssertionError) as e:
+        if not capturable:
+            raise
+        return {"reason": f"not capturable here: {str(e).splitlines()[0][:160]}"}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     ms = _time_steps(opt, steps, device)
@@ -132,6 +141,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--options", default=",".join(OPTIONS))
     ap.add_argument("--tiny", action="store_true", help="a 2-layer 64-wide BERT (CPU checks of the script)")
+    ap.add_argument("--capturable", action="store_true",
+                    help="also a row per option built capturable (as compile.step_graph=true builds it)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA GPU is visible; use --device cpu --tiny for a check", file=sys.stderr)
@@ -143,6 +154,9 @@ def main(argv=None) -> int:
         print(f"error: unknown optimizer option(s) {', '.join(unknown)}; see conf/optimizer/", file=sys.stderr)
         return 2
     rows = {o: measure(o, args.tiny, device, args.steps, args.warmup) for o in options}
+    if args.capturable:
+        rows.update({f"{o} (capturable)": measure(o, args.tiny, device, args.steps, args.warmup, capturable=True)
+                     for o in options})
     ref = rows.get("adamw_fused", {}).get("ms")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     sample = next((r for r in rows.values() if "params" in r), None)

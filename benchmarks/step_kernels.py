@@ -36,6 +36,7 @@ import torch  # noqa: E402
 from bertaccel.measure.flops import TokenCounts, bert_train_flops, peak_tflops  # noqa: E402
 from bertaccel.train.isolation import isolated_run  # noqa: E402
 from bertaccel.measure.profiling import CATEGORIES, categorize, summarize  # noqa: E402
+from bertaccel_step import VARIANTS, bertaccel_step  # noqa: E402
 from vs_hf_common import (SEED, StepClock, bert_config, fixed_batches, free_memory, hardware_profile,  # noqa: E402
                           load_tokenizer_from, package_dir, random_bert, read_rows, shuffled_subset, sync)
 
@@ -47,6 +48,9 @@ from vs_hf_common import (SEED, StepClock, bert_config, fixed_batches, free_memo
 MODES = {"eager": None, "compile": "default", "reduce-overhead": "reduce-overhead", "compile-fp8": "default",
          "fused": None, "fused-sdpa": None, "fused-fp8": None, "fused-sdpa-fp8": None}
 MODES.update({f"{m}-graph": None for m in ("eager", "fused", "fused-sdpa", "fused-fp8", "fused-sdpa-fp8")})
+# ba-*: bertaccel's own step graph (Forward, StepGraphs, its optimizers) over the same model and
+# batches, compiled in torch.compile's default mode: bertaccel_step.py says what each one is.
+MODES.update({m: "default" for m in VARIANTS})
 
 
 def gpu_activity(prof) -> List[tuple]:
@@ -124,6 +128,9 @@ def measure(mode: str, batches, config, device, warmup: int, steps: int, profile
         from bertaccel.options.precision import Precision
 
         Precision("fp8", device).prepare(model)  # (before compile, as the run does)
+    if mode in VARIANTS:
+        return profile_row(bertaccel_step(mode, model, batches, device), model, batches, device, warmup, steps,
+                           profile_steps, top)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True, capturable=captured)
     forward = model if MODES[mode] is None else torch.compile(model, mode=MODES[mode])
     graphs = mode == "reduce-overhead"
@@ -140,6 +147,13 @@ def measure(mode: str, batches, config, device, warmup: int, steps: int, profile
 
     if captured:
         step = graphed_step(model, opt, batches[0])
+    return profile_row(step, model, batches, device, warmup, steps, profile_steps, top)
+
+
+def profile_row(step, model, batches, device, warmup: int, steps: int, profile_steps: int,
+                top: int) -> Dict[str, object]:
+    """One table row for a built step: warm-up steps, the median CUDA-event step time over
+    `steps`, then a profile of `profile_steps` (GPU activity per kernel name, per category)."""
     for i in range(warmup):
         step(batches[i % len(batches)])
     sync(device)
@@ -166,10 +180,13 @@ def measure(mode: str, batches, config, device, warmup: int, steps: int, profile
         row["kernels"] = len(spans) / profile_steps
         per_cat = {c: 0.0 for c in CATEGORIES}
         per_name: Dict[str, float] = {}
+        calls: Dict[str, float] = {}
         for s, e, name in spans:
             per_cat[categorize(name)] += (e - s) / 1e6 / profile_steps
             per_name[name] = per_name.get(name, 0.0) + (e - s) / 1e6 / profile_steps
+            calls[name] = calls.get(name, 0.0) + 1 / profile_steps
         row["top"] = sorted(per_name.items(), key=lambda kv: -kv[1])[:top]
+        row["per_name"], row["calls"] = per_name, calls
     else:  # CPU: operator self time, split the same way
         kp = summarize(prof, on_gpu=False, steps=profile_steps)
         row["GPU ms/step"] = None
@@ -195,6 +212,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--data", help="CSV for the batches' text (default: the bundled AG News sample)")
     ap.add_argument("--top", type=int, default=0, help="also list each row's N most expensive kernels")
+    ap.add_argument("--diff", metavar="BASE", help="a mode of --modes: for every other row, the 25 kernels "
+                    "whose ms/step differ most from BASE's, side by side (GPU)")
     ap.add_argument("--tiny", action="store_true", help="hidden 32 / 2 layers (CPU tests)")
     ap.add_argument("--model", help="a model option whose shape to train instead of BERT-base's, e.g. "
                                     "bert_large_random (conf/model/; random init)")
@@ -209,7 +228,11 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA GPU is visible; use --device cpu", file=sys.stderr)
         return 2
-    graphed = [m for m in modes if m == "reduce-overhead" or m.endswith("-graph")]
+    if a.diff and (a.diff not in modes or a.device != "cuda"):
+        print(f"error: --diff {a.diff}: give a mode that is also in --modes, on --device cuda (the diff "
+              "compares GPU kernel times)", file=sys.stderr)
+        return 2
+    graphed = [m for m in modes if m == "reduce-overhead" or m.endswith("-graph") or m in VARIANTS]
     if a.device == "cpu" and graphed:
         print(f"error: --modes {','.join(graphed)} replays CUDA graphs and needs --device cuda", file=sys.stderr)
         return 2
@@ -235,13 +258,41 @@ def main(argv=None) -> int:
           f"({config.hidden_size} wide, {config.num_hidden_layers} layers); S={a.seq}; bf16 autocast, sdpa, fused AdamW, "
           f"no clipping; dropout {config.hidden_dropout_prob}")
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols), flush=True)
+    rows, tops, failed = table_rows(a, modes, tok, texts, labels, config, device, peak)
+    for label, top in tops:
+        print(f"\n{label}: most expensive kernels, ms/step")
+        for name, ms in top:
+            print(f"  {ms:7.3f}  {name[:150]}")
+    if a.diff:
+        for (b, mode), r in rows.items():
+            if mode != a.diff and (b, a.diff) in rows:
+                print_diff(f"B={b}", a.diff, rows[(b, a.diff)], mode, r)
+    if peak is None:
+        print(f"floor/MFU: '-' (no bf16 peak: {peak_tflops(profile, 'bf16')[1] if profile else note})")
+    return 1 if failed else 0
+
+
+def table_rows(a: argparse.Namespace, modes: List[str], tok, texts: List[str], labels: List[str], config, device,
+               peak) -> tuple:
+    """Measure and print one row per batch size and mode; (rows by (B, mode), --top lists, failures)."""
+    label_ids = {v: i for i, v in enumerate(sorted(set(labels)))}
     tops: List[tuple] = []
+    rows: Dict[tuple, Dict[str, object]] = {}
+    failed = 0
     for b in map(int, a.batch_sizes.split(",")):
         batches = fixed_batches(tok, texts, [label_ids[v] for v in labels], b, a.seq, 4, device)
         for mode in modes:
-            with isolated_run(SEED, shared_process=True):
-                r = measure(mode, batches, config, device, a.warmup_steps, a.steps, a.profile_steps, a.top)
-            free_memory()
+            try:
+                with isolated_run(SEED, shared_process=True):
+                    r = measure(mode, batches, config, device, a.warmup_steps, a.steps, a.profile_steps, a.top)
+            except Exception as e:  # one mode that cannot run is reported; the others still run
+                failed += 1
+                print(f"| {b} | {mode} | failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''} |",
+                      flush=True)
+                continue
+            finally:
+                free_memory()
+            rows[(b, mode)] = r
             floor = r["flops"] / (peak * 1e12) * 1000 if peak else None
             gpu = r["GPU ms/step"]
             cells = [b, mode, r["ms/step"], gpu, None if gpu is None else r["ms/step"] - gpu, r["kernels"]] + \
@@ -250,13 +301,27 @@ def main(argv=None) -> int:
                                     for v in cells) + " |", flush=True)
             if a.top:
                 tops.append((f"B={b} {mode}", r["top"]))
-    for label, top in tops:
-        print(f"\n{label}: most expensive kernels, ms/step")
-        for name, ms in top:
-            print(f"  {ms:7.3f}  {name[:150]}")
-    if peak is None:
-        print(f"floor/MFU: '-' (no bf16 peak: {peak_tflops(profile, 'bf16')[1] if profile else note})")
-    return 0
+    return rows, tops, failed
+
+
+def print_diff(label: str, base: str, base_row: Dict[str, object], mode: str, row: Dict[str, object],
+               top: int = 25) -> None:
+    """The kernels whose GPU ms/step differ most between two rows (by name; a name one row lacks
+    counts 0 there), with calls per step, and what the rest adds up to."""
+    ms_a, ms_b = base_row["per_name"], row["per_name"]
+    calls_a, calls_b = base_row["calls"], row["calls"]
+    assert isinstance(ms_a, dict) and isinstance(ms_b, dict) and isinstance(calls_a, dict) and isinstance(calls_b, dict)
+    names = sorted(set(ms_a) | set(ms_b), key=lambda n: -abs(ms_b.get(n, 0.0) - ms_a.get(n, 0.0)))
+    print(f"\n{label}: {mode} against {base}, GPU ms/step by kernel (largest differences first)")
+    print(f"| kernel | {base} ms | calls | {mode} ms | calls | difference ms |\n|---|---|---|---|---|---|")
+    for n in names[:top]:
+        print(f"| {n[:110]} | {ms_a.get(n, 0.0):.4f} | {calls_a.get(n, 0):.0f} | {ms_b.get(n, 0.0):.4f} | "
+              f"{calls_b.get(n, 0):.0f} | {ms_b.get(n, 0.0) - ms_a.get(n, 0.0):+.4f} |")
+    rest = sum(ms_b.get(n, 0.0) - ms_a.get(n, 0.0) for n in names[top:])
+    total = sum(ms_b.values()) - sum(ms_a.values())
+    print(f"| the other {max(len(names) - top, 0)} kernels | | | | | {rest:+.4f} |\n"
+          f"| all kernels (summed, not their union) | {sum(ms_a.values()):.4f} | {sum(calls_a.values()):.0f} | "
+          f"{sum(ms_b.values()):.4f} | {sum(calls_b.values()):.0f} | {total:+.4f} |")
 
 
 if __name__ == "__main__":
