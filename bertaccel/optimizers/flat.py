@@ -1,5 +1,4 @@
-"""Flat-buffer optimizers: the whole update of a parameter group in ONE Triton kernel launch
-(capturable mode adds a one-program launch that advances the device step count: see below).
+"""Flat-buffer optimizers: a group's whole update in ONE Triton launch (capturable: + its step count's).
 
 This module is the machinery AdanFused (adan_fused.py) and AdamWFused (adamw_flat.py) share;
 each of them adds its hyper-parameter rules, its state tensors and its kernel (adan_kernel.py,
