@@ -83,10 +83,10 @@ Capturable mode (CUDA graphs)
 Non-capturable mode computes the bias corrections on the host in float64 (the step count is a
 CPU tensor). Capturable mode reads the step count from a device tensor, computes the bias
 corrections from it inside the kernel (beta ** k by fp64 binary exponentiation of the fp64 betas);
-a second, one-program launch then advances the count (flat_kernel.optimizer_advance_step: stream order puts
-it after every program of the update has read it), so the step has two launches and no host sync.
-A step where no tensor has a gradient launches only the advance. lr may be a tensor on the parameters' device, read inside the kernel (set_lr fills
-it; a float lr is frozen into a captured graph, as in torch). Capture after one eager step (it
+a one-program launch after it advances the count (flat_kernel.optimizer_advance_step; stream order:
+after every program has read it): two launches, no host sync; a step without gradients, at most
+the second. lr may be a tensor on the parameters' device, read inside the kernel (set_lr fills it;
+a float lr is frozen into a captured graph, as in torch). Capture after one eager step (it
 builds the buffers and compiles the kernel), as bertaccel.train.step_graph does; zeroing every
 state tensor, step included, makes the next step a first step again.
 
@@ -383,8 +383,8 @@ class FlatOptimizer(torch.optim.Optimizer):
 def kernel_launches_per_step(optimizer: torch.optim.Optimizer) -> Optional[int]:
     """Triton launches of a flat-buffer optimizer's step: those of the last step() if one ran,
     else what every step with gradients launches: one per bucket (param group x device x dtype
-    with parameters), two in a capturable group (the update, then the step count's advance). Gradient copies (zero_grad(set_to_none=True)) are not kernels of
-    the optimizer's own and are reported by `grad_copies_last_step`. None for other optimizers."""
+    with parameters), two in a capturable group (the update, then the step count's advance).
+    Gradient copies (zero_grad(set_to_none=True)) are reported by `grad_copies_last_step`. None for other optimizers."""
     if not isinstance(optimizer, FlatOptimizer):
         return None
     if optimizer._launches_last_step is not None:
