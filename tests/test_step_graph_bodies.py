@@ -104,3 +104,33 @@ def test_the_run_captures_whole_steps_only_without_accumulation(monkeypatch):
         step.accumulation = SimpleNamespace(first=k)
         step.capture_graphs(ROWS, [LENGTH])
     assert captured == [True, False]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("whole_step", [True, False], ids=["whole-step", "micro-and-update"])
+def test_captured_steps_replay_the_eager_steps_on_a_gpu(whole_step):
+    """The capture itself (GPU only): three replayed steps give the eager steps' weights. The capture
+    leaves no trace (weights, gradients and optimizer state restored), fresh gradients live in the
+    graphs' pool, and the lr is read from the device per replay."""
+    gpu = torch.device("cuda")
+    batches = [{k: v.to(gpu) for k, v in b.items()} for b in _batches()]
+    reference = _model().to(gpu)
+    forward = Forward(reference, Precision("fp32", gpu), gpu, drop_full_mask=False)
+    opt = torch.optim.AdamW(reference.parameters(), lr=torch.tensor(1e-3, device=gpu), capturable=True, foreach=True)
+    n = torch.tensor(float(ROWS), device=gpu)
+    for b in batches:
+        forward.loss(b, n).backward()
+        torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    model = _model().to(gpu)
+    graphed = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device=gpu), capturable=True, foreach=True)
+    graphs = StepGraphs(Forward(model, Precision("fp32", gpu), gpu, drop_full_mask=False), graphed, 1.0,
+                        whole_step=whole_step)
+    graphs.capture(ROWS, [LENGTH])
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), _model().to(gpu).parameters()))
+    losses = [graphs.step([{k: v.cpu().pin_memory() for k, v in b.items()}], ROWS) for b in batches]
+    torch.cuda.synchronize()
+    assert all(bool(torch.isfinite(x)) for x in losses)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
