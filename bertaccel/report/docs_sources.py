@@ -65,6 +65,8 @@ FP8_FUSED = Store("docs/results/stores/h200-fp8-fused-minilm-imdb.db.gz", "confi
 FP8 = Store("docs/results/stores/h200-fp8-minilm-imdb.db.gz", "config-5e884036e6")
 # Four sweeps in one store (docs/results/thesis-h200.md gives their commands): read whole, no sweep id.
 THESIS_GRID = Store("docs/results/stores/h200-thesis-grid.db.gz", "")
+# Table 5.1's 2-GPU row, measured on two H200s of one host (the grid's store was made on one).
+THESIS_X2 = Store("docs/results/stores/h200x2-thesis-table51.db.gz", "")
 
 
 @dataclass
