@@ -120,8 +120,9 @@ class StepGraphs:
                 p.grad = torch.zeros_like(p)
 
     def capture(self, rows: int, lengths: List[int]) -> None:
-        """Capture a micro graph per length and mask variant, and the update graph; leaves weights,
-        gradients and optimizer state as they were."""
+        """Capture a micro graph per length and mask variant, and the update graph (whole_step: a
+        whole-step graph per length and mask variant); leaves weights, gradients and optimizer
+        state as they were."""
         self.prepare_gradients()
         weights = [p.detach().clone() for p in self.params]
         shape: Any = self.forward.module.config  # (torch types a module's attributes as Tensor | Module)
