@@ -12,7 +12,9 @@ run's optimizers) over the same random-init model and batches as d, and its tabl
   on by default, as the run's warm-up does before capture);
 - ba-whole: one graph per length, forward + backward + update, fresh gradients (StepGraphs'
   whole_step, the run's path without accumulation), AdamWFused;
-- ba-whole-torch: the same with torch's fused AdamW (capturable), d's optimizer.
+- ba-whole-torch: the same with torch's fused AdamW (capturable), d's optimizer;
+- ba-whole-host: ba-whole fed as a run feeds it, pinned host batches copied in per step (the
+  others read batches already on the device, as d does).
 
 All compile the model with torch.compile's default mode, as compile=default does; bf16 autocast,
 no clipping (d's settings).
@@ -23,7 +25,7 @@ from typing import Callable, Dict, List
 
 import torch
 
-VARIANTS = ("ba-micro", "ba-micro-dyn", "ba-whole", "ba-whole-torch")
+VARIANTS = ("ba-micro", "ba-micro-dyn", "ba-whole", "ba-whole-torch", "ba-whole-host")
 
 
 def bertaccel_step(variant: str, model: torch.nn.Module, batches: List[Dict[str, torch.Tensor]],
@@ -52,4 +54,7 @@ def bertaccel_step(variant: str, model: torch.nn.Module, batches: List[Dict[str,
             p.grad = None
     graphs = StepGraphs(forward, opt, None, whole_step=variant.startswith("ba-whole"))
     graphs.capture(rows, [length])
+    if variant.endswith("-host"):  # each device batch's pinned host copy, made once
+        host = {id(b): {k: v.cpu().pin_memory() for k, v in b.items()} for b in batches}
+        return lambda batch: graphs.step([host[id(batch)]], rows)
     return lambda batch: graphs.step([batch], rows)
