@@ -14,8 +14,7 @@ from __future__ import annotations
 
 # triton and TRITON_ERROR too: the optimizer asks its kernel's module whether Triton imported.
 from .flat_kernel import (TRITON_ERROR, beta_powers, block_offsets, jit, learning_rate,  # noqa: F401
-                          load_grad, load_param, optimizer_advance_step, step_number, store_param, tl,
-                          triton)
+                          load_grad, load_param, step_number, store_param, tl, triton)
 
 
 @jit(do_not_specialize=["k_host"])
@@ -50,8 +49,6 @@ def adamw_step(P, W, G, M, V, Blocks, Step, Lr, Betas64, GradScale, FoundInf,
     tl.store(V + offs, v.to(V.dtype.element_ty), mask=mask)
 
 
-# The names flat.py launches. A kernel's function name is what profilers show: adamw_step and
-# optimizer_advance_step fall in the optimizer category of bertaccel/measure/profiling.py
-# ("step" fell in "other").
+# The name flat.py launches. A kernel's function name is what profilers show: adamw_step falls in
+# the optimizer category of bertaccel/measure/profiling.py ("step" fell in "other").
 step = adamw_step
-advance_step = optimizer_advance_step

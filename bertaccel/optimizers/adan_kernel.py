@@ -8,8 +8,7 @@ from __future__ import annotations
 
 # triton and TRITON_ERROR too: the optimizer asks its kernel's module whether Triton imported.
 from .flat_kernel import (TRITON_ERROR, beta_powers, block_offsets, jit, learning_rate,  # noqa: F401
-                          load_grad, load_param, optimizer_advance_step, step_number, store_param, tl,
-                          triton)
+                          load_grad, load_param, step_number, store_param, tl, triton)
 
 
 @jit(do_not_specialize=["k_host"])
@@ -55,8 +54,6 @@ def adan_step(P, W, G, M, V, N, PRE, Blocks, Step, Lr, Betas64, GradScale, Found
     tl.store(PRE + offs, g.to(PRE.dtype.element_ty), mask=mask)
 
 
-# The names flat.py launches. A kernel's function name is what profilers show: adan_step and
-# optimizer_advance_step fall in the optimizer category of bertaccel/measure/profiling.py
-# ("step" fell in "other").
+# The name flat.py launches. A kernel's function name is what profilers show: adan_step falls in
+# the optimizer category of bertaccel/measure/profiling.py ("step" fell in "other").
 step = adan_step
-advance_step = optimizer_advance_step

@@ -354,11 +354,11 @@ class FlatOptimizer(torch.optim.Optimizer):
             k = b.host_k + 1  # (the kernel reads its k from b.step; this only fills the host arguments)
         else:
             k = int(b.step) + 1
-        table = b.p if all_active else b.block_table(active)
-        grid = (b.total // BLOCK if all_active else table.numel(),)
         unused = b.p  # a pointer argument the compiled variant never reads
         launches = 0
         if any(active):
+            table = b.p if all_active else b.block_table(active)
+            grid = (b.total // BLOCK if all_active else table.numel(),)
             self._kernels.step[grid](
                 b.p if b.master is None else b.master, b.p, b.g, *[b.state[key] for key in self._state_keys],
                 table, b.step if capturable else unused,
@@ -371,8 +371,8 @@ class FlatOptimizer(torch.optim.Optimizer):
                 num_warps=_NUM_WARPS)
             launches += 1
         if capturable:
-            self._kernels.advance_step[(1,)](b.step, unused if found_inf is None else found_inf,
-                                             SKIP_INF=found_inf is not None)
+            flat_kernel.optimizer_advance_step[(1,)](b.step, unused if found_inf is None else found_inf,
+                                                     SKIP_INF=found_inf is not None)
             launches += 1
         else:
             b.step += 1  # CPU tensor: no device sync

@@ -74,7 +74,8 @@ class Bucket:
         key = tuple(active)
         table = self.table
         if key != self.table_key or table is None:  # (table is None only before the first key)
-            idx = [b for a, r in zip(active, self.blocks_of) if a for b in r] or [-1]
+            # (some tensor is active: flat.py launches no update otherwise)
+            idx = [b for a, r in zip(active, self.blocks_of) if a for b in r]
             table = self.table = torch.tensor(idx, dtype=torch.int32, device=self.device)
             self.table_key = key
         return table

@@ -46,18 +46,15 @@ def jit(fn: Optional[Callable] = None, **kwargs: Any) -> Any:
 def block_offsets(Blocks, FoundInf, BLOCK: tl.constexpr, USE_TABLE: tl.constexpr, SKIP_INF: tl.constexpr):
     """(offsets, mask) of this program's BLOCK elements. Every tensor's segment starts at a multiple
     of BLOCK, so a program belongs to one tensor. USE_TABLE: some tensors have no gradient and the
-    program runs the block listed at its index (-1: a placeholder, no elements; flat.py launches
-    no update when no tensor has a gradient). SKIP_INF: the loss scaler found inf/NaN gradients,
+    program runs the block listed at its index. SKIP_INF: the loss scaler found inf/NaN gradients,
     no element is read or written (the update is skipped on the device, no host sync)."""
     pid = tl.program_id(0)
     lanes = tl.arange(0, BLOCK)
     if USE_TABLE:
-        blk = tl.load(Blocks + pid)
-        offs = tl.maximum(blk, 0).to(tl.int64) * BLOCK + lanes
-        mask = lanes < tl.where(blk >= 0, BLOCK, 0)
+        offs = tl.load(Blocks + pid).to(tl.int64) * BLOCK + lanes
     else:
         offs = pid.to(tl.int64) * BLOCK + lanes
-        mask = lanes < BLOCK
+    mask = lanes < BLOCK
     if SKIP_INF:  # (tl.where, not &: Triton's interpreter turns bool & bool into integers)
         mask = tl.where(tl.load(FoundInf) == 0, mask, False)
     return offs, mask
