@@ -10,7 +10,7 @@ import pytest
 
 from bertaccel.measure.profiling import categorize
 
-# Every test here starts a real process (the CLI, a script, a server) or trains: slow (docs/contributing.md).
+# Every test here starts the script (a process, or its module with torch and bertaccel): slow (docs/contributing.md).
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "step_kernels.py"
@@ -51,3 +51,30 @@ def test_reduce_overhead_on_a_cpu_is_one_line():
     r = _run("--device", "cpu", "--modes", "fused,fused-sdpa-fp8-graph")
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: --modes fused-sdpa-fp8-graph replays CUDA graphs and needs --device cuda")
+    # bertaccel's own step graphs (benchmarks/bertaccel_step.py) too, and --diff, which compares GPU kernels.
+    r = _run("--device", "cpu", "--modes", "eager,ba-whole")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: --modes ba-whole replays CUDA graphs and needs --device cuda")
+    r = _run("--device", "cpu", "--modes", "eager", "--diff", "eager")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--diff eager" in r.stderr
+
+
+def test_the_diff_lists_kernels_by_their_difference_and_sums_the_rest(capsys):
+    """print_diff (--diff) over two rows' per-kernel times, against a hand computation."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("step_kernels", SCRIPT)
+    sk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sk)
+    base = {"per_name": {"gemm": 1.0, "adam": 0.8, "ln": 0.2}, "calls": {"gemm": 60, "adam": 7, "ln": 25}}
+    ours = {"per_name": {"gemm": 1.1, "step": 0.5, "ln": 0.2, "add": 0.6}, "calls": {"gemm": 60, "step": 1, "ln": 25,
+                                                                                     "add": 202}}
+    sk.print_diff("B=32", "d", base, "ours", ours, top=3)
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")][1:]
+    # largest |difference| first: adam -0.8, add +0.6, step +0.5; then gemm's +0.1 and ln's 0 in "the other 2"
+    assert [r[0] for r in rows[:3]] == ["adam", "add", "step"]
+    assert rows[0] == ["adam", "0.8000", "7", "0.0000", "0", "-0.8000"]
+    assert rows[1] == ["add", "0.0000", "0", "0.6000", "202", "+0.6000"]
+    assert rows[3] == ["the other 2 kernels", "", "", "", "", "+0.1000"]
+    assert rows[4] == ["all kernels (summed, not their union)", "2.0000", "92", "2.4000", "288", "+0.4000"]
